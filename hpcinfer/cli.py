@@ -1,0 +1,185 @@
+"""The command line: parse -> config -> api call -> render. Data on files, humans on stderr."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
+from .errors import HpcinferError, StageError
+
+_DEFAULTS = RunConfig()
+
+
+def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Renders typed errors as one line on stderr with their exit code; no traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (HpcinferError, StageError) as exc:
+            click.echo(f"hpcinfer: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("hpcinfer: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpcinfer")
+def main() -> None:
+    """hpcinfer: fast offline batch inference for transformer models."""
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-o", "--output", required=True, help="Output file: .parquet or .jsonl (id, embedding), in input order.")
+@click.option(
+    "--output-format",
+    type=click.Choice(["auto", "parquet", "jsonl"]),
+    default="auto",
+    show_default=True,
+    help="Output format; auto reads the output suffix.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
+@click.option(
+    "--model",
+    default=_DEFAULTS.model,
+    show_default=True,
+    help="'default' (the packaged all-MiniLM-L6-v2) or a local BERT-family checkpoint directory.",
+)
+@click.option(
+    "--text-column",
+    default=_DEFAULTS.input.text_column,
+    show_default=True,
+    help="Column holding the text. Without it, a list-of-int 'input_ids' column is used as is.",
+)
+@click.option(
+    "--id-column",
+    default=_DEFAULTS.input.id_column,
+    show_default=True,
+    help="Column holding row ids; when absent, the 0-based row number is the id.",
+)
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", "jsonl", "parquet", "openai"]),
+    default="auto",
+    show_default=True,
+    help="Input format; auto reads the suffix and detects OpenAI batch files.",
+)
+@click.option(
+    "--max-length",
+    type=int,
+    default=None,
+    help="Truncate to this many tokens [default: the model's max_seq_length, 256 for the default].",
+)
+@click.option(
+    "--tokenize-threads",
+    type=int,
+    default=_DEFAULTS.tokenize.threads,
+    show_default=True,
+    help="Concurrent tokenizer calls (each call is itself multi-threaded).",
+)
+@click.option(
+    "--sort-window",
+    type=int,
+    default=_DEFAULTS.plan.sort_window,
+    show_default=True,
+    help="Rows sorted together by length; also the unit in which output is committed.",
+)
+@click.option(
+    "--max-batch-tokens",
+    type=int,
+    default=_DEFAULTS.plan.max_batch_tokens,
+    show_default=True,
+    help="Token budget per batch, padding included (rows x padded length).",
+)
+@click.option(
+    "--max-batch-size",
+    type=int,
+    default=_DEFAULTS.plan.max_batch_size,
+    show_default=True,
+    help="Most rows in one batch.",
+)
+@click.option(
+    "--pad-multiple",
+    type=int,
+    default=_DEFAULTS.plan.pad_multiple,
+    show_default=True,
+    help="Padded lengths are rounded up to a multiple of this.",
+)
+@click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="Compute dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+)
+@click.option(
+    "--streams", type=int, default=_DEFAULTS.device.streams, show_default=True, help="Compute streams on CUDA."
+)
+@click.option(
+    "--staging-buffers",
+    type=int,
+    default=_DEFAULTS.device.staging_buffers,
+    show_default=True,
+    help="Pinned staging slots (2 = double buffering).",
+)
+@click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice].")
+@click.option("--no-overlap", is_flag=True, help="Run the stages serially, one batch at a time (the reference).")
+@click.option(
+    "--queue-depth",
+    type=int,
+    default=_DEFAULTS.pipeline.queue_depth,
+    show_default=True,
+    help="Bound of each queue between stages.",
+)
+@click.option(
+    "--progress",
+    type=click.Choice(["auto", "bar", "log", "off"]),
+    default="auto",
+    show_default=True,
+    help="Progress display on stderr; auto: a bar on a terminal, log lines otherwise.",
+)
+@click.option("--report", "report_path", default=None, help="Also write the report as JSON to this file.")
+@click.option("--trace", "trace_path", default=None, help="Write every stage span as a Chrome trace (Perfetto).")
+@click.option("-q", "--quiet", is_flag=True, help="No summary tables.")
+@_user_errors
+def run(**opts: Any) -> None:
+    """Embed every row of INPUT... (JSONL, Parquet, OpenAI batch JSONL; files, directories or globs).
+
+    \b
+    Example:
+      hpcinfer run sample_data/requests.jsonl -o out.parquet --report report.json
+    """
+    from .api import run as api_run
+    from .report.render import render
+
+    config = build_run_config(opts)
+    report = api_run(config)
+    if not opts["quiet"]:
+        render(report, Console(stderr=True))
+
+
+def build_run_config(o: dict[str, Any]) -> RunConfig:
+    return RunConfig(
+        input=InputConfig(tuple(o["inputs"]), o["text_column"], o["id_column"], o["input_format"]),
+        model=o["model"],
+        tokenize=TokenizeConfig(o["max_length"], o["tokenize_threads"]),
+        plan=PlanConfig(o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"]),
+        device=DeviceConfig(o["device"], o["dtype"], o["streams"], o["staging_buffers"], threads=o["threads"]),
+        output=OutputConfig(o["output"], o["output_format"], o["overwrite"]),
+        pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
+        report_path=o["report_path"],
+        trace_path=o["trace_path"],
+    )

@@ -1,0 +1,105 @@
+"""One frozen configuration tree, built once at the CLI (flags > recipe file > defaults).
+
+Nothing below the CLI reads environment variables or mutates these objects; `auto` values are
+resolved once, in `api.run`, into the `Resolved*` values that stages receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class InputConfig:
+    paths: tuple[str, ...] = ()
+    text_column: str = "text"
+    id_column: str = "id"
+    input_format: str = "auto"  # auto | jsonl | parquet | openai
+    read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeConfig:
+    max_length: int | None = None  # None: the model's sentence-transformers max_seq_length
+    threads: int = 1  # concurrent tokenizer calls (each call is itself multi-threaded)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    sort_window: int = 100_000
+    max_batch_tokens: int = 16_384  # rows x padded length, padding included
+    max_batch_size: int = 512
+    pad_multiple: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | simulated
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    streams: int = 1
+    staging_buffers: int = 2
+    cuda_graphs: bool = False
+    threads: int | None = None  # CPU intra-op threads; None keeps torch's default
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConfig:
+    path: str = ""
+    output_format: str = "auto"  # auto | parquet | jsonl
+    overwrite: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    overlap: bool = True  # False: the serial reference twin
+    queue_depth: int = 4  # bound of every inter-stage queue (in items)
+    progress: str = "auto"  # auto | bar | log | off
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    input: InputConfig = field(default_factory=InputConfig)
+    model: str = "default"
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    report_path: str | None = None
+    trace_path: str | None = None
+
+    def validate(self) -> RunConfig:
+        positive = {
+            "--max-batch-tokens": self.plan.max_batch_tokens,
+            "--max-batch-size": self.plan.max_batch_size,
+            "--sort-window": self.plan.sort_window,
+            "--pad-multiple": self.plan.pad_multiple,
+            "--streams": self.device.streams,
+            "--staging-buffers": self.device.staging_buffers,
+            "--tokenize-threads": self.tokenize.threads,
+            "--queue-depth": self.pipeline.queue_depth,
+        }
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.tokenize.max_length is not None and self.tokenize.max_length < 2:
+            raise ConfigError("--max-length must be at least 2")
+        if not self.input.paths:
+            raise ConfigError("no input given")
+        return self
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Config tree -> {'plan.max_batch_tokens': 16384, ...} for reports and fingerprints."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            out.update(flatten(value, key + "."))
+        else:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out

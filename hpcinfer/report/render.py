@@ -1,0 +1,54 @@
+"""Human output on stderr: the summary table and the per-stage timing table (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .summary import RunReport
+
+
+def summary_table(report: RunReport) -> Table:
+    table = Table(title="hpcinfer run", show_header=False, title_justify="left")
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    for name, value in (
+        ("rows", f"{report.rows:,}"),
+        ("real tokens", f"{report.real_tokens:,}"),
+        ("padded tokens", f"{report.padded_tokens:,}"),
+        ("padding efficiency", f"{report.padding_efficiency:.2%}"),
+        ("truncated rows", f"{report.truncated_rows:,}"),
+        ("batches", f"{report.batches:,}"),
+        ("wall time", f"{report.wall_s:.2f} s"),
+        ("rows/s", f"{report.rows_per_s:,.1f}"),
+        ("tokens/s", f"{report.tokens_per_s:,.0f}"),
+        ("device", f"{report.device} ({report.dtype})"),
+    ):
+        table.add_row(name, value)
+    return table
+
+
+def stage_table(report: RunReport) -> Table:
+    table = Table(title="where the time went", title_justify="left")
+    for col in ("stage", "items", "busy s", "share", "p50 ms", "p99 ms", "starved s", "back-pressured s"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for s in report.stages:
+        style = "bold yellow" if s["stage"] == report.bottleneck else None
+        table.add_row(
+            s["stage"],
+            str(s["items"]),
+            f"{s['busy_s']:.3f}",
+            f"{s['share']:.1%}",
+            f"{s['p50_ms']:.2f}",
+            f"{s['p99_ms']:.2f}",
+            f"{s['starved_s']:.3f}",
+            f"{s['backpressured_s']:.3f}",
+            style=style,
+        )
+    return table
+
+
+def render(report: RunReport, console: Console) -> None:
+    console.print(summary_table(report))
+    console.print(stage_table(report))
+    console.print(f"bottleneck: [bold]{report.bottleneck}[/bold] - {report.hint}")

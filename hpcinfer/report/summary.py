@@ -1,0 +1,55 @@
+"""The run report: totals, per-stage timing and the bottleneck; JSON with a schema_version."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class RunReport:
+    rows: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    truncated_rows: int = 0
+    batches: int = 0
+    windows: int = 0
+    wall_s: float = 0.0
+    device: str = ""
+    dtype: str = ""
+    model: str = ""
+    output: str = ""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    bottleneck: str = ""
+    hint: str = ""
+    peak_device_memory_bytes: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.real_tokens / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        data.update(
+            padding_efficiency=round(self.padding_efficiency, 6),
+            rows_per_s=round(self.rows_per_s, 3),
+            tokens_per_s=round(self.tokens_per_s, 3),
+        )
+        return data
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2, default=str)
+            fh.write("\n")

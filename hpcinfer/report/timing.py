@@ -1,0 +1,105 @@
+"""Per-stage timing: busy, starved (waiting on the inbox), back-pressured (waiting on the outbox),
+per-item durations, and every span for the trace. Thread-safe; clocks are perf_counter_ns."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HOST_STAGES = ("read", "tokenize", "plan", "stage", "execute", "write")
+DEVICE_STAGES = ("h2d", "compute", "d2h")
+REPORT_ORDER = ("read", "tokenize", "plan", "stage", "h2d", "execute", "compute", "d2h", "write")
+
+
+@dataclass(slots=True)
+class Span:
+    stage: str
+    start_ns: int
+    end_ns: int
+    track: str  # thread or stream name
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StageClock:
+    busy_ns: int = 0
+    starved_ns: int = 0
+    blocked_ns: int = 0
+    workers: int = 1
+    durations_ns: list[int] = field(default_factory=list)
+
+
+class Timings:
+    """Collects what every stage spent; `keep_spans` keeps each span for --trace."""
+
+    def __init__(self, keep_spans: bool = False) -> None:
+        self._lock = threading.Lock()
+        self.clocks: dict[str, StageClock] = {name: StageClock() for name in REPORT_ORDER}
+        self.spans: list[Span] = []
+        self.keep_spans = keep_spans
+
+    def busy(self, stage: str, start_ns: int, end_ns: int, track: str, **args: Any) -> None:
+        with self._lock:
+            clock = self.clocks[stage]
+            clock.busy_ns += end_ns - start_ns
+            clock.durations_ns.append(end_ns - start_ns)
+            if self.keep_spans:
+                self.spans.append(Span(stage, start_ns, end_ns, track, args))
+
+    def starved(self, stage: str, ns: int) -> None:
+        with self._lock:
+            self.clocks[stage].starved_ns += ns
+
+    def blocked(self, stage: str, ns: int) -> None:
+        with self._lock:
+            self.clocks[stage].blocked_ns += ns
+
+    def set_workers(self, stage: str, workers: int) -> None:
+        self.clocks[stage].workers = workers
+
+    def summary(self, wall_s: float) -> list[dict[str, Any]]:
+        rows = []
+        for name in REPORT_ORDER:
+            c = self.clocks[name]
+            d = np.asarray(c.durations_ns, dtype=np.float64) / 1e6
+            busy = c.busy_ns / 1e9
+            rows.append(
+                {
+                    "stage": name,
+                    "items": len(c.durations_ns),
+                    "busy_s": round(busy, 4),
+                    "share": round(busy / c.workers / wall_s, 4) if wall_s > 0 else 0.0,
+                    "p50_ms": round(float(np.percentile(d, 50)), 3) if len(d) else 0.0,
+                    "p99_ms": round(float(np.percentile(d, 99)), 3) if len(d) else 0.0,
+                    "starved_s": round(c.starved_ns / 1e9, 4),
+                    "backpressured_s": round(c.blocked_ns / 1e9, 4),
+                }
+            )
+        return rows
+
+
+HINTS = {
+    "read": "read-bound: parsing input is the limit; convert JSONL to Parquet or read fewer columns",
+    "tokenize": "tokenize-bound: raise --tokenize-threads",
+    "plan": "plan-bound: lower --sort-window",
+    "stage": "stage-bound: raise --staging-buffers or --max-batch-tokens (fewer, larger copies)",
+    "h2d": "copy-bound: raise --staging-buffers so copies overlap compute",
+    "execute": "launch-bound: the host cannot issue work fast enough; try --cuda-graphs or a larger --max-batch-tokens",
+    "compute": "compute-bound: the model itself is the limit (as it should be); try --dtype bfloat16 on GPU",
+    "d2h": "copy-bound on results: raise --streams so result copies overlap compute",
+    "write": "write-bound: write Parquet instead of JSONL",
+}
+
+
+def bottleneck(stages: list[dict[str, Any]], synchronous_device: bool) -> tuple[str, str]:
+    """The stage with the highest busy share, with a one-line hint.
+
+    NOTE: on a synchronous device the execute stage's time *is* the compute time; counting both
+    would name the same work twice, so only `compute` competes.
+    """
+    candidates = [s for s in stages if not (synchronous_device and s["stage"] == "execute")]
+    top = max(candidates, key=lambda s: s["share"])
+    return top["stage"], HINTS[top["stage"]]
