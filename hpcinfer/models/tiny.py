@@ -1,0 +1,97 @@
+"""Builds a tiny random BERT checkpoint in Hugging Face format (config.json, model.safetensors,
+tokenizer.json, sentence-transformers pooling config), for tests and I/O-bound benchmarks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .registry import resolve_model_path
+
+
+def build_tiny_bert(
+    path: str | Path,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    intermediate: int = 64,
+    max_positions: int = 512,
+    max_seq_length: int = 256,
+    pooling: str = "mean",
+    normalize: bool = True,
+    seed: int = 0,
+    prefix: str = "",
+) -> Path:
+    """Writes the checkpoint (with the default model's tokenizer) and returns its directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = resolve_model_path("default") / "tokenizer.json"
+    vocab = len(json.loads(tokenizer.read_text(encoding="utf-8"))["model"]["vocab"])
+    shutil.copy(tokenizer, path / "tokenizer.json")
+    config = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "hidden_act": "gelu",
+        "pad_token_id": 0,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.2
+
+    w: dict[str, torch.Tensor] = {
+        "embeddings.word_embeddings.weight": rand(vocab, hidden),
+        "embeddings.position_embeddings.weight": rand(max_positions, hidden),
+        "embeddings.token_type_embeddings.weight": rand(2, hidden),
+        "embeddings.LayerNorm.weight": 1 + rand(hidden),
+        "embeddings.LayerNorm.bias": rand(hidden),
+    }
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        for name, (out_f, in_f) in {
+            "attention.self.query": (hidden, hidden),
+            "attention.self.key": (hidden, hidden),
+            "attention.self.value": (hidden, hidden),
+            "attention.output.dense": (hidden, hidden),
+            "intermediate.dense": (intermediate, hidden),
+            "output.dense": (hidden, intermediate),
+        }.items():
+            w[p + name + ".weight"], w[p + name + ".bias"] = rand(out_f, in_f), rand(out_f)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            w[p + norm + ".weight"], w[p + norm + ".bias"] = 1 + rand(hidden), rand(hidden)
+    save_file({prefix + k: v.contiguous() for k, v in w.items()}, str(path / "model.safetensors"))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    modes = {
+        "cls_token": pooling == "cls",
+        "mean_tokens": pooling == "mean",
+        "max_tokens": pooling == "max",
+        "mean_sqrt_len_tokens": pooling == "mean_sqrt_len",
+    }
+    pool_cfg = {"word_embedding_dimension": hidden, **{f"pooling_mode_{k}": v for k, v in modes.items()}}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pool_cfg, indent=2), encoding="utf-8")
+    st_cfg = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    (path / "sentence_bert_config.json").write_text(json.dumps(st_cfg), encoding="utf-8")
+    return path
