@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from .device.base import Cancelled
 from .errors import HpcinferError, StageError
 from .report.timing import Timings
@@ -45,6 +47,7 @@ def describe(item: Any) -> dict[str, Any]:
         return {
             "batch": batch.batch_id,
             "window": batch.window.window_id,
+            "blocks": np.unique(batch.window.block_ids[batch.rows]).tolist(),
             "rows": batch.num_rows,
             "tokens": batch.padded_tokens,
         }

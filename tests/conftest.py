@@ -1,0 +1,89 @@
+"""Shared fixtures: a tiny random checkpoint, small request files, and a helper to run a job."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hpcinfer.api import run
+from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
+from hpcinfer.models.tiny import build_tiny_bert
+from hpcinfer.progress import Progress
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_JSONL = REPO / "sample_data" / "requests.jsonl"
+SAMPLE_PARQUET = REPO / "sample_data" / "requests.parquet"
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while engineers measure latency and throughput of "
+    "batched inference on pinned memory with streams events kernels tokens padding budget window"
+).split()
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    """Deterministic texts of 1..80 words, lengths deliberately out of order."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 3, 7, 20, 45, 80]))) for _ in range(n)]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]], row_group_size: int = 64) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture()
+def requests_jsonl(tmp_path: Path) -> Path:
+    texts = make_texts(300)
+    return write_jsonl(tmp_path / "req.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
+
+
+def small_config(inputs: list[Path] | Path, output: Path, model: Path | str, **over: Any) -> RunConfig:
+    """A config with small windows and budgets, so a few hundred rows make many batches."""
+    paths = tuple(str(p) for p in (inputs if isinstance(inputs, list) else [inputs]))
+    cfg = RunConfig(
+        input=InputConfig(paths, read_block_rows=50),
+        model=str(model),
+        plan=PlanConfig(sort_window=120, max_batch_tokens=1024, max_batch_size=32),
+        output=OutputConfig(str(output)),
+        pipeline=PipelineConfig(progress="off"),
+    )
+    for section, values in over.items():
+        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **values)}) if isinstance(values, dict) else (
+            replace(cfg, **{section: values})
+        )
+    return cfg
+
+
+def read_output(path: str | Path) -> pa.Table:
+    if str(path).endswith(".jsonl"):
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        return pa.Table.from_pylist([json.loads(line) for line in lines])
+    return pq.read_table(path)
+
+
+def run_job(cfg: RunConfig, **kwargs: Any):  # noqa: ANN201
+    """Runs a job without progress output; returns (report, output table)."""
+    report = run(cfg, progress=Progress("off"), **kwargs)
+    return report, read_output(cfg.output.path)

@@ -1,0 +1,111 @@
+"""Every input shape gives exactly one output row per input row, with the input's ids, in order."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hpcinfer.models.registry import load_tokenizer
+
+from .conftest import make_texts, run_job, small_config, write_jsonl, write_parquet
+
+
+@pytest.fixture()
+def rows():
+    return [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(300, seed=3))]
+
+
+@pytest.fixture()
+def reference(tmp_path, tiny_model, rows):
+    src = write_jsonl(tmp_path / "ref.jsonl", rows)
+    _, table = run_job(small_config(src, tmp_path / "ref.parquet", tiny_model))
+    return table
+
+
+def _embeddings(table) -> np.ndarray:
+    return np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+
+
+def test_jsonl_keeps_ids_and_order(reference, rows):
+    assert reference.column("id").to_pylist() == [r["id"] for r in rows]
+    assert reference.num_rows == len(rows)
+    emb = _embeddings(reference)
+    assert emb.shape == (300, 32)
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)  # the pooling config normalises
+    assert reference.schema.field("embedding").type.list_size == 32  # fixed-size list of float32
+
+
+def test_parquet_equals_jsonl(tmp_path, tiny_model, rows, reference):
+    src = write_parquet(tmp_path / "in.parquet", rows)
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", tiny_model))
+    assert table.column("id").to_pylist() == reference.column("id").to_pylist()
+    assert np.array_equal(_embeddings(table), _embeddings(reference))
+
+
+def test_glob_of_shards_keeps_global_order(tmp_path, tiny_model, rows, reference):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(4):
+        part = rows[k * 75 : (k + 1) * 75]
+        if k % 2:
+            write_parquet(shards / f"part-{k:03d}.parquet", part)
+        else:
+            write_jsonl(shards / f"part-{k:03d}.jsonl", part)
+    _, table = run_job(small_config(tmp_path / "shards" / "part-*", tmp_path / "out.parquet", tiny_model))
+    assert table.column("id").to_pylist() == [r["id"] for r in rows]
+    assert np.array_equal(_embeddings(table), _embeddings(reference))
+    _, from_dir = run_job(small_config(shards, tmp_path / "dir.parquet", tiny_model))
+    assert from_dir.column("id").to_pylist() == [r["id"] for r in rows]
+
+
+def test_pretokenized_equals_text(tmp_path, tiny_model, rows, reference):
+    tok = load_tokenizer(tiny_model, 256)
+    pre = [{"id": r["id"], "input_ids": tok.encode(r["text"]).ids} for r in rows]
+    src = write_parquet(tmp_path / "tok.parquet", pre)
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", tiny_model))
+    assert table.column("id").to_pylist() == [r["id"] for r in rows]
+    assert np.array_equal(_embeddings(table), _embeddings(reference))
+
+
+def test_openai_batch_file_keeps_custom_id(tmp_path, tiny_model, rows, reference):
+    lines = [
+        {"custom_id": r["id"], "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": r["text"]}}
+        for r in rows
+    ]
+    src = write_jsonl(tmp_path / "batch.jsonl", lines)
+    _, table = run_job(small_config(src, tmp_path / "out.jsonl", tiny_model))
+    assert table.column("id").to_pylist() == [r["id"] for r in rows]
+    assert np.allclose(_embeddings(table), _embeddings(reference), atol=1e-6)
+
+
+def test_missing_id_column_uses_row_numbers_and_jsonl_output(tmp_path, tiny_model, rows):
+    src = write_jsonl(tmp_path / "noid.jsonl", [{"text": r["text"]} for r in rows])
+    out = tmp_path / "out.jsonl"
+    report, _ = run_job(small_config(src, out, tiny_model))
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == list(range(len(rows)))
+    assert report.rows == len(rows)
+
+
+def test_empty_input_gives_empty_output(tmp_path, tiny_model):
+    src = tmp_path / "empty.jsonl"
+    src.write_text("")
+    report, table = run_job(small_config(src, tmp_path / "out.parquet", tiny_model))
+    assert report.rows == 0 and table.num_rows == 0
+
+
+def test_text_column_option_and_truncation(tmp_path, tiny_model):
+    long_text = " ".join(["word"] * 400)
+    src = write_parquet(tmp_path / "in.parquet", [{"id": 1, "body": long_text}, {"id": 2, "body": "short"}])
+    cfg = small_config(src, tmp_path / "out.parquet", tiny_model)
+    from dataclasses import replace
+
+    cfg = replace(cfg, input=replace(cfg.input, text_column="body"), tokenize=replace(cfg.tokenize, max_length=64))
+    report, table = run_job(cfg)
+    assert table.column("id").to_pylist() == [1, 2]
+    assert report.truncated_rows == 1
+    assert report.padded_tokens >= 64 and report.real_tokens == 64 + 3  # [CLS] short [SEP]
+    assert pq.read_metadata(cfg.output.path).num_rows == 2

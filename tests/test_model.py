@@ -1,0 +1,73 @@
+"""The native encoder against Hugging Face transformers, on tiny random checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hpcinfer.models.checkpoint import inspect_checkpoint
+from hpcinfer.models.registry import load_model, load_tokenizer
+from hpcinfer.models.tiny import build_tiny_bert
+
+from .conftest import make_texts
+
+
+def _padded(tokenizer, texts, multiple=8):
+    enc = tokenizer.encode_batch(texts)
+    width = -(-max(len(e.ids) for e in enc) // multiple) * multiple
+    ids = torch.zeros(len(texts), width, dtype=torch.int32)
+    for i, e in enumerate(enc):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+    return ids, torch.tensor([len(e.ids) for e in enc], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max", "mean_sqrt_len"])
+@pytest.mark.parametrize("prefix", ["", "bert."])
+def test_native_encoder_matches_transformers(tmp_path, pooling, prefix):
+    transformers = pytest.importorskip("transformers")
+    path = build_tiny_bert(tmp_path / "m", pooling=pooling, normalize=pooling == "mean", prefix=prefix)
+    info = inspect_checkpoint(path)
+    ours = load_model(info, torch.device("cpu"), torch.float32).embedder
+    texts = make_texts(40, seed=5)
+    ids, lengths = _padded(load_tokenizer(path, 256), texts)
+    got = ours(ids, lengths).numpy()
+
+    hf = transformers.BertModel.from_pretrained(str(path), add_pooling_layer=False).eval()
+    mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+    with torch.inference_mode():
+        hidden = hf(input_ids=ids.long(), attention_mask=mask).last_hidden_state
+    m = mask[..., None].float()
+    expected = {
+        "mean": (hidden * m).sum(1) / m.sum(1),
+        "cls": hidden[:, 0],
+        "max": hidden.masked_fill(m == 0, -1e9).amax(1),
+        "mean_sqrt_len": (hidden * m).sum(1) / m.sum(1).sqrt(),
+    }[pooling]
+    if pooling == "mean":
+        expected = torch.nn.functional.normalize(expected, dim=1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batched_equals_one_row_at_a_time(tiny_model):
+    info = inspect_checkpoint(tiny_model)
+    model = load_model(info, torch.device("cpu"), torch.float32).embedder
+    ids, lengths = _padded(load_tokenizer(tiny_model, 256), make_texts(12, seed=9))
+    batched = model(ids, lengths)
+    for i in range(len(ids)):
+        n = int(lengths[i])
+        alone = model(ids[i : i + 1, :n], lengths[i : i + 1], padded=False)
+        torch.testing.assert_close(batched[i : i + 1], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_unsupported_architecture_is_a_clear_error(tmp_path):
+    import json
+
+    from hpcinfer.errors import ModelError
+
+    path = build_tiny_bert(tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="unsupported model_type 'gpt2'"):
+        inspect_checkpoint(path)

@@ -1,0 +1,58 @@
+"""The default model on the whole of sample_data against sentence-transformers, the oracle."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.models.registry import resolve_model_path
+
+from .conftest import SAMPLE_PARQUET, run_job
+
+
+def _sentence_transformers():
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("sentence-transformers (the oracle) must be installed in CI: pip install -e '.[test]'")
+        pytest.skip("sentence-transformers is not installed")
+    return SentenceTransformer
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("oracle") / "out.parquet"
+    cfg = RunConfig(
+        input=InputConfig((str(SAMPLE_PARQUET),)), output=OutputConfig(str(out)), pipeline=PipelineConfig(progress="off")
+    )
+    return run_job(cfg)
+
+
+def test_embeddings_equal_sentence_transformers(default_run):
+    sentence_transformer = _sentence_transformers()
+    _, table = default_run
+    texts = pq.read_table(SAMPLE_PARQUET, columns=["text"]).column("text").to_pylist()
+    oracle = sentence_transformer(str(resolve_model_path("default")), device="cpu")
+    expected = oracle.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+    ours = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    cos = (ours * expected).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(expected, axis=1))
+    assert len(ours) == len(texts)
+    assert cos.min() >= 0.9999, f"min cosine {cos.min():.6f} at row {int(cos.argmin())}"
+
+
+def test_rows_ids_and_order_match_the_input(default_run):
+    report, table = default_run
+    ids = pq.read_table(SAMPLE_PARQUET, columns=["id"]).column("id").to_pylist()
+    assert table.column("id").to_pylist() == ids
+    assert report.rows == len(ids)
+
+
+def test_padding_efficiency_with_defaults(default_run):
+    report, _ = default_run
+    assert report.padding_efficiency >= 0.95
+    assert report.truncated_rows > 0  # the sample holds rows past 256 tokens
