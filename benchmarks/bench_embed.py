@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ NAIVE_BATCH = 32
 REFERENCE_BATCH = 32  # the sentence-transformers setting every method is compared with
 HOST_STAGES = ("read", "tokenize", "plan", "stage", "write")
 WARMUP_ROWS = 64
+PLAN_FIELDS = ("sort_window", "max_batch_tokens", "max_batch_size", "pad_multiple")
 
 LEGEND = """\
 legend:
@@ -138,6 +140,22 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def load_average() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def describe_load(label: str) -> str:
+    load = load_average()
+    if load is None:
+        return f"  {label:<11} unknown"
+    cores = os.cpu_count() or 1
+    busy = "   (WARNING: more runnable work than cores; timings are disturbed)" if load[0] > cores + 0.5 else ""
+    return f"  {label:<11} {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {cores} cores{busy}"
 
 
 def sync(device: torch.device) -> None:
@@ -268,7 +286,6 @@ def bench_sentence_transformers(
             reference = emb
     if reference is None:  # the reference setting was not benchmarked: compute it untimed
         reference = np.asarray(encode(REFERENCE_BATCH, texts), dtype=np.float32)
-    del model
     return results, reference
 
 
@@ -289,7 +306,11 @@ def bench_naive(
         with torch.inference_mode():
             for i in range(0, len(items), NAIVE_BATCH):
                 enc = tokenizer(
-                    items[i : i + NAIVE_BATCH], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+                    items[i : i + NAIVE_BATCH],
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    return_tensors="pt",
                 )
                 fed += enc["input_ids"].numel()
                 seen.append(enc["attention_mask"].sum(1))
@@ -305,7 +326,6 @@ def bench_naive(
     naive_lengths = torch.cat(seen).numpy()
     expected = padded_in_order(lengths, np.arange(len(lengths)), NAIVE_BATCH)
     extra = {"hf_lengths_match": bool(np.array_equal(naive_lengths, lengths)), "padded_expected": expected}
-    del model
     return MethodResult(f"naive bs={NAIVE_BATCH}", [wall], fed, emb, extra)
 
 
@@ -344,9 +364,7 @@ def bench_ceiling(
             ids[j, : lengths[r]] = token_ids[r]
         row_lengths = lengths[rows].astype(np.int32)
         padded = bool(row_lengths.min() < width)
-        prepared.append(
-            (rows, torch.from_numpy(ids).to(device), torch.from_numpy(row_lengths).to(device), padded)
-        )
+        prepared.append((rows, torch.from_numpy(ids).to(device), torch.from_numpy(row_lengths).to(device), padded))
         padded_total += len(rows) * width
 
     def loop() -> list[torch.Tensor]:
@@ -442,12 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("bench_embed: the corpus has no rows")
     plan = PlanConfig()
     if args.max_batch_tokens is not None:
-        plan = PlanConfig(
-            sort_window=plan.sort_window,
-            max_batch_tokens=args.max_batch_tokens,
-            max_batch_size=plan.max_batch_size,
-            pad_multiple=plan.pad_multiple,
-        )
+        plan = replace(plan, max_batch_tokens=args.max_batch_tokens)
 
     model_path = resolve_model_path("default")
     info = inspect_checkpoint(model_path)
@@ -462,13 +475,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  corpus      {corpus.source.name}: {n:,} rows, {real_tokens:,} real tokens (max_length {max_length})")
     print(f"  model       {model_path.name} ({model_path.parent.name})")
     print(f"  cpu         {cpu_model()}")
-    print(f"  torch       {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
-          f"inter-op threads {torch.get_num_interop_threads()}")
+    print(
+        f"  torch       {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
+        f"inter-op threads {torch.get_num_interop_threads()}"
+    )
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"  device      {device}{gpu}")
-    print(f"  plan        max_batch_tokens {plan.max_batch_tokens}, max_batch_size {plan.max_batch_size}, "
-          f"pad_multiple {plan.pad_multiple}, sort_window {plan.sort_window}")
+    print(
+        f"  plan        max_batch_tokens {plan.max_batch_tokens}, max_batch_size {plan.max_batch_size}, "
+        f"pad_multiple {plan.pad_multiple}, sort_window {plan.sort_window}"
+    )
     print(f"  repeats     {args.repeats} (best reported)")
+    print(describe_load("load avg"))
     sys.stdout.flush()
 
     results: list[MethodResult] = []
@@ -525,17 +543,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             failures.append(f"{name}: min cosine {cos:.7f} < {args.min_cosine}")
     print()
     ov = overlap_figures(report)
-    print(f"hpcinfer wall (report.wall_s, excludes model load): {report.wall_s:.3f} s; "
-          f"whole api.run() call incl. model load: {min(hpc.extra['whole_call_s']):.3f} s")
-    print("hpcinfer stages (busy s / share of wall):  "
-          + ", ".join(f"{s['stage']} {s['busy_s']:.2f}/{s['share']:.2f}" for s in report.stages))
+    print(
+        f"hpcinfer wall (report.wall_s, excludes model load): {report.wall_s:.3f} s; "
+        f"whole api.run() call incl. model load: {min(hpc.extra['whole_call_s']):.3f} s"
+    )
+    print(
+        "hpcinfer stages (busy s / share of wall):  "
+        + ", ".join(f"{s['stage']} {s['busy_s']:.2f}/{s['share']:.2f}" for s in report.stages)
+    )
     print(f"hpcinfer bottleneck: {report.bottleneck} ({report.hint})")
     ratio_st = hpc.wall_s and best_st.wall_s / hpc.wall_s
     ratio_ceiling = hpc.wall_s and ceiling.wall_s / hpc.wall_s
     print(f"hpcinfer / best sentence-transformers (bs={best_st.extra['batch_size']}): {ratio_st:.2f}x")
     print(f"hpcinfer / compute ceiling: {ratio_ceiling:.2f}x")
-    print(f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
-          f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}")
+    print(
+        f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
+        f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}"
+    )
+    if naive.padded_tokens != naive.extra["padded_expected"]:
+        notes.append(f"note: naive fed {naive.padded_tokens:,} tokens, expected {naive.extra['padded_expected']:,}")
+    print(describe_load("load avg at end:").strip())
     for line in notes:
         print(line)
     print()
@@ -552,8 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "device": str(device),
                 "dtype": report.dtype,
                 "python": platform.python_version(),
+                "cpu_count": os.cpu_count(),
+                "load_average_end": load_average(),
             },
-            "plan": {k: getattr(plan, k) for k in ("sort_window", "max_batch_tokens", "max_batch_size", "pad_multiple")},
+            "plan": {k: getattr(plan, k) for k in PLAN_FIELDS},
             "repeats": args.repeats,
             "methods": table,
             "min_cosine_vs_st32": cosines,

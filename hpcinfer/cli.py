@@ -135,6 +135,11 @@ def main() -> None:
     show_default=True,
     help="Pinned staging slots (2 = double buffering).",
 )
+@click.option(
+    "--cuda-graphs",
+    is_flag=True,
+    help="Capture the forward as CUDA graphs per (rows, length) bucket and replay them (CUDA only).",
+)
 @click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice].")
 @click.option("--no-overlap", is_flag=True, help="Run the stages serially, one batch at a time (the reference).")
 @click.option(
@@ -177,7 +182,9 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
         model=o["model"],
         tokenize=TokenizeConfig(o["max_length"], o["tokenize_threads"]),
         plan=PlanConfig(o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"]),
-        device=DeviceConfig(o["device"], o["dtype"], o["streams"], o["staging_buffers"], threads=o["threads"]),
+        device=DeviceConfig(
+            o["device"], o["dtype"], o["streams"], o["staging_buffers"], o["cuda_graphs"], o["threads"]
+        ),
         output=OutputConfig(o["output"], o["output_format"], o["overwrite"]),
         pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
         report_path=o["report_path"],

@@ -8,7 +8,7 @@ is guarded by d2h_done, which the writer waits on.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -20,9 +20,17 @@ from .types import Pending, Staged
 class Executor:
     name = "execute"
 
-    def __init__(self, device: Device, model: BatchModel, ring: StagingRing, outputs: OutputPool) -> None:
+    def __init__(
+        self,
+        device: Device,
+        model: BatchModel,
+        ring: StagingRing,
+        outputs: OutputPool,
+        graphs: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.device = device
         self.model = model
+        self.graphs = graphs  # CUDA graph replay in place of the eager forward, when enabled
         self.ring = ring
         self.outputs = outputs
         self._streams = device.compute_streams
@@ -40,7 +48,10 @@ class Executor:
 
         def forward() -> None:
             ids = slot.dev_ids[: n * width].view(n, width)
-            result["y"] = self.model(ids, slot.dev_lengths[:n], padded)
+            if self.graphs is not None:
+                result["y"] = self.graphs(stream.index, ids, slot.dev_lengths[:n])
+            else:
+                result["y"] = self.model(ids, slot.dev_lengths[:n], padded)
 
         def d2h() -> None:
             out.host[:n].copy_(result.pop("y"), non_blocking=True)

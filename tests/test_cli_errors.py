@@ -29,15 +29,27 @@ def _cases(tmp_path: Path, good: Path, tiny_model: Path) -> dict[str, tuple[list
     return {
         "missing file": (["run", "nope.jsonl", "-o", "o.parquet", *model], "nope.jsonl", "no such file"),
         "unknown column": (
-            ["run", str(good), "-o", "o.parquet", "--text-column", "body", *model], "good.jsonl", "no column 'body'"
+            ["run", str(good), "-o", "o.parquet", "--text-column", "body", *model],
+            "good.jsonl",
+            "no column 'body'",
         ),
-        "unreadable parquet": (["run", "bad.parquet", "-o", "o.parquet", *model], "bad.parquet", "not a readable Parquet"),
+        "unreadable parquet": (
+            ["run", "bad.parquet", "-o", "o.parquet", *model],
+            "bad.parquet",
+            "not a readable Parquet",
+        ),
         "existing output": (["run", str(good), "-o", "exists.parquet", *model], "exists.parquet", "output exists"),
-        "unknown model": (["run", str(good), "-o", "o.parquet", "--model", "no/such/model"], "no/such/model", "not found"),
+        "unknown model": (
+            ["run", str(good), "-o", "o.parquet", "--model", "no/such/model"],
+            "no/such/model",
+            "not found",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["missing file", "unknown column", "unreadable parquet", "existing output", "unknown model"])
+@pytest.mark.parametrize(
+    "case", ["missing file", "unknown column", "unreadable parquet", "existing output", "unknown model"]
+)
 def test_user_error_is_one_clear_line(case, tmp_path, good, tiny_model):
     args, names, problem = _cases(tmp_path, good, tiny_model)[case]
     proc = hpcinfer(*args, cwd=tmp_path)

@@ -28,7 +28,9 @@ def _sentence_transformers():
 def default_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("oracle") / "out.parquet"
     cfg = RunConfig(
-        input=InputConfig((str(SAMPLE_PARQUET),)), output=OutputConfig(str(out)), pipeline=PipelineConfig(progress="off")
+        input=InputConfig((str(SAMPLE_PARQUET),)),
+        output=OutputConfig(str(out)),
+        pipeline=PipelineConfig(progress="off"),
     )
     return run_job(cfg)
 

@@ -40,7 +40,9 @@ def test_overlap_is_bitwise_identical_to_serial(tmp_path, tiny_model, requests_j
 
 def _run_simulated(tmp_path, tiny_model, requests_jsonl, buffers: int, streams: int, seed: int = 0):
     cfg = small_config(
-        requests_jsonl, tmp_path / f"sim-{buffers}-{streams}.parquet", tiny_model,
+        requests_jsonl,
+        tmp_path / f"sim-{buffers}-{streams}.parquet",
+        tiny_model,
         device={"staging_buffers": buffers, "streams": streams},
     )
     device = SimulatedDevice(streams=streams, seed=seed)

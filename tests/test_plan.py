@@ -62,7 +62,7 @@ def test_planner_windows_and_batches_keep_every_row():
     for b in batches:
         windows.setdefault(b.window.window_id, []).append(b)
     assert sum(len(w[0].window) for w in windows.values()) == 35
-    for wid, bs in windows.items():
+    for bs in windows.values():
         assert len(bs) == bs[0].window.num_batches
         assert sorted(np.concatenate([b.rows for b in bs]).tolist()) == list(range(len(bs[0].window)))
 
