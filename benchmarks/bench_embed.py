@@ -158,6 +158,10 @@ def describe_load(label: str) -> str:
     return f"  {label:<11} {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {cores} cores{busy}"
 
 
+def log_time(name: str, wall: float, more: str = "") -> None:
+    print(f"  {name:<14} {wall:9.3f} s {more}".rstrip(), flush=True)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -231,6 +235,7 @@ def bench_hpcinfer(
         report = hpcinfer_run(hpcinfer_config(input_path, out, args, plan), progress=Progress(mode="off"))
         whole.append(time.perf_counter() - t0)
         walls.append(report.wall_s)
+        log_time("hpcinfer", report.wall_s, f"(whole call {whole[-1]:.3f} s)")
         reports.append((report, out))
     best = int(np.argmin(walls))
     report, out = reports[best]
@@ -258,6 +263,9 @@ def bench_sentence_transformers(
     repeats: int,
 ) -> tuple[list[MethodResult], np.ndarray]:
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     model = SentenceTransformer(str(model_path), device=str(device))
     if dtype != torch.float32:
@@ -277,6 +285,7 @@ def bench_sentence_transformers(
         for _ in range(repeats):
             wall, emb = timed(lambda bs=bs: encode(bs, texts), device)
             walls.append(wall)
+            log_time(f"st bs={bs}", wall)
         assert emb is not None
         emb = np.asarray(emb, dtype=np.float32)
         results.append(
@@ -296,6 +305,9 @@ def bench_naive(
     corpus: Corpus, lengths: np.ndarray, model_path: Path, device: torch.device, dtype: torch.dtype, max_length: int
 ) -> MethodResult:
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     model = AutoModel.from_pretrained(str(model_path)).to(device=device, dtype=dtype).eval()
@@ -323,6 +335,7 @@ def bench_naive(
 
     loop(texts[: min(NAIVE_BATCH, len(texts))])  # warm-up, untimed
     wall, (emb, fed, seen) = timed(lambda: loop(texts), device)
+    log_time(f"naive bs={NAIVE_BATCH}", wall)
     naive_lengths = torch.cat(seen).numpy()
     expected = padded_in_order(lengths, np.arange(len(lengths)), NAIVE_BATCH)
     extra = {"hf_lengths_match": bool(np.array_equal(naive_lengths, lengths)), "padded_expected": expected}
@@ -376,6 +389,7 @@ def bench_ceiling(
     for _ in range(repeats):
         wall, outs = timed(loop, device)
         walls.append(wall)
+        log_time("ceiling", wall)
     emb = np.empty((len(lengths), embedder.output_dim), dtype=np.float32)
     for (rows, *_), out in zip(prepared, outs, strict=True):
         emb[rows] = out.float().cpu().numpy()

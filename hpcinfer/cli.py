@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -11,6 +12,7 @@ import click
 from rich.console import Console
 
 from . import __version__
+from .api import Interrupted
 from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
 from .errors import HpcinferError, StageError
 
@@ -24,6 +26,11 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except Interrupted as exc:
+            args = [a for a in sys.argv[1:] if a != "--resume"]
+            click.echo(f"hpcinfer: {exc}", err=True)
+            click.echo(f"hpcinfer: resume with: {shlex.join(['hpcinfer', *args, '--resume'])}", err=True)
+            sys.exit(exc.exit_code)
         except (HpcinferError, StageError) as exc:
             click.echo(f"hpcinfer: error: {exc}", err=True)
             sys.exit(exc.exit_code)
@@ -50,7 +57,24 @@ def main() -> None:
     show_default=True,
     help="Output format; auto reads the output suffix.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
+@click.option("--overwrite", is_flag=True, help="Replace the output (and any partial results) if it exists.")
+@click.option(
+    "--resume", is_flag=True, help="Continue an interrupted run: skip the windows it committed, finish the rest."
+)
+@click.option(
+    "--on-long",
+    type=click.Choice(["truncate", "reject"]),
+    default="truncate",
+    show_default=True,
+    help="A row longer than --max-length is truncated (and counted) or rejected.",
+)
+@click.option(
+    "--max-rejects",
+    default=None,
+    metavar="N|FRACTION",
+    help="Stop once more than N rows (or this fraction of rows, e.g. 0.01 or 1%) are rejected.",
+)
+@click.option("--strict", is_flag=True, help="Any rejected row stops the run.")
 @click.option(
     "--model",
     default=_DEFAULTS.model,
@@ -176,16 +200,32 @@ def run(**opts: Any) -> None:
         render(report, Console(stderr=True))
 
 
+def _reject_limits(o: dict[str, Any]) -> tuple[int | None, float | None]:
+    """--strict -> (0, None); --max-rejects 100 -> (100, None); 0.01 or 1% -> (None, 0.01)."""
+    if o["strict"]:
+        return 0, None
+    raw = o["max_rejects"]
+    if raw is None:
+        return None, None
+    try:
+        if raw.endswith("%"):
+            return None, float(raw[:-1]) / 100
+        value = float(raw)
+    except ValueError:
+        raise click.BadParameter(f"{raw!r} is neither a count nor a fraction", param_hint="--max-rejects") from None
+    return (int(value), None) if value >= 1 or value == 0 else (None, value)
+
+
 def build_run_config(o: dict[str, Any]) -> RunConfig:
     return RunConfig(
         input=InputConfig(tuple(o["inputs"]), o["text_column"], o["id_column"], o["input_format"]),
         model=o["model"],
-        tokenize=TokenizeConfig(o["max_length"], o["tokenize_threads"]),
+        tokenize=TokenizeConfig(o["max_length"], o["tokenize_threads"], o["on_long"]),
         plan=PlanConfig(o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"]),
         device=DeviceConfig(
             o["device"], o["dtype"], o["streams"], o["staging_buffers"], o["cuda_graphs"], o["threads"]
         ),
-        output=OutputConfig(o["output"], o["output_format"], o["overwrite"]),
+        output=OutputConfig(o["output"], o["output_format"], o["overwrite"], o["resume"], *_reject_limits(o)),
         pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
         report_path=o["report_path"],
         trace_path=o["trace_path"],

@@ -25,6 +25,7 @@ class InputConfig:
 class TokenizeConfig:
     max_length: int | None = None  # None: the model's sentence-transformers max_seq_length
     threads: int = 1  # concurrent tokenizer calls (each call is itself multi-threaded)
+    on_long: str = "truncate"  # truncate | reject
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,9 @@ class OutputConfig:
     path: str = ""
     output_format: str = "auto"  # auto | parquet | jsonl
     overwrite: bool = False
+    resume: bool = False
+    max_rejects: int | None = None  # stop once more rows than this are rejected (0: --strict)
+    max_reject_fraction: float | None = None  # or once this share of input rows is rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,10 @@ class RunConfig:
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.tokenize.on_long not in ("truncate", "reject"):
+            raise ConfigError(f"--on-long must be truncate or reject (got {self.tokenize.on_long!r})")
+        if self.output.resume and self.output.overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other")
         if self.tokenize.max_length is not None and self.tokenize.max_length < 2:
             raise ConfigError("--max-length must be at least 2")
         if not self.input.paths:

@@ -3,6 +3,10 @@
 Each compute stream waits on the batch's h2d_done; the staging slot goes back to the ring as soon
 as the forward is issued (the next copy into it waits on compute_done on the device); the result
 is guarded by d2h_done, which the writer waits on.
+
+Out of memory: the batch is split in half and each half retried, down to single rows (a row that
+still fails is reported as failed, and becomes a reject); the running token budget is lowered so
+later windows are cut smaller.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .device import Device, OutputPool, StagingRing
+from .device.base import is_out_of_memory
 from .models.adapter import BatchModel
+from .plan import TokenBudget
 from .types import Pending, Staged
 
 
@@ -27,38 +33,66 @@ class Executor:
         ring: StagingRing,
         outputs: OutputPool,
         graphs: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        budget: TokenBudget | None = None,
     ) -> None:
         self.device = device
         self.model = model
         self.graphs = graphs  # CUDA graph replay in place of the eager forward, when enabled
         self.ring = ring
         self.outputs = outputs
+        self.budget = budget
         self._streams = device.compute_streams
         self.waited_ns = 0  # time blocked on a free output buffer: back-pressure, not work
 
     def process(self, staged: Staged) -> Iterator[Pending]:
         batch, slot = staged.batch, staged.slot
+        if slot is None:  # an empty batch carries a window of rejects only
+            yield Pending(batch, None)
+            return
         n, width = batch.num_rows, batch.padded_len
-        padded = bool(batch.lengths.min() < width)
         stream = self._streams[batch.batch_id % len(self._streams)]
         t0 = time.perf_counter_ns()
         out = self.outputs.acquire()  # blocks while the writer holds every output buffer
         self.waited_ns += time.perf_counter_ns() - t0
-        result: dict[str, torch.Tensor] = {}
+        pending = Pending(batch, out, stream.index)
+        ids_all = slot.dev_ids[: n * width].view(n, width)
+        lengths_all = slot.dev_lengths[:n]
+        host_lengths = batch.lengths
 
-        def forward() -> None:
-            ids = slot.dev_ids[: n * width].view(n, width)
-            if self.graphs is not None:
-                result["y"] = self.graphs(stream.index, ids, slot.dev_lengths[:n])
-            else:
-                result["y"] = self.model(ids, slot.dev_lengths[:n], padded)
+        pieces: list[tuple[int, int, torch.Tensor]] = []  # (lo, hi, result rows) on the device
+
+        def run_rows(lo: int, hi: int) -> None:
+            """Forward rows [lo, hi) of the batch, halving on out-of-memory."""
+            try:
+                self.device.before_forward(hi - lo, width)
+                ids, lengths = ids_all[lo:hi], lengths_all[lo:hi]
+                if self.graphs is not None:
+                    y = self.graphs(stream.index, ids, lengths)
+                else:
+                    y = self.model(ids, lengths, bool(host_lengths[lo:hi].min() < width))
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                if self.budget is not None:
+                    self.budget.lower((hi - lo) * width)
+                if hi - lo == 1:
+                    pending.failed_rows.append(lo)
+                    return
+                pending.splits[0] += 1
+                mid = (lo + hi) // 2
+                run_rows(lo, mid)
+                run_rows(mid, hi)
+                return
+            pieces.append((lo, hi, y))
 
         def d2h() -> None:
-            out.host[:n].copy_(result.pop("y"), non_blocking=True)
+            for lo, hi, y in pieces:
+                out.host[lo:hi].copy_(y, non_blocking=True)
+            pieces.clear()
 
         stream.wait(staged.h2d_done)
         start = stream.record()
-        stream.launch(forward)
+        stream.launch(lambda: run_rows(0, n))
         slot.compute_done = stream.record()
         self.ring.release(slot)
         stream.launch(d2h)
@@ -69,7 +103,7 @@ class Executor:
             "compute_done": slot.compute_done,
             "d2h_done": stream.record(),
         }
-        yield Pending(batch, out, stream.index)
+        yield pending
 
     def finish(self) -> Iterator[Pending]:
         return iter(())

@@ -109,7 +109,7 @@ class _Runner:
         name = stage.name
         self.local.stage = name
         hook = self.hooks.get(name)
-        if hook is not None:
+        if hook is not None and item is not None:
             hook(item)
         waited_before = getattr(stage, "waited_ns", 0)
         t0 = time.perf_counter_ns()

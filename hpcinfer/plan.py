@@ -8,12 +8,13 @@ Pure numpy; no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from .config import PlanConfig
-from .types import Batch, TokenBlock, Window
+from .types import Batch, Reject, TokenBlock, Window
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -44,22 +45,52 @@ def cut_batches(lengths: np.ndarray, max_tokens: int, max_rows: int, pad_multipl
     return batches
 
 
+class TokenBudget:
+    """The running token budget; lowered (never raised) after an out-of-memory split."""
+
+    def __init__(self, tokens: int, floor: int) -> None:
+        self._tokens = tokens
+        self._floor = floor
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def lower(self, failed_tokens: int) -> None:
+        with self._lock:
+            self._tokens = max(self._floor, min(self._tokens, failed_tokens // 2))
+
+
 class Planner:
-    """Consumes TokenBlocks, produces Batches window by window, in window order."""
+    """Consumes TokenBlocks, produces Batches window by window, in window order.
+
+    A window is exactly `sort_window` input rows (the last may be shorter); a window whose rows
+    were all rejected still produces one empty batch, so its rejects are committed in order.
+    """
 
     name = "plan"
 
-    def __init__(self, cfg: PlanConfig) -> None:
+    def __init__(
+        self,
+        cfg: PlanConfig,
+        budget: TokenBudget | None = None,
+        first_window: int = 0,
+        on_rejects: Callable[[list[Reject]], None] | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.on_rejects = on_rejects  # counts rejects as soon as they are known (--max-rejects)
+        self.budget = budget or TokenBudget(cfg.max_batch_tokens, cfg.max_batch_tokens)
         self._blocks: list[TokenBlock] = []
-        self._rows = 0
-        self._window_id = 0
+        self._window_id = first_window
+        self.windows = 0
         self._batch_id = 0
 
     def process(self, block: TokenBlock) -> Iterator[Batch]:
+        if block.rejects and self.on_rejects is not None:
+            self.on_rejects(block.rejects)
         self._blocks.append(block)
-        self._rows += len(block)
-        if self._rows >= self.cfg.sort_window:
+        if (block.first_row + block.input_rows) % self.cfg.sort_window == 0:
             yield from self._flush()
 
     def finish(self) -> Iterator[Batch]:
@@ -74,13 +105,20 @@ class Planner:
         window = Window(
             window_id=self._window_id,
             first_row=blocks[0].first_row,
+            input_rows=sum(b.input_rows for b in blocks),
+            rejects=[r for b in blocks for r in b.rejects],
+            rows=np.concatenate([b.rows for b in blocks]),
+            sources={b.block_id: b.source for b in blocks},
             ids=[i for b in blocks for i in b.ids],
             flat_ids=np.concatenate([b.flat_ids for b in blocks]),
             offsets=offsets,
             block_ids=np.repeat([b.block_id for b in blocks], [len(b) for b in blocks]),
         )
         self._window_id += 1
-        cuts = cut_batches(lengths, self.cfg.max_batch_tokens, self.cfg.max_batch_size, self.cfg.pad_multiple)
+        self.windows += 1
+        cuts = cut_batches(lengths, self.budget.tokens, self.cfg.max_batch_size, self.cfg.pad_multiple)
+        if not cuts:
+            cuts = [(np.empty(0, dtype=np.int64), self.cfg.pad_multiple)]
         window.num_batches = len(cuts)
         for rows, width in cuts:
             yield Batch(self._batch_id, window, rows, lengths[rows], width)

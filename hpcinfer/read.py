@@ -1,30 +1,37 @@
-"""Stage 1, read: input files -> RowBlocks, streamed as pyarrow record batches.
+"""Stage 1, read: input files -> RowBlocks, streamed.
 
 Accepts JSONL, Parquet and OpenAI-style batch JSONL (`custom_id`, `body.input`); one file, several,
 a directory or a glob of shards. Whole-input problems (missing file, unknown column, unreadable
-file) are raised up front as InputError, before any work starts.
+file) are raised up front as InputError. A bad row becomes a Reject and the run goes on.
+
+Blocks never straddle a window boundary (a multiple of `window_rows` input rows), so windows are
+the same in every run over the same input, which is what makes resume exact.
 """
 
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from .config import InputConfig
 from .errors import InputError
-from .types import RowBlock
+from .types import Reject, RowBlock
 
 _SUFFIX_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 TOKENS_COLUMN = "input_ids"
+_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,27 +64,21 @@ def expand_paths(specs: tuple[str, ...]) -> list[str]:
 
 
 def _first_json_object(path: str) -> dict | None:
+    """The first line that parses as a JSON object (bad lines are the rows' problem, not the file's)."""
     try:
         with open(path, "rb") as fh:
-            for line in fh:
-                if line.strip():
-                    obj = json.loads(line)
-                    return obj if isinstance(obj, dict) else None
+            for n, line in enumerate(fh):
+                if n > 1000:
+                    break
+                try:
+                    obj = json.loads(line) if line.strip() else None
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    return obj
     except OSError as exc:
         raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
-    except ValueError:
-        raise InputError("first line is not valid JSON", path=path) from None
     return None
-
-
-def _columns_of(path: str, fmt: str) -> set[str]:
-    if fmt == "parquet":
-        try:
-            return set(pq.read_schema(path).names)
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
-    first = _first_json_object(path)
-    return set(first) if first else set()
 
 
 def open_source(path: str, cfg: InputConfig) -> Source:
@@ -93,112 +94,251 @@ def open_source(path: str, cfg: InputConfig) -> Source:
             fmt = "openai"
     if fmt == "openai":
         return Source(path, "openai", "text", True)
-    columns = _columns_of(path, fmt)
-    if not columns:  # an empty file has no rows and no columns to check
-        return Source(path, fmt, "text", cfg.id_column in columns)
-    if cfg.text_column in columns:
-        payload = "text"
-    elif TOKENS_COLUMN in columns:
-        payload = "tokens"
+    if fmt == "parquet":
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
+        columns = set(schema.names)
     else:
-        shown = ", ".join(sorted(columns)[:8])
-        raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
-    return Source(path, fmt, payload, cfg.id_column in columns)
+        first = _first_json_object(path)
+        columns = set(first) if first else set()
+    if fmt == "jsonl" and (not columns or cfg.text_column in columns):
+        return Source(path, fmt, "text", cfg.id_column in columns)  # rows lacking text become rejects
+    if cfg.text_column in columns:
+        kind = schema.field(cfg.text_column).type if fmt == "parquet" else pa.string()
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise InputError(f"column '{cfg.text_column}' holds {kind}, not text", path=path)
+        return Source(path, fmt, "text", cfg.id_column in columns)
+    if TOKENS_COLUMN in columns:
+        return Source(path, fmt, "tokens", cfg.id_column in columns)
+    shown = ", ".join(sorted(columns)[:8])
+    raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
 
 
-def _record_batches(src: Source, cfg: InputConfig, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    try:
-        if src.fmt == "parquet":
-            yield from pq.ParquetFile(src.path).iter_batches(batch_size=cfg.read_block_rows, columns=columns)
-            return
-        if os.path.getsize(src.path) == 0:
-            return
-        schema = pa.schema([(cfg.text_column, pa.string())]) if src.payload == "text" else None
-        reader = pj.open_json(
-            src.path,
-            read_options=pj.ReadOptions(block_size=1 << 20),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
-        )
-        for batch in reader:
-            yield batch.select([c for c in columns if c in batch.schema.names])
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"cannot read ({exc})", path=src.path) from None
+class _Rows:
+    """Parsed rows of one chunk: per-row payload or reject, plus ids and line numbers."""
+
+    def __init__(self) -> None:
+        self.payloads: list[Any] = []  # str, list[int] or a Reject
+        self.ids: list[Any] = []
+        self.lines: list[int | None] = []
 
 
-def _openai_blocks(src: Source, rows_per_block: int) -> Iterator[tuple[list, list[str]]]:
-    """OpenAI batch lines: {"custom_id": ..., "body": {"input": "..."}}; custom_id is the id."""
-    ids: list = []
-    texts: list[str] = []
-    with open(src.path, "rb") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                text = obj["body"]["input"]
-                if isinstance(text, list) and len(text) == 1:
-                    text = text[0]
-                if not isinstance(text, str):
-                    raise TypeError("body.input must be one string")
-                ids.append(obj["custom_id"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InputError(f"line {line_no}: not an embeddings request ({exc})", path=src.path) from None
-            texts.append(text)
-            if len(ids) == rows_per_block:
-                yield ids, texts
-                ids, texts = [], []
-    if ids:
-        yield ids, texts
+def _check_text(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return "missing_text", "no text"
+    if not isinstance(value, str):
+        return "wrong_type", f"text is a {type(value).__name__}, not a string"
+    if not value.strip():
+        return "empty_text", "text is empty or whitespace"
+    return None
 
 
-def _token_lists(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A list<int> column -> (flat int32 ids, int32 lengths) without Python objects per token."""
-    column = column.cast(pa.list_(pa.int32())) if column.type != pa.list_(pa.int32()) else column
-    offsets = column.offsets.to_numpy()
-    flat = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-    return np.ascontiguousarray(flat, dtype=np.int32), np.diff(offsets).astype(np.int32)
+def _check_tokens(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return "missing_text", "no input_ids"
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "wrong_type", "input_ids must be a list of integers"
+    if not value:
+        return "empty_text", "input_ids is empty"
+    return None
 
 
 class Reader:
-    """Produces RowBlocks of at most `read_block_rows` rows; ids default to the global row number."""
+    """Produces RowBlocks of at most `read_block_rows` input rows, never crossing a window edge.
+
+    `skip_rows` input rows are skipped (resume); ids default to the global input row number;
+    a repeated id is a reject (`seen_ids` carries the ids already written, on resume).
+    """
 
     name = "read"
 
-    def __init__(self, cfg: InputConfig) -> None:
+    def __init__(self, cfg: InputConfig, window_rows: int, skip_rows: int = 0, seen_ids: set | None = None) -> None:
         self.cfg = cfg
+        self.window_rows = window_rows
         self.sources = [open_source(p, cfg) for p in expand_paths(cfg.paths)]
-        self.rows_read = 0
+        self.skip_rows = skip_rows
+        self.rows_read = 0  # input rows consumed, rejects and skipped rows included
         self._block_id = 0
+        self._seen: set = set(seen_ids or ())
+
+    def remember_ids(self, keys: Iterable[int]) -> None:
+        """Ids already written by an interrupted run (as id_key values): a repeat is a duplicate."""
+        self._seen.update(keys)
 
     def produce(self) -> Iterator[RowBlock]:
         for src in self.sources:
-            yield from self._read_source(src)
+            for rows, first_line in self._chunks(src):
+                yield from self._blocks(src, rows, first_line)
 
-    def _block(self, src: Source, ids: list | None, n: int, **payload: object) -> RowBlock:
-        first = self.rows_read
-        if ids is None:
-            ids = list(range(first, first + n))
-        block = RowBlock(self._block_id, first, src.path, ids, **payload)  # type: ignore[arg-type]
-        self._block_id += 1
-        self.rows_read += n
-        return block
+    # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
 
-    def _read_source(self, src: Source) -> Iterator[RowBlock]:
-        if src.fmt == "openai":
-            for ids, texts in _openai_blocks(src, self.cfg.read_block_rows):
-                yield self._block(src, ids, len(ids), texts=texts)
-            return
+    def _chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
+        try:
+            if src.fmt == "parquet":
+                yield from self._parquet_chunks(src)
+            else:
+                yield from self._jsonl_chunks(src)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read ({exc})", path=src.path) from None
+
+    def _parquet_chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
         payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
         columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
-        for batch in _record_batches(src, self.cfg, columns):
-            for start in range(0, batch.num_rows, self.cfg.read_block_rows):
-                part = batch.slice(start, self.cfg.read_block_rows)
-                ids = part.column(self.cfg.id_column).to_pylist() if src.has_ids else None
-                col = part.column(payload_col)
-                if src.payload == "text":
-                    yield self._block(src, ids, part.num_rows, texts=col.to_pylist())
-                else:
-                    yield self._block(src, ids, part.num_rows, token_ids=_token_lists(col))
+        for batch in pq.ParquetFile(src.path).iter_batches(batch_size=self.cfg.read_block_rows, columns=columns):
+            rows = _Rows()
+            values = batch.column(payload_col)
+            if src.payload == "text":
+                rows.payloads = _fast_text_check(values)
+            else:
+                rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
+            rows.ids = batch.column(self.cfg.id_column).to_pylist() if src.has_ids else [None] * batch.num_rows
+            rows.lines = [None] * batch.num_rows
+            yield rows, 0
+
+    def _jsonl_chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
+        line_no = 0
+        with open(src.path, "rb") as fh:
+            tail = b""
+            while True:
+                data = fh.read(_CHUNK_BYTES)
+                if not data and not tail:
+                    return
+                data, tail = (tail + data, b"") if not data else _split_tail(tail + data)
+                lines = data.split(b"\n")
+                if lines and lines[-1] == b"":
+                    lines.pop()
+                numbered = [(line_no + i + 1, line) for i, line in enumerate(lines) if line.strip()]
+                line_no += len(lines)
+                yield self._parse_lines(src, numbered), line_no
+                if not data:
+                    return
+
+    def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> _Rows:
+        rows = _Rows()
+        if src.fmt == "jsonl" and src.payload == "text" and numbered:
+            fast = self._fast_jsonl(numbered)
+            if fast is not None:
+                return fast
+        for line_no, raw in numbered:
+            rows.lines.append(line_no)
+            payload, row_id = self._parse_line(src, raw)
+            rows.payloads.append(payload)
+            rows.ids.append(row_id)
+        return rows
+
+    def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> _Rows | None:
+        """pyarrow parses a clean chunk in one call; any problem falls back to line by line."""
+        text_col, id_col = self.cfg.text_column, self.cfg.id_column
+        try:
+            table = pj.read_json(
+                io.BytesIO(b"\n".join(raw for _, raw in numbered)),
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema([(text_col, pa.string())]), unexpected_field_behavior="infer"
+                ),
+            )
+        except (pa.ArrowException, UnicodeDecodeError, ValueError):
+            return None
+        if table.num_rows != len(numbered):
+            return None
+        rows = _Rows()
+        rows.payloads = _fast_text_check(table.column(text_col))
+        rows.ids = table.column(id_col).to_pylist() if id_col in table.column_names else [None] * table.num_rows
+        rows.lines = [n for n, _ in numbered]
+        return rows
+
+    def _parse_line(self, src: Source, raw: bytes) -> tuple[Any, Any]:
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return ("invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"), None
+        except ValueError as exc:
+            return ("malformed_json", f"not valid JSON ({exc})"), None
+        if not isinstance(obj, dict):
+            return ("malformed_json", f"a JSON {type(obj).__name__}, not an object"), None
+        if src.fmt == "openai":
+            body = obj.get("body")
+            text = body.get("input") if isinstance(body, dict) else None
+            if isinstance(text, list) and len(text) == 1:
+                text = text[0]
+            return (text if (bad := _check_text(text)) is None else bad), obj.get("custom_id")
+        row_id = obj.get(self.cfg.id_column)
+        if src.payload == "tokens":
+            value = obj.get(TOKENS_COLUMN)
+            return (value if (bad := _check_tokens(value)) is None else bad), row_id
+        value = obj.get(self.cfg.text_column)
+        return (value if (bad := _check_text(value)) is None else bad), row_id
+
+    # -- blocks ----------------------------------------------------------------------------------
+
+    def _blocks(self, src: Source, rows: _Rows, _line: int) -> Iterator[RowBlock]:
+        n = len(rows.payloads)
+        start = 0
+        if self.skip_rows:  # resume: drop input rows already committed
+            start = min(n, self.skip_rows)
+            self.skip_rows -= start
+            self.rows_read += start
+        while start < n:
+            room = self.window_rows - self.rows_read % self.window_rows
+            end = min(n, start + self.cfg.read_block_rows, start + room)
+            yield self._block(src, rows, start, end)
+            start = end
+
+    def _block(self, src: Source, rows: _Rows, start: int, end: int) -> RowBlock:
+        first = self.rows_read
+        block = RowBlock(self._block_id, first, end - start, src.path, [])
+        texts: list[str] = []
+        tokens: list[list[int]] = []
+        for k in range(start, end):
+            row = first + k - start
+            payload, row_id = rows.payloads[k], rows.ids[k]
+            if row_id is None:
+                row_id = row
+            if isinstance(payload, tuple):
+                block.rejects.append(Reject(row, src.path, rows.lines[k], row_id, payload[0], payload[1]))
+                continue
+            key = id_key(row_id)
+            if src.has_ids and key in self._seen:
+                block.rejects.append(
+                    Reject(row, src.path, rows.lines[k], row_id, "duplicate_id", f"id {row_id!r} appeared before")
+                )
+                continue
+            if src.has_ids:
+                self._seen.add(key)
+            block.ids.append(row_id)
+            block.rows.append(row)
+            block.lines.append(rows.lines[k])
+            (tokens if src.payload == "tokens" else texts).append(payload)
+        if src.payload == "tokens":
+            lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
+            flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))
+            block.token_ids = (flat, lengths)
+        else:
+            block.texts = texts
+        self._block_id += 1
+        self.rows_read += end - start
+        return block
+
+
+def id_key(row_id: Any) -> int:
+    """What the duplicate check remembers of an id: a 64-bit hash keeps the set small on huge files."""
+    return hash((type(row_id).__name__, row_id if isinstance(row_id, str | int | float) else repr(row_id)))
+
+
+def _split_tail(data: bytes) -> tuple[bytes, bytes]:
+    """(complete lines, the partial last line)."""
+    cut = data.rfind(b"\n")
+    return (data, b"") if cut < 0 and not data else (data[: cut + 1], data[cut + 1 :])
+
+
+def _fast_text_check(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """Texts as Python strings, with null and blank ones replaced by reject reasons (vectorised test)."""
+    texts = values.to_pylist()
+    blank = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(values, "")), "")
+    for i in np.flatnonzero(blank.to_numpy(zero_copy_only=False)):
+        texts[i] = _check_text(texts[i])
+    return texts
 
 
 def estimate_rows(sources: list[Source]) -> int | None:

@@ -46,6 +46,9 @@ class StageStep:
         self.waited_ns = 0  # time blocked on a free slot: back-pressure, not work
 
     def process(self, batch: Batch) -> Iterator[Staged]:
+        if batch.num_rows == 0:  # a window whose rows were all rejected: nothing to copy
+            yield Staged(batch, None, None, None)
+            return
         t0 = time.perf_counter_ns()
         slot = self.ring.acquire()  # waits until the slot's previous H2D copy is done
         self.waited_ns += time.perf_counter_ns() - t0

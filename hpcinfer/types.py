@@ -6,7 +6,7 @@ and recorded in the batch, never guessed downstream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,15 +23,55 @@ END = End()
 
 
 @dataclass(slots=True)
+class Reject:
+    """An input row that cannot be processed; it goes to the rejects file, never silently away."""
+
+    row: int  # global 0-based input row number
+    source: str
+    line: int | None  # 1-based line in a JSONL file; None for Parquet
+    id: Any
+    reason: str  # a code from REJECT_REASONS
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        where = {"line": self.line} if self.line is not None else {"row_in_file": self.row}
+        return {
+            "row": self.row,
+            "source": self.source,
+            **where,
+            "id": self.id,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+REJECT_REASONS = (
+    "malformed_json",
+    "missing_text",
+    "wrong_type",
+    "empty_text",
+    "invalid_utf8",
+    "invalid_token_ids",
+    "duplicate_id",
+    "too_long",
+    "oom",
+)
+
+
+@dataclass(slots=True)
 class RowBlock:
-    """read -> tokenize: consecutive input rows, in input order."""
+    """read -> tokenize: consecutive input rows, in input order; bad rows already set aside."""
 
     block_id: int
-    first_row: int  # global 0-based index of the first row
+    first_row: int  # global 0-based index of the block's first input row
+    input_rows: int  # input rows covered, rejects included
     source: str
-    ids: list[Any]
+    ids: list[Any]  # ids of the valid rows
     texts: list[str] | None = None
     token_ids: tuple[np.ndarray, np.ndarray] | None = None  # pre-tokenized: (flat int32, lengths)
+    rejects: list[Reject] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # input row number of each valid row
+    lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -43,10 +83,14 @@ class TokenBlock:
 
     block_id: int
     first_row: int
+    input_rows: int
     ids: list[Any]
     flat_ids: np.ndarray  # int32 [total_tokens]
     lengths: np.ndarray  # int32 [rows]
     truncated: int = 0  # rows cut to max_length
+    rejects: list[Reject] = field(default_factory=list)
+    rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # input row numbers
+    source: str = ""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -58,10 +102,14 @@ class Window:
 
     window_id: int
     first_row: int
+    input_rows: int  # NOTE: windows cover exactly sort_window input rows (the last may be shorter)
     ids: list[Any]
     flat_ids: np.ndarray  # int32 [total_tokens]
     offsets: np.ndarray  # int64 [rows + 1]
     block_ids: np.ndarray  # int64 [rows]: the read block each row came from
+    rows: np.ndarray  # int64 [rows]: input row numbers
+    sources: dict[int, str] = field(default_factory=dict)  # block id -> input file
+    rejects: list[Reject] = field(default_factory=list)
     num_batches: int = 0
 
     def __len__(self) -> int:
@@ -108,3 +156,5 @@ class Pending:
     batch: Batch
     out: Any  # device.OutputBuffer holding [rows, dim] once out.events["d2h_done"] completes
     stream: int = 0
+    failed_rows: list[int] = field(default_factory=list)  # batch positions that could not run (oom)
+    splits: list[int] = field(default_factory=lambda: [0])  # out-of-memory splits while running

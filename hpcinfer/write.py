@@ -1,26 +1,23 @@
-"""Stage 6, write: Pending -> rows on disk, in input order.
+"""Stage 6, write: Pending -> committed windows, in input order.
 
-Waits on each result's d2h_done, scatters it into its window's buffer, and writes a window as soon
-as all its batches are in. The output is written under a temporary name and renamed on success.
+Waits on each result's d2h_done, scatters it into its window's buffer, and commits a window as
+one atomic part (results + rejects) as soon as all its batches are in, windows in order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .device import OutputPool
-from .errors import OutputError
-from .types import Pending, Window
+from .errors import HpcinferError, OutputError
+from .output import PartStore
+from .types import Pending, Reject, Window
 
 
 def output_format(path: str, requested: str) -> str:
@@ -36,13 +33,16 @@ def output_format(path: str, requested: str) -> str:
     )
 
 
-def check_output(path: str, overwrite: bool) -> None:
+def check_output(path: str, overwrite: bool, resume: bool) -> None:
     """Up-front checks, so a long run does not fail at its very end."""
     target = Path(path)
     if target.is_dir():
         raise OutputError("output is a directory", path=path)
-    if target.exists() and not overwrite:
+    parts = Path(path + ".parts")
+    if target.exists() and not overwrite and not (resume and parts.exists()):
         raise OutputError("output exists (use --overwrite to replace it)", path=path)
+    if parts.exists() and not overwrite and not resume:
+        raise OutputError("an interrupted run left partial results here; add --resume (or --overwrite)", path=path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError("output directory does not exist", path=str(parent))
@@ -50,47 +50,46 @@ def check_output(path: str, overwrite: bool) -> None:
         raise OutputError("output directory is not writable", path=str(parent))
 
 
-class ParquetSink:
-    def __init__(self, path: str, dim: int) -> None:
-        self.path = path
-        self.dim = dim
-        self._writer: pq.ParquetWriter | None = None
-
-    def write(self, ids: list[Any], values: np.ndarray) -> None:
-        flat = pa.array(values.reshape(-1), type=pa.float32())
-        table = pa.table({"id": pa.array(ids), "embedding": pa.FixedSizeListArray.from_arrays(flat, self.dim)})
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
-        elif table.schema != self._writer.schema:
-            table = table.cast(self._writer.schema)
-        self._writer.write_table(table)
-
-    def close(self) -> None:
-        if self._writer is None:  # no rows: still a valid, empty file with the schema
-            emb = pa.list_(pa.float32(), self.dim)
-            pq.write_table(pa.table({"id": pa.array([], pa.string()), "embedding": pa.array([], emb)}), self.path)
-        else:
-            self._writer.close()
+class RejectLimitExceeded(HpcinferError):
+    exit_code = 3
 
 
-class JsonlSink:
-    def __init__(self, path: str, dim: int) -> None:
-        self._fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+class RejectCounter:
+    """Counts rejects by reason; enforces --max-rejects (a count, or a fraction of input rows)."""
 
-    def write(self, ids: list[Any], values: np.ndarray) -> None:
-        lines = (json.dumps({"id": i, "embedding": v}) for i, v in zip(ids, values.tolist(), strict=True))
-        self._fh.write("\n".join(lines) + "\n")
+    def __init__(self, max_count: int | None = None, max_fraction: float | None = None) -> None:
+        self.max_count = max_count
+        self.max_fraction = max_fraction
+        self.by_reason: dict[str, int] = {}
+        self.total = 0
+        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
+    def add(self, rejects: list[Reject]) -> None:
+        with self._lock:
+            for r in rejects:
+                self.by_reason[r.reason] = self.by_reason.get(r.reason, 0) + 1
+            self.total += len(rejects)
+        if self.max_count is not None and self.total > self.max_count:
+            what = (
+                "a row was rejected (--strict)" if self.max_count == 0 else f"more than {self.max_count} rows rejected"
+            )
+            self._fail(what, rejects)
+
+    def check_fraction(self, input_rows: int) -> None:
+        limit = self.max_fraction
+        if limit is not None and input_rows and self.total / input_rows > limit:
+            self._fail(f"{self.total / input_rows:.1%} of input rows rejected (limit {limit:.1%})", [])
+
+    def _fail(self, what: str, rejects: list[Reject]) -> None:
+        last = f"; last: row {rejects[-1].row}: {rejects[-1].reason}: {rejects[-1].message}" if rejects else ""
+        raise RejectLimitExceeded(f"stopping: {what}{last}")
 
 
 @dataclass(slots=True)
 class _WindowState:
     window: Window
     values: np.ndarray  # float32 [rows, dim]
+    failed: list[int] = field(default_factory=list)  # window rows that could not run
     batches_done: int = 0
 
 
@@ -101,31 +100,32 @@ class Writer:
 
     def __init__(
         self,
-        path: str,
-        fmt: str,
-        dim: int,
+        store: PartStore,
         outputs: OutputPool,
+        rejects: RejectCounter,
+        first_window: int = 0,
         on_batch: Callable[[Pending], None] | None = None,
     ) -> None:
-        self.path = path
-        self.dim = dim
+        self.store = store
+        self.dim = store.dim
         self.outputs = outputs
+        self.rejects = rejects
         self.on_batch = on_batch
-        self.tmp_path = str(Path(path).with_name(f".{Path(path).name}.tmp-{os.getpid()}"))
-        self._sink = (ParquetSink if fmt == "parquet" else JsonlSink)(self.tmp_path, dim)
         self._open: dict[int, _WindowState] = {}
-        self._next_window = 0
+        self._next_window = first_window
         self.rows_written = 0
 
     def process(self, pending: Pending) -> Iterator[None]:
         batch, out = pending.batch, pending.out
-        self.wait_result(pending)
         w = batch.window
         state = self._open.get(w.window_id)
         if state is None:
             state = self._open[w.window_id] = _WindowState(w, np.empty((len(w), self.dim), np.float32))
-        state.values[batch.rows] = out.host[: batch.num_rows].numpy()
-        self.outputs.release(out)
+        if out is not None:
+            self.wait_result(pending)
+            state.values[batch.rows] = out.host[: batch.num_rows].numpy()
+            self.outputs.release(out)
+            state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
         state.batches_done += 1
         if self.on_batch is not None:
             self.on_batch(pending)
@@ -138,25 +138,36 @@ class Writer:
 
     def _commit_ready(self) -> None:
         while (state := self._open.get(self._next_window)) and state.batches_done == state.window.num_batches:
-            self._sink.write(state.window.ids, state.values)
-            self.rows_written += len(state.window)
+            self._commit(state)
             del self._open[self._next_window]
             self._next_window += 1
+
+    def _commit(self, state: _WindowState) -> None:
+        w = state.window
+        keep = np.ones(len(w), dtype=bool)
+        oom = []
+        for i in state.failed:
+            keep[i] = False
+            block = int(w.block_ids[i])
+            oom.append(
+                Reject(
+                    int(w.rows[i]),
+                    w.sources.get(block, ""),
+                    None,
+                    w.ids[i],
+                    "oom",
+                    "does not fit in device memory even alone",
+                )
+            )
+        self.rejects.add(oom)
+        rejects = sorted(w.rejects + oom, key=lambda r: r.row)
+        ids = [i for i, k in zip(w.ids, keep, strict=True) if k] if oom else w.ids
+        self.store.commit(
+            w.window_id, w.first_row, w.input_rows, ids, state.values[keep], [r.to_json() for r in rejects]
+        )
+        self.rows_written += len(ids)
+        self.rejects.check_fraction(self.store.rows_committed)
 
     def finish(self) -> Iterator[None]:
         assert not self._open, "every window must be complete at the end"
         return iter(())
-
-    def commit(self) -> None:
-        """Closes the file and moves it to its final name (atomic on one filesystem)."""
-        try:
-            self._sink.close()
-            os.replace(self.tmp_path, self.path)
-        except OSError as exc:
-            self.abort()
-            raise OutputError(f"cannot write output ({exc.strerror})", path=self.path) from None
-
-    def abort(self) -> None:
-        with contextlib.suppress(Exception):  # best effort on the failure path
-            self._sink.close()
-        Path(self.tmp_path).unlink(missing_ok=True)

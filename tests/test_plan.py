@@ -51,17 +51,18 @@ def test_planner_windows_and_batches_keep_every_row():
     rng = np.random.default_rng(0)
     batches = []
     first = 0
-    for block_id in range(5):
-        lengths = rng.integers(2, 30, size=7).astype(np.int32)
+    for block_id, size in enumerate([7, 3, 7, 3, 5]):  # the reader never lets a block cross a window edge
+        lengths = rng.integers(2, 30, size=size).astype(np.int32)
         flat = rng.integers(1, 1000, size=int(lengths.sum())).astype(np.int32)
-        ids = list(range(first, first + 7))
-        batches += list(planner.process(TokenBlock(block_id, first, ids, flat, lengths)))
-        first += 7
+        ids = list(range(first, first + size))
+        rows = np.arange(first, first + size)
+        batches += list(planner.process(TokenBlock(block_id, first, size, ids, flat, lengths, rows=rows)))
+        first += size
     batches += list(planner.finish())
     windows = {}
     for b in batches:
         windows.setdefault(b.window.window_id, []).append(b)
-    assert sum(len(w[0].window) for w in windows.values()) == 35
+    assert [len(w[0].window) for w in windows.values()] == [10, 10, 5]
     for bs in windows.values():
         assert len(bs) == bs[0].window.num_batches
         assert sorted(np.concatenate([b.rows for b in bs]).tolist()) == list(range(len(bs[0].window)))

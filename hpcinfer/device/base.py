@@ -30,6 +30,17 @@ def get_unless_stopped(q: queue.Queue, stop: threading.Event | None):  # noqa: A
                 raise Cancelled from None
 
 
+class DeviceOutOfMemory(MemoryError):
+    """An allocator failure on the device (tests inject it through Device.before_forward)."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    # NOTE: the CPU allocator reports failure as a plain RuntimeError.
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
 class Event(ABC):
     @abstractmethod
     def synchronize(self) -> None:
@@ -72,6 +83,10 @@ class Device(ABC):
 
     def on_reuse(self, host: torch.Tensor) -> None:
         """Called when a host buffer is handed out again; the simulated device scribbles on it."""
+        return None
+
+    def before_forward(self, rows: int, width: int) -> None:
+        """Called before each forward of [rows, width]; a fault-injecting device raises here."""
         return None
 
     def peak_memory_bytes(self) -> int | None:

@@ -18,6 +18,8 @@ def summary_table(report: RunReport) -> Table:
         ("padded tokens", f"{report.padded_tokens:,}"),
         ("padding efficiency", f"{report.padding_efficiency:.2%}"),
         ("truncated rows", f"{report.truncated_rows:,}"),
+        ("rejected rows", ", ".join(f"{k} {v:,}" for k, v in report.rejects.items()) or "0"),
+        ("out-of-memory splits", f"{report.oom_splits:,}"),
         ("batches", f"{report.batches:,}"),
         ("wall time", f"{report.wall_s:.2f} s"),
         ("rows/s", f"{report.rows_per_s:,.1f}"),

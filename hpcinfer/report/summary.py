@@ -15,6 +15,10 @@ class RunReport:
     real_tokens: int = 0
     padded_tokens: int = 0
     truncated_rows: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    rows_resumed: int = 0  # rows already committed by an interrupted run
+    oom_splits: int = 0
+    final_max_batch_tokens: int = 0
     batches: int = 0
     windows: int = 0
     wall_s: float = 0.0

@@ -1,0 +1,236 @@
+"""Crash-safe output: one atomic part per window, a manifest, and the final assembly.
+
+Layout next to the output `OUT`:
+  OUT.parts/part-000042.parquet   results of window 42 (ids + embeddings, input order)
+  OUT.parts/rejects-000042.jsonl  that window's rejected rows (only when there are some)
+  OUT.parts/manifest.json         fingerprint + the windows committed so far, in order
+Every file is written under a temporary name, fsynced and renamed, and the manifest is rewritten
+the same way after each part, so a kill between any two instructions leaves a consistent prefix.
+At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import OutputError
+
+MANIFEST_VERSION = 1
+
+
+def parts_dir(output: str) -> Path:
+    return Path(output + ".parts")
+
+
+def rejects_path(output: str) -> Path:
+    return Path(output + ".rejects.jsonl")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """write(tmp_path) then fsync and rename over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(path)) from None
+
+
+def _file_digest(path: str) -> str:
+    """Size + the first and last MiB: cheap, and catches a changed or different file."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        if size > 1 << 20:
+            fh.seek(max(size - (1 << 20), 1 << 20))
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(files: list[str], model_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between a run and its resume."""
+    weights = model_dir / "model.safetensors"
+    return {
+        "inputs": [{"path": f, "digest": _file_digest(f)} for f in files],
+        "model": {"path": str(model_dir), "weights": _file_digest(str(weights))},
+        **options,
+    }
+
+
+def fingerprint_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            if key == "inputs":
+                return "the input files differ from the interrupted run's"
+            if key == "model":
+                return f"the model differs (was {old.get(key, {}).get('path')}, now {new.get(key, {}).get('path')})"
+            return f"option {key} differs (was {old.get(key)!r}, now {new.get(key)!r})"
+    return None
+
+
+class PartStore:
+    """The parts directory of one output: commit windows, read the manifest, assemble the result."""
+
+    def __init__(self, output: str, fmt: str, dim: int, fp: dict[str, Any]) -> None:
+        self.output = output
+        self.fmt = fmt
+        self.dim = dim
+        self.dir = parts_dir(output)
+        self.fingerprint = fp
+        self.windows: list[dict[str, Any]] = []
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Reads an interrupted run's manifest; refuses one made with other inputs or options."""
+        manifest = self.dir / "manifest.json"
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise OutputError(
+                "no readable manifest: nothing to resume (run without --resume)", path=str(self.dir)
+            ) from None
+        diff = fingerprint_difference(data.get("fingerprint", {}), self.fingerprint)
+        if diff:
+            raise OutputError(f"cannot resume: {diff}; rerun with --overwrite to start over", path=self.output)
+        self.windows = list(data.get("windows", []))
+
+    def start_fresh(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self._write_manifest()
+
+    @property
+    def rows_committed(self) -> int:
+        """Input rows covered by committed windows (rejects included)."""
+        return sum(w["input_rows"] for w in self.windows)
+
+    @property
+    def rows_written(self) -> int:
+        return sum(w["rows"] for w in self.windows)
+
+    def committed_ids(self) -> Iterator[Any]:
+        for w in self.windows:
+            yield from self._read_part_ids(self.dir / w["part"])
+
+    # -- commit ------------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        window_id: int,
+        first_row: int,
+        input_rows: int,
+        ids: list[Any],
+        values: np.ndarray,
+        rejects: list[dict[str, Any]],
+    ) -> None:
+        part = f"part-{window_id:06d}.{'parquet' if self.fmt == 'parquet' else 'jsonl'}"
+        atomic_write(self.dir / part, lambda tmp: self._write_part(tmp, ids, values))
+        entry = {
+            "window": window_id,
+            "first_row": first_row,
+            "input_rows": input_rows,
+            "rows": len(ids),
+            "rejects": len(rejects),
+            "part": part,
+        }
+        if rejects:
+            entry["rejects_part"] = f"rejects-{window_id:06d}.jsonl"
+            atomic_write(self.dir / entry["rejects_part"], lambda tmp: _write_jsonl(tmp, rejects))
+        self.windows.append(entry)
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        data = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
+        atomic_write(self.dir / "manifest.json", lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
+
+    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray) -> None:
+        if self.fmt == "parquet":
+            pq.write_table(results_table(ids, values, self.dim), tmp, compression="zstd")
+        else:
+            rows = ({"id": i, "embedding": v} for i, v in zip(ids, values.tolist(), strict=True))
+            _write_jsonl(tmp, rows)
+
+    def _read_part_ids(self, path: Path) -> list[Any]:
+        if self.fmt == "parquet":
+            return pq.read_table(path, columns=["id"]).column("id").to_pylist()
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line)["id"] for line in fh]
+
+    # -- assembly ----------------------------------------------------------------------------------
+
+    def assemble(self) -> None:
+        """Parts -> the final output (and rejects file), atomically; then the parts go."""
+        atomic_write(Path(self.output), self._concat_parts)
+        rejects = [self.dir / w["rejects_part"] for w in self.windows if "rejects_part" in w]
+        if rejects:
+            atomic_write(rejects_path(self.output), lambda tmp: _concat_bytes(tmp, rejects))
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _concat_parts(self, tmp: Path) -> None:
+        parts = [self.dir / w["part"] for w in self.windows]
+        if self.fmt != "parquet":
+            _concat_bytes(tmp, parts)
+            return
+        writer: pq.ParquetWriter | None = None
+        try:
+            for part in parts:
+                table = pq.read_table(part)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                writer.write_table(table.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            pq.write_table(results_table([], np.zeros((0, self.dim), np.float32), self.dim), tmp)
+
+
+def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
+    flat = pa.array(values.reshape(-1), type=pa.float32())
+    try:
+        id_array = pa.array(ids) if ids else pa.array([], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed id types: keep them all, as text
+        id_array = pa.array([str(i) for i in ids])
+    return pa.table({"id": id_array, "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
+
+
+def _write_jsonl(path: Path, rows: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, default=str) + "\n")
+
+
+def _concat_bytes(tmp: Path, parts: list[Path]) -> None:
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
