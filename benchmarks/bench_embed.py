@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ PLAN_FIELDS = ("sort_window", "max_batch_tokens", "max_batch_size", "pad_multipl
 
 LEGEND = """\
 legend:
-  wall s      best of --repeats; rows/s and tokens/s are rows and real tokens over that wall time.
+  wall s      best of --repeats rounds (methods run round robin); rows/s, tokens/s = rows, real tokens / wall.
   hpcinfer    wall = RunReport.wall_s: from the first read to the committed output file (read, tokenize,
               plan, stage, compute, write, Parquet close + rename), all overlapped. It excludes what
               api.run does before that: config and input checks, checkpoint inspection, model and
@@ -81,19 +81,6 @@ class Corpus:
     ids: list[Any]  # the id column, or the 0-based row number where there is none
     has_ids: bool
     source: Path
-
-
-@dataclass(slots=True)
-class MethodResult:
-    name: str
-    walls_s: list[float]
-    padded_tokens: int
-    embeddings: np.ndarray
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def wall_s(self) -> float:
-        return min(self.walls_s)
 
 
 # --------------------------------------------------------------------------- corpus
@@ -200,6 +187,28 @@ def st_padded_tokens(texts: Sequence[str], lengths: np.ndarray, batch_size: int,
     return padded_in_order(lengths, order, batch_size)
 
 
+# --------------------------------------------------------------------------- the methods
+
+
+class Method:
+    """One benchmarked method: set up (and warmed up) once, then timed once per round."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.walls_s: list[float] = []
+        self.padded_tokens = 0
+        self.embeddings: np.ndarray | None = None  # [rows, dim] in input order, from the latest round
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def wall_s(self) -> float:
+        return min(self.walls_s)
+
+    def once(self) -> float:
+        raise NotImplementedError
+
+
 # --------------------------------------------------------------------------- 1. hpcinfer
 
 
@@ -221,125 +230,131 @@ def read_embeddings(path: Path) -> tuple[list[Any], np.ndarray]:
     return table.column("id").to_pylist(), values.reshape(table.num_rows, -1)
 
 
-def bench_hpcinfer(
-    corpus: Corpus, input_path: Path, tmp: Path, args: argparse.Namespace, plan: PlanConfig
-) -> tuple[MethodResult, RunReport]:
-    # Warm-up (untimed): a small run pays the one-off costs (kernel selection, thread pools, imports).
-    warm_input = write_subset(corpus, min(WARMUP_ROWS, len(corpus.texts)), tmp / "warmup.parquet")
-    hpcinfer_run(hpcinfer_config(warm_input, tmp / "warmup.out.parquet", args, plan), progress=Progress(mode="off"))
+class HpcinferMethod(Method):
+    name = "hpcinfer"
 
-    walls, whole, reports = [], [], []
-    for r in range(args.repeats):
-        out = tmp / f"hpcinfer-{r}.parquet"
+    def __init__(self, corpus: Corpus, input_path: Path, tmp: Path, args: argparse.Namespace, plan: PlanConfig):
+        super().__init__()
+        self.corpus, self.input_path, self.tmp, self.args, self.plan = corpus, input_path, tmp, args, plan
+        self.whole_s: list[float] = []
+        self.best: RunReport | None = None
+        self.extra["ids_match"] = True
+        # Warm-up (untimed): a small run pays the one-off costs (kernel selection, thread pools) and
+        # tells which dtype hpcinfer resolves --dtype to.
+        warm_input = write_subset(corpus, min(WARMUP_ROWS, len(corpus.texts)), tmp / "warmup.parquet")
+        warm = hpcinfer_run(
+            hpcinfer_config(warm_input, tmp / "warmup.out.parquet", args, plan), progress=Progress(mode="off")
+        )
+        self.dtype = warm.dtype
+
+    def once(self) -> float:
+        out = self.tmp / "hpcinfer.out.parquet"
         t0 = time.perf_counter()
-        report = hpcinfer_run(hpcinfer_config(input_path, out, args, plan), progress=Progress(mode="off"))
-        whole.append(time.perf_counter() - t0)
-        walls.append(report.wall_s)
-        log_time("hpcinfer", report.wall_s, f"(whole call {whole[-1]:.3f} s)")
-        reports.append((report, out))
-    best = int(np.argmin(walls))
-    report, out = reports[best]
-    ids, emb = read_embeddings(out)
-    result = MethodResult(
-        "hpcinfer",
-        walls,
-        report.padded_tokens,
-        emb,
-        {"whole_call_s": whole, "ids_match": ids == corpus.ids, "report": report.to_dict()},
-    )
-    return result, report
+        report = hpcinfer_run(
+            hpcinfer_config(self.input_path, out, self.args, self.plan), progress=Progress(mode="off")
+        )
+        self.whole_s.append(time.perf_counter() - t0)
+        self.walls_s.append(report.wall_s)
+        if self.best is None or report.wall_s <= self.best.wall_s:
+            self.best = report
+        self.padded_tokens = report.padded_tokens
+        ids, self.embeddings = read_embeddings(out)
+        self.extra["ids_match"] = self.extra["ids_match"] and ids == self.corpus.ids
+        log_time(self.name, report.wall_s, f"(whole api.run() call {self.whole_s[-1]:.3f} s)")
+        return report.wall_s
 
 
 # --------------------------------------------------------------------------- 2. sentence-transformers
 
 
-def bench_sentence_transformers(
-    corpus: Corpus,
-    lengths: np.ndarray,
-    model_path: Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    batch_sizes: list[int],
-    repeats: int,
-) -> tuple[list[MethodResult], np.ndarray]:
+def load_sentence_transformer(model_path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, bool]:
+    """The model, warmed up, and whether it flattens (unpads) text inputs."""
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
     model = SentenceTransformer(str(model_path), device=str(device))
     if dtype != torch.float32:
         model = model.to(dtype)
     can_flatten = getattr(model, "_can_flatten_inputs", None)
     flattened = bool(can_flatten()) if callable(can_flatten) else False
-    texts = corpus.texts
+    model.encode(["warm-up"] * 8, batch_size=8, convert_to_numpy=True, show_progress_bar=False)  # untimed
+    return model, flattened
 
-    def encode(batch_size: int, items: list[str]) -> np.ndarray:
-        return model.encode(items, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
 
-    encode(8, texts[:8])  # warm-up, untimed
-    results = []
-    reference: np.ndarray | None = None
-    for bs in batch_sizes:
-        walls, emb = [], None
-        for _ in range(repeats):
-            wall, emb = timed(lambda bs=bs: encode(bs, texts), device)
-            walls.append(wall)
-            log_time(f"st bs={bs}", wall)
-        assert emb is not None
-        emb = np.asarray(emb, dtype=np.float32)
-        results.append(
-            MethodResult(f"st bs={bs}", walls, st_padded_tokens(texts, lengths, bs, flattened), emb, {"batch_size": bs})
-        )
-        if bs == REFERENCE_BATCH:
-            reference = emb
-    if reference is None:  # the reference setting was not benchmarked: compute it untimed
-        reference = np.asarray(encode(REFERENCE_BATCH, texts), dtype=np.float32)
-    return results, reference
+class SentenceTransformersMethod(Method):
+    def __init__(
+        self, model: Any, flattened: bool, corpus: Corpus, lengths: np.ndarray, device: torch.device, batch_size: int
+    ):
+        super().__init__()
+        self.name = f"st bs={batch_size}"
+        self.model, self.texts, self.device, self.batch_size = model, corpus.texts, device, batch_size
+        self.padded_tokens = st_padded_tokens(corpus.texts, lengths, batch_size, flattened)
+        self.extra["batch_size"] = batch_size
+
+    def encode(self) -> np.ndarray:
+        out = self.model.encode(self.texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(out, dtype=np.float32)
+
+    def once(self) -> float:
+        wall, self.embeddings = timed(self.encode, self.device)
+        self.walls_s.append(wall)
+        log_time(self.name, wall)
+        return wall
 
 
 # --------------------------------------------------------------------------- 3. naive loop
 
 
-def bench_naive(
-    corpus: Corpus, lengths: np.ndarray, model_path: Path, device: torch.device, dtype: torch.dtype, max_length: int
-) -> MethodResult:
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+class NaiveMethod(Method):
+    name = f"naive bs={NAIVE_BATCH}"
 
-    hf_logging.disable_progress_bar()
+    def __init__(
+        self,
+        corpus: Corpus,
+        lengths: np.ndarray,
+        model_path: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_length: int,
+    ):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    model = AutoModel.from_pretrained(str(model_path)).to(device=device, dtype=dtype).eval()
-    texts = corpus.texts
+        hf_logging.disable_progress_bar()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.model = AutoModel.from_pretrained(str(model_path)).to(device=device, dtype=dtype).eval()
+        self.texts, self.lengths, self.device, self.max_length = corpus.texts, lengths, device, max_length
+        self.extra["padded_expected"] = padded_in_order(lengths, np.arange(len(lengths)), NAIVE_BATCH)
+        self.loop(self.texts[:NAIVE_BATCH])  # warm-up, untimed
 
-    def loop(items: list[str]) -> tuple[np.ndarray, int, list[torch.Tensor]]:
+    def loop(self, texts: list[str]) -> tuple[np.ndarray, int, np.ndarray]:
         outs, fed, seen = [], 0, []
         with torch.inference_mode():
-            for i in range(0, len(items), NAIVE_BATCH):
-                enc = tokenizer(
-                    items[i : i + NAIVE_BATCH],
+            for i in range(0, len(texts), NAIVE_BATCH):
+                enc = self.tokenizer(
+                    texts[i : i + NAIVE_BATCH],
                     padding=True,
                     truncation=True,
-                    max_length=max_length,
+                    max_length=self.max_length,
                     return_tensors="pt",
                 )
                 fed += enc["input_ids"].numel()
                 seen.append(enc["attention_mask"].sum(1))
-                enc = enc.to(device)
-                hidden = model(**enc).last_hidden_state.float()
+                enc = enc.to(self.device)
+                hidden = self.model(**enc).last_hidden_state.float()
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
                 outs.append(F.normalize(pooled, p=2, dim=1).cpu())
-        return torch.cat(outs).numpy(), fed, seen
+        return torch.cat(outs).numpy(), fed, torch.cat(seen).numpy()
 
-    loop(texts[: min(NAIVE_BATCH, len(texts))])  # warm-up, untimed
-    wall, (emb, fed, seen) = timed(lambda: loop(texts), device)
-    log_time(f"naive bs={NAIVE_BATCH}", wall)
-    naive_lengths = torch.cat(seen).numpy()
-    expected = padded_in_order(lengths, np.arange(len(lengths)), NAIVE_BATCH)
-    extra = {"hf_lengths_match": bool(np.array_equal(naive_lengths, lengths)), "padded_expected": expected}
-    return MethodResult(f"naive bs={NAIVE_BATCH}", [wall], fed, emb, extra)
+    def once(self) -> float:
+        wall, (self.embeddings, self.padded_tokens, seen) = timed(lambda: self.loop(self.texts), self.device)
+        self.extra["hf_lengths_match"] = bool(np.array_equal(seen, self.lengths))
+        self.walls_s.append(wall)
+        log_time(self.name, wall)
+        return wall
 
 
 # --------------------------------------------------------------------------- 4. compute ceiling
@@ -357,43 +372,49 @@ def plan_batches(lengths: np.ndarray, plan: PlanConfig) -> list[tuple[np.ndarray
     return batches
 
 
-def bench_ceiling(
-    token_ids: list[list[int]],
-    lengths: np.ndarray,
-    model_path: Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    plan: PlanConfig,
-    repeats: int,
-) -> MethodResult:
-    info = inspect_checkpoint(model_path)
-    embedder = load_model(info, device, dtype).embedder
-    pad_id = 0  # as hpcinfer's stage step pads
-    prepared = []
-    padded_total = 0
-    for rows, width in plan_batches(lengths, plan):
-        ids = np.full((len(rows), width), pad_id, dtype=np.int32)
-        for j, r in enumerate(rows):
-            ids[j, : lengths[r]] = token_ids[r]
-        row_lengths = lengths[rows].astype(np.int32)
-        padded = bool(row_lengths.min() < width)
-        prepared.append((rows, torch.from_numpy(ids).to(device), torch.from_numpy(row_lengths).to(device), padded))
-        padded_total += len(rows) * width
+class CeilingMethod(Method):
+    name = "ceiling"
 
-    def loop() -> list[torch.Tensor]:
-        return [embedder(ids, lens, padded) for _, ids, lens, padded in prepared]
+    def __init__(
+        self,
+        token_ids: list[list[int]],
+        lengths: np.ndarray,
+        model_path: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        plan: PlanConfig,
+    ):
+        super().__init__()
+        self.embedder = load_model(inspect_checkpoint(model_path), device, dtype).embedder
+        self.device, self.rows = device, len(lengths)
+        pad_id = 0  # as hpcinfer's stage step pads
+        self.batches: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, bool]] = []
+        for rows, width in plan_batches(lengths, plan):
+            ids = np.full((len(rows), width), pad_id, dtype=np.int32)
+            for j, r in enumerate(rows):
+                ids[j, : lengths[r]] = token_ids[r]
+            row_lengths = lengths[rows].astype(np.int32)
+            padded = bool(row_lengths.min() < width)
+            self.batches.append(
+                (rows, torch.from_numpy(ids).to(device), torch.from_numpy(row_lengths).to(device), padded)
+            )
+            self.padded_tokens += len(rows) * width
+        self.extra["batches"] = len(self.batches)
+        _, ids, row_lengths, padded = self.batches[-1]  # warm-up on the smallest batch, untimed
+        self.embedder(ids, row_lengths, padded)
 
-    _, ids, lens, padded = prepared[-1]  # warm-up on the smallest batch, untimed
-    embedder(ids, lens, padded)
-    walls, outs = [], []
-    for _ in range(repeats):
-        wall, outs = timed(loop, device)
-        walls.append(wall)
-        log_time("ceiling", wall)
-    emb = np.empty((len(lengths), embedder.output_dim), dtype=np.float32)
-    for (rows, *_), out in zip(prepared, outs, strict=True):
-        emb[rows] = out.float().cpu().numpy()
-    return MethodResult("ceiling", walls, padded_total, emb, {"batches": len(prepared)})
+    def loop(self) -> list[torch.Tensor]:
+        return [self.embedder(ids, lengths, padded) for _, ids, lengths, padded in self.batches]
+
+    def once(self) -> float:
+        wall, outs = timed(self.loop, self.device)
+        self.walls_s.append(wall)
+        emb = np.empty((self.rows, self.embedder.output_dim), dtype=np.float32)
+        for (rows, *_), out in zip(self.batches, outs, strict=True):
+            emb[rows] = out.float().cpu().numpy()
+        self.embeddings = emb
+        log_time(self.name, wall)
+        return wall
 
 
 # --------------------------------------------------------------------------- report
@@ -411,12 +432,12 @@ def overlap_figures(report: RunReport) -> dict[str, float]:
     }
 
 
-def print_table(results: list[MethodResult], rows: int, real_tokens: int, best_st: MethodResult) -> list[dict]:
+def print_table(methods: list[Method], rows: int, real_tokens: int, best_st: Method) -> list[dict]:
     header = f"{'method':<14} {'rows/s':>10} {'tokens/s':>12} {'pad eff':>8} {'wall s':>9} {'vs best ST':>11}"
     print(header)
     print("-" * len(header))
     table = []
-    for r in results:
+    for r in methods:
         entry = {
             "method": r.name,
             "rows_per_s": rows / r.wall_s,
@@ -503,28 +524,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(describe_load("load avg"))
     sys.stdout.flush()
 
-    results: list[MethodResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_embed-") as tmp_name:
         tmp = Path(tmp_name)
         needs_subset = args.rows is not None or input_path.suffix.lower() not in (".parquet", ".pq")
         hpc_input = write_subset(corpus, n, tmp / "input.parquet") if needs_subset else input_path
-        print("running hpcinfer ...", flush=True)
-        hpc, report = bench_hpcinfer(corpus, hpc_input, tmp, args, plan)
-    dtype: torch.dtype = getattr(torch, report.dtype)
-    print(f"  dtype       {report.dtype} (hpcinfer --dtype {args.dtype}; used by every method)", flush=True)
-    results.append(hpc)
+        print("setting up and warming up every method (untimed) ...", flush=True)
+        hpc = HpcinferMethod(corpus, hpc_input, tmp, args, plan)
+        dtype: torch.dtype = getattr(torch, hpc.dtype)
+        print(f"  dtype       {hpc.dtype} (hpcinfer --dtype {args.dtype}; used by every method)", flush=True)
+        st_model, flattened = load_sentence_transformer(model_path, device, dtype)
+        st_methods = [
+            SentenceTransformersMethod(st_model, flattened, corpus, lengths, device, bs) for bs in args.st_batch_sizes
+        ]
+        naive = NaiveMethod(corpus, lengths, model_path, device, dtype, max_length)
+        ceiling = CeilingMethod(token_ids, lengths, model_path, device, dtype, plan)
+        methods: list[Method] = [hpc, *st_methods, naive, ceiling]
+        # Round robin, so that a disturbance (another process, thermal) spreads over every method.
+        for round_no in range(args.repeats):
+            print(f"round {round_no + 1}/{args.repeats} (wall s):", flush=True)
+            for method in methods:
+                method.once()
 
-    print(f"running sentence-transformers (batch sizes {args.st_batch_sizes}) ...", flush=True)
-    st_results, reference = bench_sentence_transformers(
-        corpus, lengths, model_path, device, dtype, args.st_batch_sizes, args.repeats
-    )
-    results.extend(st_results)
-    print("running naive loop ...", flush=True)
-    naive = bench_naive(corpus, lengths, model_path, device, dtype, max_length)
-    results.append(naive)
-    print("running compute ceiling ...", flush=True)
-    ceiling = bench_ceiling(token_ids, lengths, model_path, device, dtype, plan, args.repeats)
-    results.append(ceiling)
+    reference_method = next((m for m in st_methods if m.batch_size == REFERENCE_BATCH), None)
+    if reference_method is not None:
+        reference = reference_method.embeddings
+    else:  # the reference setting was not benchmarked: compute it untimed
+        reference = SentenceTransformersMethod(st_model, flattened, corpus, lengths, device, REFERENCE_BATCH).encode()
+    assert reference is not None and hpc.best is not None
+    report = hpc.best
 
     # ---- checks
     failures: list[str] = []
@@ -542,12 +569,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"note: hpcinfer padded {report.padded_tokens:,} tokens, the ceiling's reproduced plan "
             f"{ceiling.padded_tokens:,} (windowing differs)"
         )
-    cosines = {r.name: min_cosine(r.embeddings, reference) for r in results}
+    if naive.padded_tokens != naive.extra["padded_expected"]:
+        notes.append(f"note: naive fed {naive.padded_tokens:,} tokens, expected {naive.extra['padded_expected']:,}")
+    cosines = {m.name: min_cosine(m.embeddings, reference) for m in methods if m.embeddings is not None}
 
     # ---- report
-    best_st = min(st_results, key=lambda r: r.wall_s)
+    best_st = min(st_methods, key=lambda m: m.wall_s)
     print()
-    table = print_table(results, n, real_tokens, best_st)
+    table = print_table(methods, n, real_tokens, best_st)
     print()
     print(f"min cosine vs st bs={REFERENCE_BATCH} (per row, threshold {args.min_cosine}):")
     for name, cos in cosines.items():
@@ -559,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ov = overlap_figures(report)
     print(
         f"hpcinfer wall (report.wall_s, excludes model load): {report.wall_s:.3f} s; "
-        f"whole api.run() call incl. model load: {min(hpc.extra['whole_call_s']):.3f} s"
+        f"whole api.run() call incl. model load: {min(hpc.whole_s):.3f} s"
     )
     print(
         "hpcinfer stages (busy s / share of wall):  "
@@ -574,8 +603,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
         f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}"
     )
-    if naive.padded_tokens != naive.extra["padded_expected"]:
-        notes.append(f"note: naive fed {naive.padded_tokens:,} tokens, expected {naive.extra['padded_expected']:,}")
     print(describe_load("load avg at end:").strip())
     for line in notes:
         print(line)
@@ -604,10 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "best_st_batch_size": best_st.extra["batch_size"],
                 "hpcinfer_over_best_st": ratio_st,
                 "hpcinfer_over_ceiling": ratio_ceiling,
-                "hpcinfer_whole_call_s": hpc.extra["whole_call_s"],
+                "hpcinfer_whole_call_s": hpc.whole_s,
                 **ov,
             },
-            "hpcinfer_report": hpc.extra["report"],
+            "hpcinfer_report": report.to_dict(),
             "checks": {"failures": failures, "notes": notes},
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -63,22 +63,23 @@ def expand_paths(specs: tuple[str, ...]) -> list[str]:
     return files
 
 
-def _first_json_object(path: str) -> dict | None:
-    """The first line that parses as a JSON object (bad lines are the rows' problem, not the file's)."""
+def _json_objects(path: str, limit: int = 1000) -> list[dict]:
+    """The JSON objects among the first `limit` lines (bad lines are the rows' problem, not the file's)."""
+    found = []
     try:
         with open(path, "rb") as fh:
             for n, line in enumerate(fh):
-                if n > 1000:
+                if n >= limit:
                     break
                 try:
                     obj = json.loads(line) if line.strip() else None
                 except ValueError:
                     continue
                 if isinstance(obj, dict):
-                    return obj
+                    found.append(obj)
     except OSError as exc:
         raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
-    return None
+    return found
 
 
 def open_source(path: str, cfg: InputConfig) -> Source:
@@ -88,10 +89,9 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         fmt = _SUFFIX_FORMATS.get(Path(path).suffix.lower(), "")
         if not fmt:
             raise InputError("unknown file type (expected .jsonl or .parquet; see --input-format)", path=path)
-    if fmt == "jsonl":
-        first = _first_json_object(path)
-        if first is not None and "custom_id" in first and isinstance(first.get("body"), dict):
-            fmt = "openai"
+    objects = _json_objects(path) if fmt in ("jsonl", "openai") else []
+    if fmt == "jsonl" and objects and "custom_id" in objects[0] and isinstance(objects[0].get("body"), dict):
+        fmt = "openai"
     if fmt == "openai":
         return Source(path, "openai", "text", True)
     if fmt == "parquet":
@@ -101,10 +101,9 @@ def open_source(path: str, cfg: InputConfig) -> Source:
             raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
         columns = set(schema.names)
     else:
-        first = _first_json_object(path)
-        columns = set(first) if first else set()
-    if fmt == "jsonl" and (not columns or cfg.text_column in columns):
-        return Source(path, fmt, "text", cfg.id_column in columns)  # rows lacking text become rejects
+        columns = {key for obj in objects for key in obj}
+    if fmt == "jsonl" and (not objects or cfg.text_column in columns):
+        return Source(path, fmt, "text", cfg.id_column in columns)  # a row lacking text becomes a reject
     if cfg.text_column in columns:
         kind = schema.field(cfg.text_column).type if fmt == "parquet" else pa.string()
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
@@ -243,8 +242,11 @@ class Reader:
         if table.num_rows != len(numbered):
             return None
         rows = _Rows()
-        rows.payloads = _fast_text_check(table.column(text_col))
-        rows.ids = table.column(id_col).to_pylist() if id_col in table.column_names else [None] * table.num_rows
+        try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
+            rows.payloads = _fast_text_check(table.column(text_col))
+            rows.ids = table.column(id_col).to_pylist() if id_col in table.column_names else [None] * table.num_rows
+        except UnicodeDecodeError:
+            return None
         rows.lines = [n for n, _ in numbered]
         return rows
 

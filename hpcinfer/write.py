@@ -66,23 +66,22 @@ class RejectCounter:
 
     def add(self, rejects: list[Reject]) -> None:
         with self._lock:
+            before = self.total
             for r in rejects:
                 self.by_reason[r.reason] = self.by_reason.get(r.reason, 0) + 1
             self.total += len(rejects)
         if self.max_count is not None and self.total > self.max_count:
-            what = (
-                "a row was rejected (--strict)" if self.max_count == 0 else f"more than {self.max_count} rows rejected"
-            )
-            self._fail(what, rejects)
+            what = "a row was rejected (--strict)" if self.max_count == 0 else f"more than {self.max_count} rejected"
+            self._fail(what, rejects[max(self.max_count - before, 0)])  # the row that crossed the limit
 
     def check_fraction(self, input_rows: int) -> None:
         limit = self.max_fraction
         if limit is not None and input_rows and self.total / input_rows > limit:
-            self._fail(f"{self.total / input_rows:.1%} of input rows rejected (limit {limit:.1%})", [])
+            self._fail(f"{self.total / input_rows:.1%} of input rows rejected (limit {limit:.1%})", None)
 
-    def _fail(self, what: str, rejects: list[Reject]) -> None:
-        last = f"; last: row {rejects[-1].row}: {rejects[-1].reason}: {rejects[-1].message}" if rejects else ""
-        raise RejectLimitExceeded(f"stopping: {what}{last}")
+    def _fail(self, what: str, reject: Reject | None) -> None:
+        detail = f"; row {reject.row}: {reject.reason}: {reject.message}" if reject else ""
+        raise RejectLimitExceeded(f"stopping: {what}{detail}")
 
 
 @dataclass(slots=True)

@@ -90,14 +90,14 @@ def requests_jsonl(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "req.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
 
 
-def small_config(inputs: list[Path] | Path, output: Path, model: Path | str, **over: Any) -> RunConfig:
+def small_config(inputs: list[Path] | Path, output_path: Path, model: Path | str, **over: Any) -> RunConfig:
     """A config with small windows and budgets, so a few hundred rows make many batches."""
     paths = tuple(str(p) for p in (inputs if isinstance(inputs, list) else [inputs]))
     cfg = RunConfig(
         input=InputConfig(paths, read_block_rows=50),
         model=str(model),
         plan=PlanConfig(sort_window=120, max_batch_tokens=1024, max_batch_size=32),
-        output=OutputConfig(str(output)),
+        output=OutputConfig(str(output_path)),
         pipeline=PipelineConfig(progress="off"),
     )
     for section, values in over.items():
