@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from hpcinfer.api import run as hpcinfer_run
 from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
+from hpcinfer.errors import HpcinferError
 from hpcinfer.models.checkpoint import inspect_checkpoint
 from hpcinfer.models.registry import load_model, load_tokenizer, resolve_model_path
 from hpcinfer.plan import cut_batches, round_up
@@ -71,6 +72,9 @@ legend:
               in hpcinfer's own batches: what hpcinfer would reach if every host stage were free.
   real tokens = token lengths after truncation to the model's max_seq_length, the same for every method.
   pad eff     = real tokens / tokens actually fed to the model (rows x padded length, summed over batches).
+  cores       = process CPU s / wall s in that round (hpcinfer: over the whole api.run() call). Near the
+              intra-op thread count when the benchmark had the CPU to itself; well below it means other
+              processes took CPU time and that figure is disturbed (on few cores, badly: OpenMP barriers).
   overlap     = (busy s of read+tokenize+plan+stage+write + busy s of compute) / hpcinfer wall;
               above 1.0 means host work ran concurrently with compute."""
 
@@ -136,17 +140,14 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
-def describe_load(label: str) -> str:
+def describe_load(warn: bool) -> str:
+    """The 1/5/15-minute load average; `warn` (before any work of ours) flags other processes using the CPU."""
     load = load_average()
     if load is None:
-        return f"  {label:<11} unknown"
+        return "unknown"
     cores = os.cpu_count() or 1
-    busy = "   (WARNING: more runnable work than cores; timings are disturbed)" if load[0] > cores + 0.5 else ""
-    return f"  {label:<11} {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {cores} cores{busy}"
-
-
-def log_time(name: str, wall: float, more: str = "") -> None:
-    print(f"  {name:<14} {wall:9.3f} s {more}".rstrip(), flush=True)
+    busy = "   (WARNING: other work is running; timings will be disturbed)" if warn and load[0] > 0.5 * cores else ""
+    return f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {cores} cores{busy}"
 
 
 def sync(device: torch.device) -> None:
@@ -154,12 +155,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
+    """(wall s, cores busy = process CPU s / wall s, result)."""
     sync(device)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
     sync(device)
-    return time.perf_counter() - t0, out
+    wall = time.perf_counter() - t0
+    return wall, (time.process_time() - c0) / wall if wall > 0 else 0.0, out
 
 
 def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -197,6 +200,7 @@ class Method:
 
     def __init__(self) -> None:
         self.walls_s: list[float] = []
+        self.cores: list[float] = []  # process CPU s / wall s, per round
         self.padded_tokens = 0
         self.embeddings: np.ndarray | None = None  # [rows, dim] in input order, from the latest round
         self.extra: dict[str, Any] = {}
@@ -204,6 +208,15 @@ class Method:
     @property
     def wall_s(self) -> float:
         return min(self.walls_s)
+
+    @property
+    def best_cores(self) -> float:
+        return self.cores[int(np.argmin(self.walls_s))]
+
+    def record(self, wall: float, cores: float, more: str = "") -> None:
+        self.walls_s.append(wall)
+        self.cores.append(cores)
+        print(f"  {self.name:<14} {wall:9.3f} s  cores busy {cores:4.2f} {more}".rstrip(), flush=True)
 
     def once(self) -> float:
         raise NotImplementedError
@@ -237,6 +250,7 @@ class HpcinferMethod(Method):
         super().__init__()
         self.corpus, self.input_path, self.tmp, self.args, self.plan = corpus, input_path, tmp, args, plan
         self.whole_s: list[float] = []
+        self.device = torch.device(args.device)
         self.best: RunReport | None = None
         self.extra["ids_match"] = True
         # Warm-up (untimed): a small run pays the one-off costs (kernel selection, thread pools) and
@@ -249,18 +263,15 @@ class HpcinferMethod(Method):
 
     def once(self) -> float:
         out = self.tmp / "hpcinfer.out.parquet"
-        t0 = time.perf_counter()
-        report = hpcinfer_run(
-            hpcinfer_config(self.input_path, out, self.args, self.plan), progress=Progress(mode="off")
-        )
-        self.whole_s.append(time.perf_counter() - t0)
-        self.walls_s.append(report.wall_s)
+        config = hpcinfer_config(self.input_path, out, self.args, self.plan)
+        whole, cores, report = timed(lambda: hpcinfer_run(config, progress=Progress(mode="off")), self.device)
+        self.whole_s.append(whole)
+        self.record(report.wall_s, cores, f"(whole api.run() call {whole:.3f} s)")
         if self.best is None or report.wall_s <= self.best.wall_s:
             self.best = report
         self.padded_tokens = report.padded_tokens
         ids, self.embeddings = read_embeddings(out)
         self.extra["ids_match"] = self.extra["ids_match"] and ids == self.corpus.ids
-        log_time(self.name, report.wall_s, f"(whole api.run() call {self.whole_s[-1]:.3f} s)")
         return report.wall_s
 
 
@@ -297,9 +308,8 @@ class SentenceTransformersMethod(Method):
         return np.asarray(out, dtype=np.float32)
 
     def once(self) -> float:
-        wall, self.embeddings = timed(self.encode, self.device)
-        self.walls_s.append(wall)
-        log_time(self.name, wall)
+        wall, cores, self.embeddings = timed(self.encode, self.device)
+        self.record(wall, cores)
         return wall
 
 
@@ -350,10 +360,9 @@ class NaiveMethod(Method):
         return torch.cat(outs).numpy(), fed, torch.cat(seen).numpy()
 
     def once(self) -> float:
-        wall, (self.embeddings, self.padded_tokens, seen) = timed(lambda: self.loop(self.texts), self.device)
+        wall, cores, (self.embeddings, self.padded_tokens, seen) = timed(lambda: self.loop(self.texts), self.device)
         self.extra["hf_lengths_match"] = bool(np.array_equal(seen, self.lengths))
-        self.walls_s.append(wall)
-        log_time(self.name, wall)
+        self.record(wall, cores)
         return wall
 
 
@@ -407,13 +416,12 @@ class CeilingMethod(Method):
         return [self.embedder(ids, lengths, padded) for _, ids, lengths, padded in self.batches]
 
     def once(self) -> float:
-        wall, outs = timed(self.loop, self.device)
-        self.walls_s.append(wall)
+        wall, cores, outs = timed(self.loop, self.device)
+        self.record(wall, cores)
         emb = np.empty((self.rows, self.embedder.output_dim), dtype=np.float32)
         for (rows, *_), out in zip(self.batches, outs, strict=True):
             emb[rows] = out.float().cpu().numpy()
         self.embeddings = emb
-        log_time(self.name, wall)
         return wall
 
 
@@ -433,7 +441,9 @@ def overlap_figures(report: RunReport) -> dict[str, float]:
 
 
 def print_table(methods: list[Method], rows: int, real_tokens: int, best_st: Method) -> list[dict]:
-    header = f"{'method':<14} {'rows/s':>10} {'tokens/s':>12} {'pad eff':>8} {'wall s':>9} {'vs best ST':>11}"
+    header = (
+        f"{'method':<14} {'rows/s':>10} {'tokens/s':>12} {'pad eff':>8} {'wall s':>9} {'cores':>6} {'vs best ST':>11}"
+    )
     print(header)
     print("-" * len(header))
     table = []
@@ -447,11 +457,13 @@ def print_table(methods: list[Method], rows: int, real_tokens: int, best_st: Met
             "wall_s": r.wall_s,
             "walls_s": r.walls_s,
             "vs_best_st": best_st.wall_s / r.wall_s,
+            "cores_busy": r.best_cores,
+            "cores_busy_per_round": r.cores,
         }
         table.append(entry)
         print(
             f"{r.name:<14} {entry['rows_per_s']:>10,.1f} {entry['tokens_per_s']:>12,.0f} "
-            f"{entry['padding_efficiency']:>8.3f} {r.wall_s:>9.3f} {entry['vs_best_st']:>10.2f}x"
+            f"{entry['padding_efficiency']:>8.3f} {r.wall_s:>9.3f} {r.best_cores:>6.2f} {entry['vs_best_st']:>10.2f}x"
         )
     return table
 
@@ -521,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"pad_multiple {plan.pad_multiple}, sort_window {plan.sort_window}"
     )
     print(f"  repeats     {args.repeats} (best reported)")
-    print(describe_load("load avg"))
+    print(f"  load avg    {describe_load(warn=True)}")
     sys.stdout.flush()
 
     with tempfile.TemporaryDirectory(prefix="bench_embed-") as tmp_name:
@@ -603,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
         f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}"
     )
-    print(describe_load("load avg at end:").strip())
+    print(f"load avg at end (this benchmark's own threads included): {describe_load(warn=False)}")
     for line in notes:
         print(line)
     print()
@@ -647,4 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except HpcinferError as exc:  # a bad flag combination (e.g. --max-batch-tokens below one row): no traceback
+        print(f"bench_embed: hpcinfer error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -21,6 +21,7 @@ from .models.registry import load_model, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
 from .pipeline import run_overlapped, run_serial
 from .plan import Planner, TokenBudget, round_up
+from .profile import RangeBackend
 from .progress import Progress
 from .read import Reader, estimate_rows, id_key
 from .report.summary import RunReport
@@ -48,6 +49,8 @@ def run(
     device: Device | None = None,
     progress: Progress | None = None,
     hooks: dict[str, Callable[[Any], None]] | None = None,
+    ranges: RangeBackend | None = None,
+    batch_profiler: Any = None,
 ) -> RunReport:
     """Embeds every valid input row and writes one output row per valid row, in input order.
 
@@ -105,7 +108,9 @@ def run(
             load_tokenizer(info.path, max_length), max_length, info.config.vocab_size, config.tokenize.on_long, report
         )
         planner = Planner(plan, budget, first_window, rejects.add)
-        executor = Executor(device, model.embedder, ring, outputs, _graphs(config, device, model, plan), budget)
+        executor = Executor(
+            device, model.embedder, ring, outputs, _graphs(config, device, model, plan), budget, batch_profiler
+        )
         stages = [tokenize, planner, StageStep(device, ring), executor, writer]
         start = time.perf_counter()
         with _signals_stop(stop) as interrupted:
@@ -118,9 +123,10 @@ def run(
                     workers={"tokenize": config.tokenize.threads},
                     stop=stop,
                     hooks=hooks,
+                    ranges=ranges,
                 )
             else:
-                run_serial(reader, stages, timings, stop=stop, hooks=hooks)
+                run_serial(reader, stages, timings, stop=stop, hooks=hooks, ranges=ranges)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
         store.assemble()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import wraps
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich.console import Console
 from . import __version__
 from .api import Interrupted
 from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
-from .errors import HpcinferError, StageError
+from .errors import ConfigError, HpcinferError, StageError
 
 _DEFAULTS = RunConfig()
 
@@ -47,142 +48,167 @@ def main() -> None:
     """hpcinfer: fast offline batch inference for transformer models."""
 
 
+def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of `run`, shared by `profile` (decorators apply bottom-up)."""
+    decorators = [
+        click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
+        click.option(
+            "-o", "--output", required=True, help="Output file: .parquet or .jsonl (id, embedding), in input order."
+        ),
+        click.option(
+            "--output-format",
+            type=click.Choice(["auto", "parquet", "jsonl"]),
+            default="auto",
+            show_default=True,
+            help="Output format; auto reads the output suffix.",
+        ),
+        click.option("--overwrite", is_flag=True, help="Replace the output (and any partial results) if it exists."),
+        click.option(
+            "--resume",
+            is_flag=True,
+            help="Continue an interrupted run: skip the windows it committed, finish the rest.",
+        ),
+        click.option(
+            "--on-long",
+            type=click.Choice(["truncate", "reject"]),
+            default="truncate",
+            show_default=True,
+            help="A row longer than --max-length is truncated (and counted) or rejected.",
+        ),
+        click.option(
+            "--max-rejects",
+            default=None,
+            metavar="N|FRACTION",
+            help="Stop once more than N rows (or this fraction of rows, e.g. 0.01 or 1%) are rejected.",
+        ),
+        click.option("--strict", is_flag=True, help="Any rejected row stops the run."),
+        click.option(
+            "--model",
+            default=_DEFAULTS.model,
+            show_default=True,
+            help="'default' (the packaged all-MiniLM-L6-v2) or a local BERT-family checkpoint directory.",
+        ),
+        click.option(
+            "--text-column",
+            default=_DEFAULTS.input.text_column,
+            show_default=True,
+            help="Column holding the text. Without it, a list-of-int 'input_ids' column is used as is.",
+        ),
+        click.option(
+            "--id-column",
+            default=_DEFAULTS.input.id_column,
+            show_default=True,
+            help="Column holding row ids; when absent, the 0-based row number is the id.",
+        ),
+        click.option(
+            "--input-format",
+            type=click.Choice(["auto", "jsonl", "parquet", "openai"]),
+            default="auto",
+            show_default=True,
+            help="Input format; auto reads the suffix and detects OpenAI batch files.",
+        ),
+        click.option(
+            "--max-length",
+            type=int,
+            default=None,
+            help="Truncate to this many tokens [default: the model's max_seq_length, 256 for the default].",
+        ),
+        click.option(
+            "--tokenize-threads",
+            type=int,
+            default=_DEFAULTS.tokenize.threads,
+            show_default=True,
+            help="Concurrent tokenizer calls (each call is itself multi-threaded).",
+        ),
+        click.option(
+            "--sort-window",
+            type=int,
+            default=_DEFAULTS.plan.sort_window,
+            show_default=True,
+            help="Rows sorted together by length; also the unit in which output is committed.",
+        ),
+        click.option(
+            "--max-batch-tokens",
+            type=int,
+            default=_DEFAULTS.plan.max_batch_tokens,
+            show_default=True,
+            help="Token budget per batch, padding included (rows x padded length).",
+        ),
+        click.option(
+            "--max-batch-size",
+            type=int,
+            default=_DEFAULTS.plan.max_batch_size,
+            show_default=True,
+            help="Most rows in one batch.",
+        ),
+        click.option(
+            "--pad-multiple",
+            type=int,
+            default=_DEFAULTS.plan.pad_multiple,
+            show_default=True,
+            help="Padded lengths are rounded up to a multiple of this.",
+        ),
+        click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            default="auto",
+            show_default=True,
+            help="Compute dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+        ),
+        click.option(
+            "--streams", type=int, default=_DEFAULTS.device.streams, show_default=True, help="Compute streams on CUDA."
+        ),
+        click.option(
+            "--staging-buffers",
+            type=int,
+            default=_DEFAULTS.device.staging_buffers,
+            show_default=True,
+            help="Pinned staging slots (2 = double buffering).",
+        ),
+        click.option(
+            "--cuda-graphs",
+            is_flag=True,
+            help="Capture the forward as CUDA graphs per (rows, length) bucket and replay them (CUDA only).",
+        ),
+        click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice]."),
+        click.option(
+            "--no-overlap", is_flag=True, help="Run the stages serially, one batch at a time (the reference)."
+        ),
+        click.option(
+            "--queue-depth",
+            type=int,
+            default=_DEFAULTS.pipeline.queue_depth,
+            show_default=True,
+            help="Bound of each queue between stages.",
+        ),
+        click.option(
+            "--progress",
+            type=click.Choice(["auto", "bar", "log", "off"]),
+            default="auto",
+            show_default=True,
+            help="Progress display on stderr; auto: a bar on a terminal, log lines otherwise.",
+        ),
+        click.option("--report", "report_path", default=None, help="Also write the report as JSON to this file."),
+        click.option(
+            "--trace", "trace_path", default=None, help="Write every stage span as a Chrome trace (Perfetto)."
+        ),
+        click.option(
+            "--config",
+            "config",
+            default=None,
+            metavar="RECIPE.toml",
+            help="Take options from a recipe file (see recipes/); flags given here override it.",
+        ),
+        click.option("-q", "--quiet", is_flag=True, help="No summary tables."),
+    ]
+    for decorator in reversed(decorators):
+        fn = decorator(fn)
+    return fn
+
+
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("-o", "--output", required=True, help="Output file: .parquet or .jsonl (id, embedding), in input order.")
-@click.option(
-    "--output-format",
-    type=click.Choice(["auto", "parquet", "jsonl"]),
-    default="auto",
-    show_default=True,
-    help="Output format; auto reads the output suffix.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace the output (and any partial results) if it exists.")
-@click.option(
-    "--resume", is_flag=True, help="Continue an interrupted run: skip the windows it committed, finish the rest."
-)
-@click.option(
-    "--on-long",
-    type=click.Choice(["truncate", "reject"]),
-    default="truncate",
-    show_default=True,
-    help="A row longer than --max-length is truncated (and counted) or rejected.",
-)
-@click.option(
-    "--max-rejects",
-    default=None,
-    metavar="N|FRACTION",
-    help="Stop once more than N rows (or this fraction of rows, e.g. 0.01 or 1%) are rejected.",
-)
-@click.option("--strict", is_flag=True, help="Any rejected row stops the run.")
-@click.option(
-    "--model",
-    default=_DEFAULTS.model,
-    show_default=True,
-    help="'default' (the packaged all-MiniLM-L6-v2) or a local BERT-family checkpoint directory.",
-)
-@click.option(
-    "--text-column",
-    default=_DEFAULTS.input.text_column,
-    show_default=True,
-    help="Column holding the text. Without it, a list-of-int 'input_ids' column is used as is.",
-)
-@click.option(
-    "--id-column",
-    default=_DEFAULTS.input.id_column,
-    show_default=True,
-    help="Column holding row ids; when absent, the 0-based row number is the id.",
-)
-@click.option(
-    "--input-format",
-    type=click.Choice(["auto", "jsonl", "parquet", "openai"]),
-    default="auto",
-    show_default=True,
-    help="Input format; auto reads the suffix and detects OpenAI batch files.",
-)
-@click.option(
-    "--max-length",
-    type=int,
-    default=None,
-    help="Truncate to this many tokens [default: the model's max_seq_length, 256 for the default].",
-)
-@click.option(
-    "--tokenize-threads",
-    type=int,
-    default=_DEFAULTS.tokenize.threads,
-    show_default=True,
-    help="Concurrent tokenizer calls (each call is itself multi-threaded).",
-)
-@click.option(
-    "--sort-window",
-    type=int,
-    default=_DEFAULTS.plan.sort_window,
-    show_default=True,
-    help="Rows sorted together by length; also the unit in which output is committed.",
-)
-@click.option(
-    "--max-batch-tokens",
-    type=int,
-    default=_DEFAULTS.plan.max_batch_tokens,
-    show_default=True,
-    help="Token budget per batch, padding included (rows x padded length).",
-)
-@click.option(
-    "--max-batch-size",
-    type=int,
-    default=_DEFAULTS.plan.max_batch_size,
-    show_default=True,
-    help="Most rows in one batch.",
-)
-@click.option(
-    "--pad-multiple",
-    type=int,
-    default=_DEFAULTS.plan.pad_multiple,
-    show_default=True,
-    help="Padded lengths are rounded up to a multiple of this.",
-)
-@click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    default="auto",
-    show_default=True,
-    help="Compute dtype; auto is float32 on CPU, bfloat16 on CUDA.",
-)
-@click.option(
-    "--streams", type=int, default=_DEFAULTS.device.streams, show_default=True, help="Compute streams on CUDA."
-)
-@click.option(
-    "--staging-buffers",
-    type=int,
-    default=_DEFAULTS.device.staging_buffers,
-    show_default=True,
-    help="Pinned staging slots (2 = double buffering).",
-)
-@click.option(
-    "--cuda-graphs",
-    is_flag=True,
-    help="Capture the forward as CUDA graphs per (rows, length) bucket and replay them (CUDA only).",
-)
-@click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice].")
-@click.option("--no-overlap", is_flag=True, help="Run the stages serially, one batch at a time (the reference).")
-@click.option(
-    "--queue-depth",
-    type=int,
-    default=_DEFAULTS.pipeline.queue_depth,
-    show_default=True,
-    help="Bound of each queue between stages.",
-)
-@click.option(
-    "--progress",
-    type=click.Choice(["auto", "bar", "log", "off"]),
-    default="auto",
-    show_default=True,
-    help="Progress display on stderr; auto: a bar on a terminal, log lines otherwise.",
-)
-@click.option("--report", "report_path", default=None, help="Also write the report as JSON to this file.")
-@click.option("--trace", "trace_path", default=None, help="Write every stage span as a Chrome trace (Perfetto).")
-@click.option("-q", "--quiet", is_flag=True, help="No summary tables.")
+@run_options
 @_user_errors
 def run(**opts: Any) -> None:
     """Embed every row of INPUT... (JSONL, Parquet, OpenAI batch JSONL; files, directories or globs).
@@ -194,10 +220,28 @@ def run(**opts: Any) -> None:
     from .api import run as api_run
     from .report.render import render
 
-    config = build_run_config(opts)
+    config = build_run_config(apply_recipe(click.get_current_context(), opts))
     report = api_run(config)
     if not opts["quiet"]:
         render(report, Console(stderr=True))
+
+
+def apply_recipe(ctx: click.Context, opts: dict[str, Any]) -> dict[str, Any]:
+    """Recipe values fill the options the command line left at their defaults."""
+    if not opts.get("config"):
+        return opts
+    from .recipes import load_recipe
+
+    params = {p.name: p for p in ctx.command.params if p.name}
+    recipe = load_recipe(opts["config"], set(params))
+    merged = dict(opts)
+    for name, value in recipe.items():
+        if ctx.get_parameter_source(name) in (None, click.core.ParameterSource.DEFAULT):
+            try:
+                merged[name] = params[name].type_cast_value(ctx, value)
+            except click.BadParameter as exc:
+                raise ConfigError(f"key '{name.replace('_', '-')}': {exc.message}", path=opts["config"]) from None
+    return merged
 
 
 def _reject_limits(o: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -230,3 +274,40 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
         report_path=o["report_path"],
         trace_path=o["trace_path"],
     )
+
+
+@main.command()
+@run_options
+@click.option("--limit", type=int, default=None, help="Profile only the first N input rows.")
+@click.option(
+    "--torch-profile",
+    "torch_profile",
+    default=None,
+    metavar="DIR",
+    help="Also write a torch.profiler trace (CPU and CUDA activities) of a few batches into DIR.",
+)
+@_user_errors
+def profile(**opts: Any) -> None:
+    """Run a job with NVTX ranges around every stage step, for Nsight Systems; write its trace.
+
+    Ranges are named like 'hpcinfer/execute batch=17 rows=64 tokens=8192', on the thread that does
+    the work. Prints the nsys command that captures the same job, writes the Chrome trace
+    (--trace, default hpcinfer-trace.json) and ends with the per-stage table.
+
+    \b
+    Example:
+      hpcinfer profile sample_data/requests.parquet -o out.parquet --limit 1000 --torch-profile prof/
+    """
+    from .profile import run_profiled
+
+    opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
+    config = build_run_config(apply_recipe(click.get_current_context(), opts))
+    config = replace(config, input=replace(config.input, limit=opts["limit"]))
+    console = Console(stderr=True)
+    report, notes = run_profiled(config, sys.argv[2:], opts["torch_profile"])
+    from .report.render import render
+
+    if not opts["quiet"]:
+        render(report, console)
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)

@@ -19,6 +19,7 @@ class InputConfig:
     id_column: str = "id"
     input_format: str = "auto"  # auto | jsonl | parquet | openai
     read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
+    limit: int | None = None  # read only this many input rows (profiling, sampling)
 
 
 @dataclass(frozen=True, slots=True)

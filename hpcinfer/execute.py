@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -34,7 +35,9 @@ class Executor:
         outputs: OutputPool,
         graphs: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         budget: TokenBudget | None = None,
+        batch_profiler: Any = None,
     ) -> None:
+        self.batch_profiler = batch_profiler  # torch.profiler driven from this thread (hpcinfer profile)
         self.device = device
         self.model = model
         self.graphs = graphs  # CUDA graph replay in place of the eager forward, when enabled
@@ -46,6 +49,8 @@ class Executor:
 
     def process(self, staged: Staged) -> Iterator[Pending]:
         batch, slot = staged.batch, staged.slot
+        if self.batch_profiler is not None:
+            self.batch_profiler.on_batch()
         if slot is None:  # an empty batch carries a window of rejects only
             yield Pending(batch, None)
             return
@@ -106,4 +111,6 @@ class Executor:
         yield pending
 
     def finish(self) -> Iterator[Pending]:
+        if self.batch_profiler is not None:
+            self.batch_profiler.close()
         return iter(())

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import OutputError
+from .models.checkpoint import weights_file
 
 MANIFEST_VERSION = 1
 
@@ -77,10 +78,10 @@ def _file_digest(path: str) -> str:
 
 def fingerprint(files: list[str], model_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
     """What must not change between a run and its resume."""
-    weights = model_dir / "model.safetensors"
+    weights = weights_file(model_dir)
     return {
         "inputs": [{"path": f, "digest": _file_digest(f)} for f in files],
-        "model": {"path": str(model_dir), "weights": _file_digest(str(weights))},
+        "model": {"path": str(model_dir), "weights": _file_digest(str(weights)) if weights else None},
         **options,
     }
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from .device.base import Cancelled
 from .errors import HpcinferError, StageError
+from .profile import RangeBackend, range_name
 from .report.timing import Timings
 from .types import END
 
@@ -74,11 +75,18 @@ class _Failure:
 
 
 class _Runner:
-    def __init__(self, timings: Timings, stop: threading.Event, hooks: dict[str, Callable[[Any], None]]) -> None:
+    def __init__(
+        self,
+        timings: Timings,
+        stop: threading.Event,
+        hooks: dict[str, Callable[[Any], None]],
+        ranges: RangeBackend | None = None,
+    ) -> None:
         self.timings = timings
         self.stop = stop
         self.failure = _Failure()
         self.hooks = hooks
+        self.ranges = ranges  # NVTX (or recording) ranges around every step, when profiling
         self.local = threading.local()  # the stage this thread is in, to name a failure
 
     def put(self, name: str, q: queue.Queue, item: Any) -> None:
@@ -112,19 +120,35 @@ class _Runner:
         if hook is not None and item is not None:
             hook(item)
         waited_before = getattr(stage, "waited_ns", 0)
+        args = describe(item) if item is not None else {}
+        if self.ranges is not None:
+            self.ranges.push(range_name(name, args))
         t0 = time.perf_counter_ns()
-        outputs = list(fn())
+        try:
+            outputs = list(fn())
+        finally:
+            if self.ranges is not None:
+                self.ranges.pop()
         t1 = time.perf_counter_ns()
         if item is None and not outputs:
             return outputs
         waited = getattr(stage, "waited_ns", 0) - waited_before
         if waited:
             self.timings.blocked(name, waited)
-        args = describe(item) if item is not None else {}
         if name == "plan" and outputs:
             args["batches"] = [b.batch_id for b in outputs]
         self.timings.busy(name, t0 + waited, t1, threading.current_thread().name, **args)
         return outputs
+
+    def next_item(self, name: str, items: Iterator[Any]) -> Any:
+        """The source's next item; its range is named once the item (its block id) is known."""
+        if self.ranges is None:
+            return next(items, END)
+        self.ranges.push(f"hpcinfer/{name}")
+        try:
+            return next(items, END)
+        finally:
+            self.ranges.pop()
 
     def guard(self, name: str, body: Callable[[], None]) -> None:
         try:
@@ -145,8 +169,9 @@ def run_overlapped(
     workers: dict[str, int],
     stop: threading.Event,
     hooks: dict[str, Callable[[Any], None]] | None = None,
+    ranges: RangeBackend | None = None,
 ) -> None:
-    runner = _Runner(timings, stop, hooks or {})
+    runner = _Runner(timings, stop, hooks or {}, ranges)
     queues = [queue.Queue(maxsize=queue_depth) for _ in stages]
 
     def source_loop() -> None:
@@ -157,7 +182,7 @@ def run_overlapped(
             hook = runner.hooks.get(source.name)
             if hook is not None:
                 hook(None)
-            item = next(items, END)
+            item = runner.next_item(source.name, items)
             if item is END:
                 break
             timings.busy(source.name, t0, time.perf_counter_ns(), threading.current_thread().name, **describe(item))
@@ -216,9 +241,10 @@ def run_serial(
     *,
     stop: threading.Event,
     hooks: dict[str, Callable[[Any], None]] | None = None,
+    ranges: RangeBackend | None = None,
 ) -> None:
     """The reference twin: each item goes through every stage before the next one is read."""
-    runner = _Runner(timings, stop, hooks or {})
+    runner = _Runner(timings, stop, hooks or {}, ranges)
 
     def push(i: int, item: Any) -> None:
         if i == len(stages):
@@ -234,7 +260,7 @@ def run_serial(
             if hook is not None:
                 hook(None)
             t0 = time.perf_counter_ns()
-            item = next(items, END)
+            item = runner.next_item(source.name, items)
             if item is END:
                 break
             timings.busy(source.name, t0, time.perf_counter_ns(), threading.current_thread().name, **describe(item))

@@ -158,6 +158,7 @@ class Reader:
         self.window_rows = window_rows
         self.sources = [open_source(p, cfg) for p in expand_paths(cfg.paths)]
         self.skip_rows = skip_rows
+        self.skip_done = 0
         self.rows_read = 0  # input rows consumed, rejects and skipped rows included
         self._block_id = 0
         self._seen: set = set(seen_ids or ())
@@ -167,9 +168,13 @@ class Reader:
         self._seen.update(keys)
 
     def produce(self) -> Iterator[RowBlock]:
+        limit = self.cfg.limit
         for src in self.sources:
             for rows, first_line in self._chunks(src):
-                yield from self._blocks(src, rows, first_line)
+                for block in self._blocks(src, rows, first_line):
+                    yield block
+                    if limit is not None and self.rows_read >= self.skip_done + limit:
+                        return
 
     # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
 
@@ -280,10 +285,13 @@ class Reader:
         if self.skip_rows:  # resume: drop input rows already committed
             start = min(n, self.skip_rows)
             self.skip_rows -= start
+            self.skip_done += start
             self.rows_read += start
         while start < n:
             room = self.window_rows - self.rows_read % self.window_rows
             end = min(n, start + self.cfg.read_block_rows, start + room)
+            if self.cfg.limit is not None:
+                end = min(end, start + self.skip_done + self.cfg.limit - self.rows_read)
             yield self._block(src, rows, start, end)
             start = end
 

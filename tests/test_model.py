@@ -71,3 +71,29 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="unsupported model_type 'gpt2'"):
         inspect_checkpoint(path)
+
+
+def test_pytorch_bin_weights_load_without_pickled_code(tmp_path, tiny_model):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from hpcinfer.errors import ModelError
+
+    path = tmp_path / "bin"
+    shutil.copytree(tiny_model, path)
+    weights = load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    torch.save(weights, path / "pytorch_model.bin")
+    ids, lengths = _padded(load_tokenizer(path, 256), ["weights from a .bin file"])
+    from_bin = load_model(inspect_checkpoint(path), torch.device("cpu"), torch.float32).embedder(ids, lengths)
+    from_st = load_model(inspect_checkpoint(tiny_model), torch.device("cpu"), torch.float32).embedder(ids, lengths)
+    torch.testing.assert_close(from_bin, from_st)
+
+    class Payload:  # a pickle that would run code when unpickled without weights_only
+        def __reduce__(self):  # noqa: ANN204
+            return (print, ("executed",))
+
+    torch.save({"x": Payload()}, path / "pytorch_model.bin")
+    with pytest.raises(ModelError, match="cannot load weights"):
+        load_model(inspect_checkpoint(path), torch.device("cpu"), torch.float32)

@@ -80,9 +80,11 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
     """Validates a checkpoint directory and reads everything but the weights."""
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+    for name in ("config.json", "tokenizer.json"):
         if not (path / name).is_file():
             raise ModelError(f"model directory has no {name}", path=str(path))
+    if weights_file(path) is None:
+        raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
     raw = _read_json(path / "config.json")
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
@@ -135,18 +137,33 @@ def _native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return state
 
 
+def weights_file(path: Path) -> Path | None:
+    """model.safetensors, else pytorch_model.bin (loaded with weights_only: tensors, never code)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return path / name
+    return None
+
+
+def _load_weights(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        if file.suffix == ".safetensors":
+            return load_file(str(file))
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # safetensors and torch.load raise their own error types
+        raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+
+
 def load_encoder(info: CheckpointInfo) -> BertEncoder:
     """Builds the encoder and loads its weights (float32, CPU); strict about missing tensors."""
-    weights_file = info.path / "model.safetensors"
-    try:
-        weights = load_file(str(weights_file))
-    except Exception as exc:  # safetensors raises its own error types
-        raise ModelError(f"cannot load weights ({exc})", path=str(weights_file)) from None
+    file = weights_file(info.path)
+    assert file is not None, "inspect_checkpoint checked it"
+    weights = _load_weights(file)
     with torch.device("meta"):
         encoder = BertEncoder(info.config)
     state = {k: v.float() for k, v in _native_state_dict(weights).items()}
     missing = sorted(set(encoder.state_dict()) - set(state))
     if missing:
-        raise ModelError(f"weights are missing {missing[:4]}", path=str(weights_file))
+        raise ModelError(f"weights are missing {missing[:4]}", path=str(file))
     encoder.load_state_dict(state, strict=False, assign=True)
     return encoder.eval().requires_grad_(False)
