@@ -13,6 +13,10 @@ all-MiniLM-L6-v2, `--model default`):
 Every method is checked against sentence-transformers (batch 32) row by row (min cosine); the run
 fails (exit 1) when any falls below --min-cosine.
 
+Every method is set up and warmed up (untimed) first; then the timed runs go round robin, --repeats
+rounds, each timed call on a fresh thread (hpcinfer computes on a thread of its own too); the best
+round counts. All methods use the dtype hpcinfer resolves --dtype to.
+
 Usage (from anywhere; paths default relative to the repository root):
 
     python benchmarks/bench_embed.py [--rows N] [--device cpu|cuda|auto] [--repeats R] [--json out.json]
@@ -26,6 +30,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -44,7 +49,7 @@ from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineCon
 from hpcinfer.errors import HpcinferError
 from hpcinfer.models.checkpoint import inspect_checkpoint
 from hpcinfer.models.registry import load_model, load_tokenizer, resolve_model_path
-from hpcinfer.plan import cut_batches, round_up
+from hpcinfer.plan import cut_batches
 from hpcinfer.progress import Progress
 from hpcinfer.report.summary import RunReport
 
@@ -61,15 +66,17 @@ PLAN_FIELDS = ("sort_window", "max_batch_tokens", "max_batch_size", "pad_multipl
 LEGEND = """\
 legend:
   wall s      best of --repeats rounds (methods run round robin); rows/s, tokens/s = rows, real tokens / wall.
-  hpcinfer    wall = RunReport.wall_s: from the first read to the committed output file (read, tokenize,
-              plan, stage, compute, write, Parquet close + rename), all overlapped. It excludes what
-              api.run does before that: config and input checks, checkpoint inspection, model and
-              tokenizer load, staging/output buffer allocation. 'whole call' is api.run() end to end.
+  hpcinfer    wall = RunReport.wall_s: from the first read to the final output file (read, tokenize, plan,
+              stage, compute, write the window parts, then assemble them into the output), overlapped.
+              It excludes what api.run does before that: config, input and output checks, checkpoint
+              inspection, model load (with CPU weight prepacking) and tokenizer load, buffer allocation.
+              'whole call' is the api.run() call end to end.
   st bs=B     wall = one SentenceTransformer.encode() call on texts already in memory: tokenize +
               forward + pooling + normalise + to numpy (no file read, no write, no model load).
   naive       wall = the file-order loop on texts in memory: tokenize + forward + pool + copy to host.
-  ceiling     wall = forward + pooling only, on ids already tokenized, padded and on the device,
-              in hpcinfer's own batches: what hpcinfer would reach if every host stage were free.
+  ceiling     wall = forward + pooling only of hpcinfer's own model (load_model, as api.run loads it), on
+              ids already tokenized, padded and on the device, cut into the batches hpcinfer's planner
+              makes with the plan hpcinfer resolved: what hpcinfer would reach if every host stage were free.
   real tokens = token lengths after truncation to the model's max_seq_length, the same for every method.
   pad eff     = real tokens / tokens actually fed to the model (rows x padded length, summed over batches).
   cores       = process CPU s / wall s in that round (hpcinfer: over the whole api.run() call). Near the
@@ -140,14 +147,31 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
-def describe_load(warn: bool) -> str:
-    """The 1/5/15-minute load average; `warn` (before any work of ours) flags other processes using the CPU."""
+def describe_load() -> str:
     load = load_average()
     if load is None:
         return "unknown"
-    cores = os.cpu_count() or 1
-    busy = "   (WARNING: other work is running; timings will be disturbed)" if warn and load[0] > 0.5 * cores else ""
-    return f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {cores} cores{busy}"
+    return f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count() or 1} cores"
+
+
+def cpu_busy_now(sample_s: float = 1.0) -> float | None:
+    """Cores busy machine-wide over the next sample_s seconds (from /proc/stat); None where unknown.
+    Called while this process is idle, it measures what other processes use."""
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return sum(values[:8]), idle
+
+    try:
+        total0, idle0 = read()
+        time.sleep(sample_s)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / total) if total > 0 else None
 
 
 def sync(device: torch.device) -> None:
@@ -155,11 +179,35 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def in_fresh_thread(fn: Callable[[], Any]) -> Any:
+    """Runs fn on a new thread and returns its result (re-raising its exception).
+
+    hpcinfer computes on a thread of its own, never on the caller's; every other method is run the
+    same way, so that all of them meet the same threading conditions. (On a CPU shared with other
+    processes, OpenMP work issued from the main thread was seen to slow down far more than the
+    same work issued from a fresh thread.)
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+            box["exc"] = exc
+
+    thread = threading.Thread(target=target, name="bench-timed", daemon=True)
+    thread.start()
+    thread.join()
+    if "exc" in box:
+        raise box["exc"]
+    return box.get("out")
+
+
 def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
-    """(wall s, cores busy = process CPU s / wall s, result)."""
+    """(wall s, cores busy = process CPU s / wall s, result); fn runs on a fresh thread."""
     sync(device)
     c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
+    out = in_fresh_thread(fn)
     sync(device)
     wall = time.perf_counter() - t0
     return wall, (time.process_time() - c0) / wall if wall > 0 else 0.0, out
@@ -243,6 +291,12 @@ def read_embeddings(path: Path) -> tuple[list[Any], np.ndarray]:
     return table.column("id").to_pylist(), values.reshape(table.num_rows, -1)
 
 
+def resolved_plan(report: RunReport, requested: PlanConfig) -> PlanConfig:
+    """The plan a run actually used (defaults such as the per-device token budget filled in), from its report."""
+    values = {k: report.config.get(f"plan.{k}", getattr(requested, k)) for k in PLAN_FIELDS}
+    return replace(requested, **values)
+
+
 class HpcinferMethod(Method):
     name = "hpcinfer"
 
@@ -260,6 +314,7 @@ class HpcinferMethod(Method):
             hpcinfer_config(warm_input, tmp / "warmup.out.parquet", args, plan), progress=Progress(mode="off")
         )
         self.dtype = warm.dtype
+        self.resolved_plan = resolved_plan(warm, plan)
 
     def once(self) -> float:
         out = self.tmp / "hpcinfer.out.parquet"
@@ -289,7 +344,9 @@ def load_sentence_transformer(model_path: Path, device: torch.device, dtype: tor
         model = model.to(dtype)
     can_flatten = getattr(model, "_can_flatten_inputs", None)
     flattened = bool(can_flatten()) if callable(can_flatten) else False
-    model.encode(["warm-up"] * 8, batch_size=8, convert_to_numpy=True, show_progress_bar=False)  # untimed
+    in_fresh_thread(  # warm-up, untimed
+        lambda: model.encode(["warm-up"] * 8, batch_size=8, convert_to_numpy=True, show_progress_bar=False)
+    )
     return model, flattened
 
 
@@ -337,7 +394,7 @@ class NaiveMethod(Method):
         self.model = AutoModel.from_pretrained(str(model_path)).to(device=device, dtype=dtype).eval()
         self.texts, self.lengths, self.device, self.max_length = corpus.texts, lengths, device, max_length
         self.extra["padded_expected"] = padded_in_order(lengths, np.arange(len(lengths)), NAIVE_BATCH)
-        self.loop(self.texts[:NAIVE_BATCH])  # warm-up, untimed
+        in_fresh_thread(lambda: self.loop(self.texts[:NAIVE_BATCH]))  # warm-up, untimed
 
     def loop(self, texts: list[str]) -> tuple[np.ndarray, int, np.ndarray]:
         outs, fed, seen = [], 0, []
@@ -370,12 +427,11 @@ class NaiveMethod(Method):
 
 
 def plan_batches(lengths: np.ndarray, plan: PlanConfig) -> list[tuple[np.ndarray, int]]:
-    """hpcinfer's batches: windows of sort_window rows, rounded up to whole read blocks (the planner
-    flushes once a window holds >= sort_window rows of read_block_rows-row blocks), cut by cut_batches."""
-    window_rows = round_up(plan.sort_window, InputConfig().read_block_rows)
+    """hpcinfer's batches: windows of exactly sort_window input rows, each cut by cut_batches."""
+    assert plan.max_batch_tokens is not None, "pass the plan hpcinfer resolved"
     batches = []
-    for start in range(0, len(lengths), window_rows):
-        window = lengths[start : start + window_rows]
+    for start in range(0, len(lengths), plan.sort_window):
+        window = lengths[start : start + plan.sort_window]
         for rows, width in cut_batches(window, plan.max_batch_tokens, plan.max_batch_size, plan.pad_multiple):
             batches.append((rows.astype(np.int64) + start, width))
     return batches
@@ -410,7 +466,7 @@ class CeilingMethod(Method):
             self.padded_tokens += len(rows) * width
         self.extra["batches"] = len(self.batches)
         _, ids, row_lengths, padded = self.batches[-1]  # warm-up on the smallest batch, untimed
-        self.embedder(ids, row_lengths, padded)
+        in_fresh_thread(lambda: self.embedder(ids, row_lengths, padded))
 
     def loop(self) -> list[torch.Tensor]:
         return [self.embedder(ids, lengths, padded) for _, ids, lengths, padded in self.batches]
@@ -466,6 +522,10 @@ def print_table(methods: list[Method], rows: int, real_tokens: int, best_st: Met
             f"{entry['padding_efficiency']:>8.3f} {r.wall_s:>9.3f} {r.best_cores:>6.2f} {entry['vs_best_st']:>10.2f}x"
         )
     return table
+
+
+def describe_plan(plan: PlanConfig) -> str:
+    return ", ".join(f"{k} {getattr(plan, k) if getattr(plan, k) is not None else 'auto'}" for k in PLAN_FIELDS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -528,12 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"  device      {device}{gpu}")
-    print(
-        f"  plan        max_batch_tokens {plan.max_batch_tokens}, max_batch_size {plan.max_batch_size}, "
-        f"pad_multiple {plan.pad_multiple}, sort_window {plan.sort_window}"
-    )
+    print(f"  plan        {describe_plan(plan)} (requested)")
     print(f"  repeats     {args.repeats} (best reported)")
-    print(f"  load avg    {describe_load(warn=True)}")
+    busy = cpu_busy_now()
+    warning = "   WARNING: other processes are using the CPU; timings will be disturbed" if busy and busy > 0.25 else ""
+    print(f"  other load  {'unknown' if busy is None else f'{busy:.2f} cores busy'} (1 s sample){warning}")
+    print(f"  load avg    {describe_load()}")
     sys.stdout.flush()
 
     with tempfile.TemporaryDirectory(prefix="bench_embed-") as tmp_name:
@@ -543,7 +603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("setting up and warming up every method (untimed) ...", flush=True)
         hpc = HpcinferMethod(corpus, hpc_input, tmp, args, plan)
         dtype: torch.dtype = getattr(torch, hpc.dtype)
-        print(f"  dtype       {hpc.dtype} (hpcinfer --dtype {args.dtype}; used by every method)", flush=True)
+        plan = hpc.resolved_plan
+        print(f"  dtype       {hpc.dtype} (hpcinfer --dtype {args.dtype}; used by every method)")
+        print(f"  plan        {describe_plan(plan)} (as hpcinfer resolved it; the ceiling uses it)", flush=True)
         st_model, flattened = load_sentence_transformer(model_path, device, dtype)
         st_methods = [
             SentenceTransformersMethod(st_model, flattened, corpus, lengths, device, bs) for bs in args.st_batch_sizes
@@ -581,6 +643,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"note: hpcinfer padded {report.padded_tokens:,} tokens, the ceiling's reproduced plan "
             f"{ceiling.padded_tokens:,} (windowing differs)"
         )
+    final_budget = getattr(report, "final_max_batch_tokens", 0)  # absent from older reports
+    if final_budget and final_budget != plan.max_batch_tokens:
+        notes.append(
+            f"note: hpcinfer lowered its token budget to {final_budget} (out-of-memory splits: "
+            f"{getattr(report, 'oom_splits', '?')}); the ceiling kept {plan.max_batch_tokens}"
+        )
+    if getattr(report, "rejects", None):
+        failures.append(f"hpcinfer rejected rows: {report.rejects}")
     if naive.padded_tokens != naive.extra["padded_expected"]:
         notes.append(f"note: naive fed {naive.padded_tokens:,} tokens, expected {naive.extra['padded_expected']:,}")
     cosines = {m.name: min_cosine(m.embeddings, reference) for m in methods if m.embeddings is not None}
@@ -615,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
         f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}"
     )
-    print(f"load avg at end (this benchmark's own threads included): {describe_load(warn=False)}")
+    print(f"load avg at end (this benchmark's own threads included): {describe_load()}")
     for line in notes:
         print(line)
     print()
@@ -633,6 +703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "dtype": report.dtype,
                 "python": platform.python_version(),
                 "cpu_count": os.cpu_count(),
+                "other_cores_busy_at_start": busy,
                 "load_average_end": load_average(),
             },
             "plan": {k: getattr(plan, k) for k in PLAN_FIELDS},

@@ -8,11 +8,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .config import RunConfig, flatten
+from .config import RunConfig, flatten, resolve_plan
 from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
 from .errors import ConfigError, HpcinferError
 from .execute import Executor
@@ -59,14 +60,25 @@ def run(
     item of that stage (fault injection in tests).
     """
     config.validate()
+    own_device = device is None
+    device = device or make_device(config.device.device, config.device.streams)
+    config = replace(config, plan=resolve_plan(config.plan, device.kind))
+    try:
+        return _run(config, device, progress, hooks, ranges, batch_profiler)
+    finally:
+        if own_device:
+            device.close()
+
+
+def _run(
+    config: RunConfig, device: Device, progress: Progress | None, hooks: Any, ranges: Any, batch_profiler: Any
+) -> RunReport:
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path, config.output.overwrite, config.output.resume)
     info = inspect_checkpoint(resolve_model_path(config.model))
     max_length = _check_lengths(config, info)
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
-    own_device = device is None
-    device = device or make_device(config.device.device, config.device.streams)
     dtype = resolve_dtype(config.device.dtype, device)
     store = PartStore(
         config.output.path, fmt, info.config.hidden_size, _fingerprint(config, info, reader, max_length, dtype)
@@ -138,8 +150,6 @@ def run(
         raise
     finally:
         progress.close()
-        if own_device:
-            device.close()
 
     report.rows = store.rows_written
     report.rows_resumed = store.rows_written - writer.rows_written

@@ -130,9 +130,9 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--max-batch-tokens",
             type=int,
-            default=_DEFAULTS.plan.max_batch_tokens,
-            show_default=True,
-            help="Token budget per batch, padding included (rows x padded length).",
+            default=None,
+            help="Token budget per batch, padding included (rows x padded length) "
+            f"[default: {PlanConfig.cpu_default_tokens} on CPU, {PlanConfig.cuda_default_tokens} on CUDA].",
         ),
         click.option(
             "--max-batch-size",

@@ -6,8 +6,8 @@ resolved once, in `api.run`, into the `Resolved*` values that stages receive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, ClassVar
 
 from .errors import ConfigError
 
@@ -32,7 +32,11 @@ class TokenizeConfig:
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
     sort_window: int = 100_000
-    max_batch_tokens: int = 16_384  # rows x padded length, padding included
+    max_batch_tokens: int | None = None  # rows x padded length, padding included; None: per device
+    # NOTE: on CPU a small budget keeps a batch's activations in cache, which beats large batches;
+    # on a GPU large batches fill the device.
+    cpu_default_tokens: ClassVar[int] = 2048
+    cuda_default_tokens: ClassVar[int] = 16_384
     max_batch_size: int = 512
     pad_multiple: int = 8
 
@@ -78,7 +82,7 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         positive = {
-            "--max-batch-tokens": self.plan.max_batch_tokens,
+            "--max-batch-tokens": self.plan.max_batch_tokens or 1,
             "--max-batch-size": self.plan.max_batch_size,
             "--sort-window": self.plan.sort_window,
             "--pad-multiple": self.plan.pad_multiple,
@@ -99,6 +103,14 @@ class RunConfig:
         if not self.input.paths:
             raise ConfigError("no input given")
         return self
+
+
+def resolve_plan(plan: PlanConfig, device_kind: str) -> PlanConfig:
+    """Fills the device-dependent default of the token budget, once, at start-up."""
+    if plan.max_batch_tokens is not None:
+        return plan
+    tokens = plan.cuda_default_tokens if device_kind == "cuda" else plan.cpu_default_tokens
+    return replace(plan, max_batch_tokens=tokens)
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

@@ -97,3 +97,15 @@ def test_pytorch_bin_weights_load_without_pickled_code(tmp_path, tiny_model):
     torch.save({"x": Payload()}, path / "pytorch_model.bin")
     with pytest.raises(ModelError, match="cannot load weights"):
         load_model(inspect_checkpoint(path), torch.device("cpu"), torch.float32)
+
+
+def test_packed_cpu_fast_path_equals_plain_linears(tiny_model):
+    info = inspect_checkpoint(tiny_model)
+    fast = load_model(info, torch.device("cpu"), torch.float32).embedder
+    plain = load_model(info, torch.device("cpu"), torch.float32, cpu_fast_path=False).embedder
+    from hpcinfer.models.bert import PackedLinear
+
+    assert any(isinstance(m, PackedLinear) for m in fast.encoder.modules())
+    assert not any(isinstance(m, PackedLinear) for m in plain.encoder.modules())
+    ids, lengths = _padded(load_tokenizer(tiny_model, 256), make_texts(30, seed=4))
+    torch.testing.assert_close(fast(ids, lengths), plain(ids, lengths), rtol=1e-5, atol=1e-6)

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 
 from ..errors import ModelError
 from .adapter import SentenceEmbedder
+from .bert import can_pack_for_cpu, pack_for_cpu
 from .checkpoint import CheckpointInfo, load_encoder
 
 
@@ -43,6 +44,11 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-def load_model(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(
+    info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool = True
+) -> LoadedModel:
+    """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
     encoder = load_encoder(info).to(device=device, dtype=dtype)
+    if cpu_fast_path and can_pack_for_cpu(encoder):
+        encoder = pack_for_cpu(encoder)
     return LoadedModel(info, SentenceEmbedder(encoder, info.pooling, dtype))
