@@ -88,7 +88,8 @@ HINTS = {
     "stage": "stage-bound: raise --staging-buffers or --max-batch-tokens (fewer, larger copies)",
     "h2d": "copy-bound: raise --staging-buffers so copies overlap compute",
     "execute": "launch-bound: the host cannot issue work fast enough; try --cuda-graphs or a larger --max-batch-tokens",
-    "compute": "compute-bound: the model itself is the limit (as it should be); try --dtype bfloat16 on GPU",
+    "compute": "compute-bound: the model itself is the limit, as it should be; on a GPU try --dtype bfloat16 "
+    "or --cuda-graphs",
     "d2h": "copy-bound on results: raise --streams so result copies overlap compute",
     "write": "write-bound: write Parquet instead of JSONL",
 }
@@ -101,5 +102,7 @@ def bottleneck(stages: list[dict[str, Any]], synchronous_device: bool) -> tuple[
     would name the same work twice, so only `compute` competes.
     """
     candidates = [s for s in stages if not (synchronous_device and s["stage"] == "execute")]
+    if not candidates or max(s["share"] for s in candidates) == 0:
+        return "none", "no work was timed"
     top = max(candidates, key=lambda s: s["share"])
     return top["stage"], HINTS[top["stage"]]
