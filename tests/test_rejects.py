@@ -160,3 +160,19 @@ def test_a_row_that_never_fits_becomes_an_oom_reject(tmp_path, tiny_model):
     assert 40 not in table.column("id").to_pylist() and table.num_rows == 40
     got = [json.loads(x) for x in (tmp_path / "out.parquet.rejects.jsonl").read_text().splitlines()]
     assert [(g["id"], g["reason"]) for g in got] == [(40, "oom")]
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_no_output(tmp_path, tiny_model, requests_jsonl, monkeypatch):
+    import errno
+
+    import hpcinfer.output
+
+    def no_space(*_args, **_kwargs):  # noqa: ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hpcinfer.output.pq, "write_table", no_space)
+    out = tmp_path / "out.parquet"
+    with pytest.raises(HpcinferError, match="No space left on device"):
+        run_job(small_config(requests_jsonl, out, tiny_model))
+    assert not out.exists()
+    assert not list((tmp_path).glob("**/.part-*.tmp-*"))
