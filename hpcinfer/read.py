@@ -161,7 +161,8 @@ class Reader:
         self.skip_done = 0
         self.rows_read = 0  # input rows consumed, rejects and skipped rows included
         self._block_id = 0
-        self._seen: set = set(seen_ids or ())
+        self._seen = IdSet()
+        self._seen.update(seen_ids or ())
 
     def remember_ids(self, keys: Iterable[int]) -> None:
         """Ids already written by an interrupted run (as id_key values): a repeat is a duplicate."""
@@ -329,6 +330,41 @@ class Reader:
         self._block_id += 1
         self.rows_read += end - start
         return block
+
+
+class IdSet:
+    """The ids seen so far, as 64-bit hashes: a sorted numpy array plus a small set of recent ones.
+
+    NOTE: 8 bytes a row instead of ~130 for a Python set of ints, so memory stays flat on files of
+    millions of rows; recent keys are merged into the array in bulk.
+    """
+
+    _MERGE_AT = 1 << 16
+
+    def __init__(self) -> None:
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._recent: set[int] = set()
+
+    def __contains__(self, key: int) -> bool:
+        if key in self._recent:
+            return True
+        k = np.uint64(key & 0xFFFFFFFFFFFFFFFF)
+        i = int(np.searchsorted(self._sorted, k))
+        return i < len(self._sorted) and self._sorted[i] == k
+
+    def add(self, key: int) -> None:
+        self._recent.add(key)
+        if len(self._recent) >= self._MERGE_AT:
+            self._merge()
+
+    def update(self, keys: Iterable[int]) -> None:
+        for key in keys:
+            self.add(key)
+
+    def _merge(self) -> None:
+        recent = np.fromiter((k & 0xFFFFFFFFFFFFFFFF for k in self._recent), np.uint64, len(self._recent))
+        self._sorted = np.union1d(self._sorted, recent)
+        self._recent.clear()
 
 
 def id_key(row_id: Any) -> int:

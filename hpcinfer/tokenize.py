@@ -28,59 +28,59 @@ class TokenizeStage:
         self.on_long = on_long
 
     def process(self, block: RowBlock) -> Iterator[TokenBlock]:
+        """Flat numpy arrays all the way: no per-token Python objects (they would fragment the heap)."""
         if block.token_ids is not None:
-            per_row, lengths = self._split_tokens(*block.token_ids)
-            bad = self._bad_token_rows(per_row)
+            flat, lengths = block.token_ids
+            too_long = lengths > self.max_length
+            bad = self._bad_token_rows(flat, lengths)
         else:
             assert block.texts is not None
             encodings = self.tokenizer.encode_batch(block.texts, add_special_tokens=True)
-            per_row = [e.ids for e in encodings]
-            lengths = np.fromiter((len(e.ids) + _overflow(e) for e in encodings), np.int64, len(encodings))
+            lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
+            flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(lengths.sum()))
+            too_long = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
             bad = {}
-        keep = [i for i in range(len(per_row)) if i not in bad]
-        too_long = [i for i in keep if lengths[i] > self.max_length]
-        rejects = list(block.rejects)
         if self.on_long == "reject":
-            for i in too_long:
-                bad[i] = ("too_long", f"longer than --max-length {self.max_length} tokens")
-            keep = [i for i in keep if i not in bad]
+            for i in np.flatnonzero(too_long):
+                bad.setdefault(int(i), ("too_long", f"longer than --max-length {self.max_length} tokens"))
+        rejects = list(block.rejects)
         for i, (reason, message) in sorted(bad.items()):
             rejects.append(Reject(block.rows[i], block.source, block.lines[i], block.ids[i], reason, message))
-        rows = [per_row[i][: self.max_length] for i in keep]
-        out_lengths = np.fromiter((len(r) for r in rows), np.int32, len(rows))
-        flat = np.fromiter(chain.from_iterable(rows), np.int32, int(out_lengths.sum()))
-        truncated = 0 if self.on_long == "reject" else len(too_long)
-        ids = [block.ids[i] for i in keep]
-        rows_kept = np.asarray(block.rows, dtype=np.int64)[keep] if keep else np.empty(0, np.int64)
+        keep = np.ones(len(lengths), dtype=bool)
+        keep[list(bad)] = False
+        # Truncation (pre-tokenized rows; the tokenizer truncates text itself) as a token mask.
+        starts = np.cumsum(lengths) - lengths
+        position = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+        token_keep = np.repeat(keep, lengths) & (position < self.max_length)
+        out_lengths = np.minimum(lengths[keep], self.max_length).astype(np.int32)
+        truncated = 0 if self.on_long == "reject" else int((too_long & keep).sum())
+        ids = [block.ids[i] for i in np.flatnonzero(keep)] if bad else block.ids
+        rows = np.asarray(block.rows, dtype=np.int64)[keep]
         yield TokenBlock(
             block.block_id,
             block.first_row,
             block.input_rows,
             ids,
-            flat,
+            flat[token_keep].astype(np.int32),
             out_lengths,
             truncated,
             rejects,
-            rows_kept,
+            rows,
             block.source,
         )
 
-    @staticmethod
-    def _split_tokens(flat: np.ndarray, lengths: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else [], lengths.astype(np.int64)
-
-    def _bad_token_rows(self, rows: list[np.ndarray]) -> dict[int, tuple[str, str]]:
+    def _bad_token_rows(self, flat: np.ndarray, lengths: np.ndarray) -> dict[int, tuple[str, str]]:
+        """Rows of pre-tokenized ids with a negative or out-of-vocabulary id."""
+        if not len(lengths):
+            return {}
+        starts = np.cumsum(lengths) - lengths
+        lows = np.minimum.reduceat(flat, starts)
+        highs = np.maximum.reduceat(flat, starts)
         bad = {}
-        for i, row in enumerate(rows):
-            if len(row) and (row.min() < 0 or row.max() >= self.vocab_size):
-                value = int(row.min()) if row.min() < 0 else int(row.max())
-                bad[i] = ("invalid_token_ids", f"token id {value} is outside the vocabulary [0, {self.vocab_size})")
+        for i in np.flatnonzero((lows < 0) | (highs >= self.vocab_size)):
+            value = int(lows[i]) if lows[i] < 0 else int(highs[i])
+            bad[int(i)] = ("invalid_token_ids", f"token id {value} is outside the vocabulary [0, {self.vocab_size})")
         return bad
 
     def finish(self) -> Iterator[TokenBlock]:
         return iter(())
-
-
-def _overflow(encoding: object) -> int:
-    """A truncated encoding keeps the cut tokens in `overflowing`; 1 marks it as too long."""
-    return 1 if encoding.overflowing else 0  # type: ignore[attr-defined]

@@ -176,3 +176,15 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_output(tmp_path, tiny_model,
         run_job(small_config(requests_jsonl, out, tiny_model))
     assert not out.exists()
     assert not list((tmp_path).glob("**/.part-*.tmp-*"))
+
+
+def test_the_seen_id_set_answers_the_same_across_bulk_merges(monkeypatch):
+    from hpcinfer.read import IdSet, id_key
+
+    monkeypatch.setattr(IdSet, "_MERGE_AT", 7)
+    seen, keys = IdSet(), [id_key(v) for v in [*range(300), *(f"s{i}" for i in range(300)), -1, 2**62]]
+    for i, key in enumerate(keys):
+        assert key not in seen
+        seen.add(key)
+        assert all(k in seen for k in keys[: i + 1 : 37])
+    assert all(k in seen for k in keys)
