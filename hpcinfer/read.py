@@ -11,6 +11,7 @@ the same in every run over the same input, which is what makes resume exact.
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import json
 import os
@@ -368,8 +369,12 @@ class IdSet:
 
 
 def id_key(row_id: Any) -> int:
-    """What the duplicate check remembers of an id: a 64-bit hash keeps the set small on huge files."""
-    return hash((type(row_id).__name__, row_id if isinstance(row_id, str | int | float) else repr(row_id)))
+    """What the duplicate check remembers of an id: 64 bits of blake2b over its type and value.
+
+    NOTE: not Python's hash(): that one maps ints modulo 2**61 - 1, so large numeric ids collide.
+    """
+    text = f"{type(row_id).__name__}:{row_id!r}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
 def _split_tail(data: bytes) -> tuple[bytes, bytes]:
