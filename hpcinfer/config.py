@@ -33,8 +33,8 @@ class TokenizeConfig:
 class PlanConfig:
     sort_window: int = 100_000
     max_batch_tokens: int | None = None  # rows x padded length, padding included; None: per device
-    # NOTE: on CPU a small budget keeps a batch's activations in cache, which beats large batches;
-    # on a GPU large batches fill the device.
+    # NOTE: on CPU ~2k-token batches are as fast per token as larger ones and hold less memory;
+    # a GPU needs large batches to fill it.
     cpu_default_tokens: ClassVar[int] = 2048
     cuda_default_tokens: ClassVar[int] = 16_384
     max_batch_size: int = 512
