@@ -76,6 +76,15 @@ def _wait_for_commits(out: Path, proc: subprocess.Popen, windows: int = 2) -> No
     raise AssertionError("the run did not commit windows in time")
 
 
+def _interrupt(args: list[str], out: Path, sig: int) -> tuple[int, str]:
+    """Starts a run, lets it commit a few windows, sends `sig`; returns (exit code, stderr)."""
+    proc = _start(*args, "-o", str(out))
+    _wait_for_commits(out, proc)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr
+
+
 def _same_output(out: Path, reference: Path) -> None:
     got, ref = pq.read_table(out), pq.read_table(reference)
     ids = got.column("id").to_pylist()
@@ -124,11 +133,8 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(job):
 def test_sigint_commits_prints_the_resume_command_and_exits_130(job):
     tmp, args, reference, _ = job
     out = tmp / "interrupted.parquet"
-    proc = _start(*args, "-o", str(out))
-    _wait_for_commits(out, proc)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    code, stderr = _interrupt(args, out, signal.SIGINT)
+    assert code == 130, stderr
     assert "rows are committed" in stderr
     resume_line = [line for line in stderr.splitlines() if "resume with:" in line]
     assert len(resume_line) == 1 and resume_line[0].rstrip().endswith("--resume")
@@ -147,20 +153,14 @@ def test_sigint_commits_prints_the_resume_command_and_exits_130(job):
 
 def test_sigterm_exits_143(job):
     tmp, args, _, _ = job
-    proc = _start(*args, "-o", str(tmp / "term.parquet"))
-    _wait_for_commits(tmp / "term.parquet", proc)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 143
+    code, _ = _interrupt(args, tmp / "term.parquet", signal.SIGTERM)
+    assert code == 143
 
 
 def test_resume_with_a_changed_option_is_refused(job):
     tmp, args, _, _ = job
     out = tmp / "changed.parquet"
-    proc = _start(*args, "-o", str(out))
-    _wait_for_commits(out, proc)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    _interrupt(args, out, signal.SIGINT)
     refused = _hpcinfer(*args, "-o", str(out), "--resume", "--max-length", "64")
     assert refused.returncode != 0
     assert "cannot resume: option max_length differs (was 256, now 64)" in refused.stderr
