@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .arrivals import ArrivalReplay
 from .config import RunConfig, flatten, resolve_plan
 from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
 from .errors import ConfigError, HpcinferError
@@ -25,6 +26,7 @@ from .plan import Planner, TokenBudget, round_up
 from .profile import RangeBackend
 from .progress import Progress
 from .read import Reader, estimate_rows, id_key
+from .report.latency import LatencyLog
 from .report.summary import RunReport
 from .report.timing import Timings, bottleneck
 from .report.trace import write_trace
@@ -62,7 +64,7 @@ def run(
     config.validate()
     own_device = device is None
     device = device or make_device(config.device.device, config.device.streams)
-    config = replace(config, plan=resolve_plan(config.plan, device.kind))
+    config = replace(config, plan=resolve_plan(config.plan, device.kind, config.input.rate))
     try:
         return _run(config, device, progress, hooks, ranges, batch_profiler)
     finally:
@@ -115,11 +117,16 @@ def _run(
             report.padded_tokens += batch.padded_tokens
             progress.advance(batch.num_rows, batch.real_tokens)
 
-        writer = Writer(store, outputs, rejects, first_window, on_batch)
+        latency = LatencyLog()
+        writer = Writer(store, outputs, rejects, first_window, on_batch, latency)
         tokenize = _CountingTokenizer(
             load_tokenizer(info.path, max_length), max_length, info.config.vocab_size, config.tokenize.on_long, report
         )
-        planner = Planner(plan, budget, first_window, rejects.add)
+        rate = config.input.rate
+        planner = Planner(
+            plan, budget, first_window, rejects.add, online=rate is not None, timeout_ms=plan.batch_timeout_ms
+        )
+        source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=stop)
         executor = Executor(
             device, model.embedder, ring, outputs, _graphs(config, device, model, plan), budget, batch_profiler
         )
@@ -128,7 +135,7 @@ def _run(
         with _signals_stop(stop) as interrupted:
             if config.pipeline.overlap:
                 run_overlapped(
-                    reader,
+                    source,
                     stages,
                     timings,
                     queue_depth=config.pipeline.queue_depth,
@@ -138,7 +145,7 @@ def _run(
                     ranges=ranges,
                 )
             else:
-                run_serial(reader, stages, timings, stop=stop, hooks=hooks, ranges=ranges)
+                run_serial(source, stages, timings, stop=stop, hooks=hooks, ranges=ranges)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
         store.assemble()
@@ -160,6 +167,8 @@ def _run(
     report.stages = timings.summary(report.wall_s)
     report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=device.kind == "cpu")
     report.peak_device_memory_bytes = device.peak_memory_bytes()
+    report.batch_latency_ms = latency.batch_summary()
+    report.arrivals = latency.request_summary(config.input.rate)
     report.config = flatten(config)
     if config.report_path:
         report.write_json(config.report_path)

@@ -142,6 +142,24 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Most rows in one batch.",
         ),
         click.option(
+            "--batch-timeout-ms",
+            type=float,
+            default=None,
+            help="Close a batch once its oldest row has waited this long, full or not "
+            f"[default: off; {PlanConfig.online_default_timeout_ms:g} ms with --rate].",
+        ),
+        click.option(
+            "--rate",
+            type=float,
+            default=None,
+            metavar="QPS",
+            help="Replay the input as an online service would see it: requests arrive at this mean rate "
+            "(Poisson, seeded); the report adds per-request latency and whether the pipeline kept up.",
+        ),
+        click.option(
+            "--rate-seed", type=int, default=0, show_default=True, help="Seed of the --rate arrival schedule."
+        ),
+        click.option(
             "--pad-multiple",
             type=int,
             default=_DEFAULTS.plan.pad_multiple,
@@ -262,10 +280,19 @@ def _reject_limits(o: dict[str, Any]) -> tuple[int | None, float | None]:
 
 def build_run_config(o: dict[str, Any]) -> RunConfig:
     return RunConfig(
-        input=InputConfig(tuple(o["inputs"]), o["text_column"], o["id_column"], o["input_format"]),
+        input=InputConfig(
+            tuple(o["inputs"]),
+            o["text_column"],
+            o["id_column"],
+            o["input_format"],
+            rate=o["rate"],
+            rate_seed=o["rate_seed"],
+        ),
         model=o["model"],
         tokenize=TokenizeConfig(o["max_length"], o["tokenize_threads"], o["on_long"]),
-        plan=PlanConfig(o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"]),
+        plan=PlanConfig(
+            o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"], o["batch_timeout_ms"]
+        ),
         device=DeviceConfig(
             o["device"], o["dtype"], o["streams"], o["staging_buffers"], o["cuda_graphs"], o["threads"]
         ),

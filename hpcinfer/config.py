@@ -20,6 +20,8 @@ class InputConfig:
     input_format: str = "auto"  # auto | jsonl | parquet | openai
     read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
     limit: int | None = None  # read only this many input rows (profiling, sampling)
+    rate: float | None = None  # replay requests at this mean rate (Poisson arrivals), per second
+    rate_seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,9 @@ class PlanConfig:
     cuda_default_tokens: ClassVar[int] = 16_384
     max_batch_size: int = 512
     pad_multiple: int = 8
+    # Close a batch once its oldest row has waited this long; None: off, or 20 ms under --rate.
+    batch_timeout_ms: float | None = None
+    online_default_timeout_ms: ClassVar[float] = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +99,12 @@ class RunConfig:
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.input.rate is not None and not self.input.rate > 0:
+            raise ConfigError(f"--rate must be positive (got {self.input.rate})")
+        if self.input.rate is not None and not self.pipeline.overlap:
+            raise ConfigError("--rate needs the overlapped pipeline (drop --no-overlap)")
+        if self.plan.batch_timeout_ms is not None and not self.plan.batch_timeout_ms > 0:
+            raise ConfigError(f"--batch-timeout-ms must be positive (got {self.plan.batch_timeout_ms})")
         if self.tokenize.on_long not in ("truncate", "reject"):
             raise ConfigError(f"--on-long must be truncate or reject (got {self.tokenize.on_long!r})")
         if self.output.resume and self.output.overwrite:
@@ -105,12 +116,14 @@ class RunConfig:
         return self
 
 
-def resolve_plan(plan: PlanConfig, device_kind: str) -> PlanConfig:
-    """Fills the device-dependent default of the token budget, once, at start-up."""
-    if plan.max_batch_tokens is not None:
-        return plan
-    tokens = plan.cuda_default_tokens if device_kind == "cuda" else plan.cpu_default_tokens
-    return replace(plan, max_batch_tokens=tokens)
+def resolve_plan(plan: PlanConfig, device_kind: str, rate: float | None = None) -> PlanConfig:
+    """Fills the device-dependent token budget and the online batch timeout, once, at start-up."""
+    if plan.max_batch_tokens is None:
+        tokens = plan.cuda_default_tokens if device_kind == "cuda" else plan.cpu_default_tokens
+        plan = replace(plan, max_batch_tokens=tokens)
+    if rate is not None and plan.batch_timeout_ms is None:
+        plan = replace(plan, batch_timeout_ms=plan.online_default_timeout_ms)
+    return plan
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

@@ -27,6 +27,13 @@ from .types import END
 _POLL_S = 0.05
 
 
+class _Tick:
+    """Returned by `get` instead of an item when the stage's deadline passed with its inbox empty."""
+
+
+TICK = _Tick()
+
+
 class Stage(Protocol):
     name: str
 
@@ -100,11 +107,20 @@ class _Runner:
                     raise Cancelled from None
         self.timings.blocked(name, time.perf_counter_ns() - t0)
 
-    def get(self, name: str, q: queue.Queue) -> Any:
+    def get(self, name: str, q: queue.Queue, deadline: Callable[[], int | None] | None = None) -> Any:
+        """The next item; or TICK once `deadline()` (perf_counter_ns) passes first."""
         t0 = time.perf_counter_ns()
         while True:
+            timeout = _POLL_S
+            due = deadline() if deadline is not None else None
+            if due is not None:
+                remaining = (due - time.perf_counter_ns()) / 1e9
+                if remaining <= 0:
+                    item = TICK
+                    break
+                timeout = min(timeout, remaining)
             try:
-                item = q.get(timeout=_POLL_S)
+                item = q.get(timeout=timeout)
                 break
             except queue.Empty:
                 if self.stop.is_set():
@@ -179,13 +195,19 @@ def run_overlapped(
         while not stop.is_set():
             runner.local.stage = source.name
             t0 = time.perf_counter_ns()
+            idle_before = getattr(source, "waited_ns", 0)  # an arrival replay sleeping: not work
             hook = runner.hooks.get(source.name)
             if hook is not None:
                 hook(None)
             item = runner.next_item(source.name, items)
             if item is END:
                 break
-            timings.busy(source.name, t0, time.perf_counter_ns(), threading.current_thread().name, **describe(item))
+            idle = getattr(source, "waited_ns", 0) - idle_before
+            if idle:
+                timings.starved(source.name, idle)
+            timings.busy(
+                source.name, t0 + idle, time.perf_counter_ns(), threading.current_thread().name, **describe(item)
+            )
             runner.put(source.name, queues[0], item)
         runner.put(source.name, queues[0], END)
 
@@ -203,8 +225,12 @@ def run_overlapped(
         if n_workers > 1:
             _parallel_ordered(runner, stage, inbox, emit, n_workers)
         else:
-            while (item := runner.get(stage.name, inbox)) is not END:
-                emit(runner.timed(stage, lambda item=item: stage.process(item), item))
+            deadline = getattr(stage, "deadline_ns", None)  # a stage that closes batches on a timeout
+            while (item := runner.get(stage.name, inbox, deadline)) is not END:
+                if item is TICK:
+                    emit(runner.timed(stage, stage.tick, None))  # type: ignore[attr-defined]
+                else:
+                    emit(runner.timed(stage, lambda item=item: stage.process(item), item))
         emit(runner.timed(stage, stage.finish, None))
         if outbox is not None:
             runner.put(stage.name, outbox, END)

@@ -56,6 +56,7 @@ class TokenizeStage:
         truncated = 0 if self.on_long == "reject" else int((too_long & keep).sum())
         ids = [block.ids[i] for i in np.flatnonzero(keep)] if bad else block.ids
         rows = np.asarray(block.rows, dtype=np.int64)[keep]
+        arrivals = block.arrival_ns[keep] if block.arrival_ns is not None else None
         yield TokenBlock(
             block.block_id,
             block.first_row,
@@ -67,6 +68,7 @@ class TokenizeStage:
             rejects,
             rows,
             block.source,
+            arrivals,
         )
 
     def _bad_token_rows(self, flat: np.ndarray, lengths: np.ndarray) -> dict[int, tuple[str, str]]:

@@ -72,6 +72,7 @@ class RowBlock:
     rejects: list[Reject] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # input row number of each valid row
     lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any
+    arrival_ns: np.ndarray | None = None  # int64 [rows]: when each request arrived (--rate replay)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -91,6 +92,7 @@ class TokenBlock:
     rejects: list[Reject] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # input row numbers
     source: str = ""
+    arrival_ns: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -111,6 +113,7 @@ class Window:
     sources: dict[int, str] = field(default_factory=dict)  # block id -> input file
     rejects: list[Reject] = field(default_factory=list)
     num_batches: int = 0
+    arrival_ns: np.ndarray | None = None  # int64 [rows], under --rate: per-request latency starts here
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -125,6 +128,7 @@ class Batch:
     rows: np.ndarray  # int64 [n]: window-local row indices
     lengths: np.ndarray  # int32 [n]
     padded_len: int
+    closed_ns: int = 0  # when the planner closed it: per-batch latency starts here
 
     @property
     def num_rows(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from .device import OutputPool
 from .errors import HpcinferError, OutputError
 from .output import PartStore
+from .report.latency import LatencyLog
 from .types import Pending, Reject, Window
 
 
@@ -104,12 +106,16 @@ class Writer:
         rejects: RejectCounter,
         first_window: int = 0,
         on_batch: Callable[[Pending], None] | None = None,
+        latency: LatencyLog | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.store = store
         self.dim = store.dim
         self.outputs = outputs
         self.rejects = rejects
         self.on_batch = on_batch
+        self.latency = latency
+        self.clock = clock
         self._open: dict[int, _WindowState] = {}
         self._next_window = first_window
         self.rows_written = 0
@@ -125,6 +131,8 @@ class Writer:
             state.values[batch.rows] = out.host[: batch.num_rows].numpy()
             self.outputs.release(out)
             state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
+            if self.latency is not None:
+                self.latency.batch_done(batch.closed_ns, self.clock())
         state.batches_done += 1
         if self.on_batch is not None:
             self.on_batch(pending)
@@ -165,6 +173,8 @@ class Writer:
             w.window_id, w.first_row, w.input_rows, ids, state.values[keep], [r.to_json() for r in rejects]
         )
         self.rows_written += len(ids)
+        if self.latency is not None and w.arrival_ns is not None:
+            self.latency.requests_done(w.arrival_ns[keep], self.clock())
         self.rejects.check_fraction(self.store.rows_committed)
 
     def finish(self) -> Iterator[None]:

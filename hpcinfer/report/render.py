@@ -27,7 +27,29 @@ def summary_table(report: RunReport) -> Table:
         ("device", f"{report.device} ({report.dtype})"),
     ):
         table.add_row(name, value)
+    if report.batch_latency_ms:
+        table.add_row("batch latency p50/p99", _ms(report.batch_latency_ms, ("p50", "p99")))
+    if report.arrivals:
+        a = report.arrivals
+        table.add_row("request latency p50/p90/p99", _ms(a["latency_ms"], ("p50", "p90", "p99")))
+        table.add_row("offered / achieved rate", f"{a['offered_rate']:,.1f} / {a['achieved_rate']:,.1f} rows/s")
     return table
+
+
+def _ms(values: dict[str, float], keys: tuple[str, ...]) -> str:
+    return " / ".join(f"{values[k]:,.1f}" for k in keys) + " ms"
+
+
+def saturation_line(report: RunReport) -> str | None:
+    a = report.arrivals
+    if not a:
+        return None
+    if a["saturated"]:
+        return (
+            f"[bold red]saturated[/bold red]: requests arrived at {a['offered_rate']:,.1f}/s but were served at "
+            f"{a['achieved_rate']:,.1f}/s, so they queued and latency grew; lower --rate or see the bottleneck"
+        )
+    return f"kept up with --rate {a['rate']:g}: served {a['achieved_rate']:,.1f} of {a['offered_rate']:,.1f} rows/s"
 
 
 def stage_table(report: RunReport) -> Table:
@@ -54,3 +76,5 @@ def render(report: RunReport, console: Console) -> None:
     console.print(summary_table(report))
     console.print(stage_table(report))
     console.print(f"bottleneck: [bold]{report.bottleneck}[/bold] - {report.hint}")
+    if (line := saturation_line(report)) is not None:
+        console.print(line)
