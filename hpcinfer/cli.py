@@ -338,3 +338,164 @@ def profile(**opts: Any) -> None:
         render(report, console)
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--sample", "sample_rows", type=int, default=2000, show_default=True, help="Rows in the tuning sample.")
+@click.option(
+    "--scan-rows",
+    type=int,
+    default=50_000,
+    show_default=True,
+    help="Rows read (and tokenized) to draw the sample from, stratified over token length.",
+)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Measured runs per trial; medians are kept.")
+@click.option(
+    "--warmup-rows", type=int, default=200, show_default=True, help="Rows run before each trial's measured runs."
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["rows", "tokens", "latency"]),
+    default=None,
+    help="Maximise rows/s or tokens/s, or (with --rate) minimise p99 request latency [default: rows; "
+    "latency with --rate].",
+)
+@click.option(
+    "--max-p99-ms",
+    type=float,
+    default=None,
+    help="Reject configurations whose p99 latency (per batch; per request with --rate) exceeds this.",
+)
+@click.option(
+    "--max-memory",
+    default=None,
+    metavar="SIZE",
+    help="Reject configurations whose peak memory (device memory on CUDA, RSS on CPU) exceeds this, e.g. 4GiB.",
+)
+@click.option(
+    "--min-gain",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="A change must beat the best so far by this fraction to be taken (and to keep searching that way).",
+)
+@click.option("--trials", "trials_csv", default=None, metavar="CSV", help="Write every trial to this CSV file.")
+@click.option(
+    "--write-recipe", "recipe_path", default=None, metavar="TOML", help="Write the best configuration as a recipe."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample draw.")
+@click.option(
+    "--rate",
+    type=float,
+    default=None,
+    metavar="QPS",
+    help="Tune for an online arrival rate (Poisson replay); also sweeps --batch-timeout-ms.",
+)
+@click.option("--rate-seed", type=int, default=0, show_default=True, help="Seed of the --rate arrival schedule.")
+@click.option("--model", default=_DEFAULTS.model, show_default=True, help="'default' or a local checkpoint directory.")
+@click.option("--text-column", default=_DEFAULTS.input.text_column, show_default=True, help="Column holding the text.")
+@click.option("--id-column", default=_DEFAULTS.input.id_column, show_default=True, help="Column holding row ids.")
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", "jsonl", "parquet", "openai"]),
+    default="auto",
+    show_default=True,
+    help="Input format; auto reads the suffix.",
+)
+@click.option("--max-length", type=int, default=None, help="Truncate to this many tokens [default: the model's].")
+@click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="Compute dtype.",
+)
+@click.option(
+    "--tokenize-threads", type=int, default=_DEFAULTS.tokenize.threads, show_default=True, help="Tokenizer calls."
+)
+@click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice].")
+@click.option("-q", "--quiet", is_flag=True, help="Only the verdict, no live table.")
+@_user_errors
+def tune(**opts: Any) -> None:
+    """Find the fastest configuration for INPUT... on this machine, and write it down as a recipe.
+
+    Draws --sample rows (stratified over token length), then measures the real pipeline on them:
+    the token budget coarse-to-fine over powers of two, then the row cap, then (on CUDA) streams
+    and staging buffers, and with --rate the batch timeout. Each trial has a warm-up and
+    --repeats measured runs (medians). A trial that runs out of memory is marked infeasible.
+
+    \b
+    Example:
+      hpcinfer tune sample_data/requests.parquet --sample 2000 --write-recipe best.toml --trials trials.csv
+      hpcinfer run sample_data/requests.parquet -o out.parquet --config best.toml
+    """
+    from rich.live import Live
+
+    from .tune.command import TuneOptions
+    from .tune.command import tune as run_tune
+    from .tune.render import trial_table, verdict
+
+    # `run`'s own defaults, parsed as click resolves them, then this command's shared options.
+    run_defaults = run.make_context("run", ["INPUT", "-o", "unused.parquet"]).params
+    base = build_run_config({**run_defaults, **{k: v for k, v in opts.items() if k in run_defaults}, "progress": "off"})
+    options = TuneOptions(
+        opts["sample_rows"],
+        opts["scan_rows"],
+        opts["repeats"],
+        opts["warmup_rows"],
+        opts["objective"],
+        opts["max_p99_ms"],
+        opts["max_memory"],
+        opts["min_gain"],
+        opts["seed"],
+        opts["trials_csv"],
+        opts["recipe_path"],
+    )
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log file: room for the whole trial table
+        console = Console(stderr=True, width=160)
+    live_table = console.is_terminal and not opts["quiet"]
+
+    def on_sample(sample: Any) -> None:
+        if not opts["quiet"]:
+            console.print(f"sample: {sample.describe()}", highlight=False)
+
+    with Live(console=console, auto_refresh=False, transient=False) if live_table else _nothing() as live:
+
+        def on_trial(search: Any, trial: Any, status: str) -> None:
+            if live is not None:
+                live.update(trial_table(search, status), refresh=True)
+            elif trial is not None and not opts["quiet"]:
+                console.print(_trial_line(trial), highlight=False)
+
+        result = run_tune(base.validate(), options, on_sample, on_trial)
+        if live is not None:
+            live.update(trial_table(result.search), refresh=True)
+    if not live_table and not opts["quiet"]:
+        console.print(trial_table(result.search))
+    for line in verdict(result.search):
+        console.print(line, highlight=False)
+    if opts["recipe_path"]:
+        console.print(f"recipe written: {opts['recipe_path']} (hpcinfer run --config {opts['recipe_path']} ...)")
+    if opts["trials_csv"]:
+        console.print(f"trials written: {opts['trials_csv']}")
+
+
+def _trial_line(trial: Any) -> str:
+    params = " ".join(f"{k.replace('_', '-')}={v:g}" for k, v in trial.params.items())
+    gain = "" if trial.gain is None else f" {trial.gain:.2f}x default"
+    extra = f" [{trial.status}{': ' + trial.note if trial.note else ''}]" if trial.status != "ok" or trial.note else ""
+    return (
+        f"trial {trial.index}: {params}: {trial.rows_per_s:,.1f} rows/s, p99 {trial.p99_ms:,.1f} ms, "
+        f"{trial.memory_bytes / 2**20:,.0f} MiB{gain}{extra}"
+    )
+
+
+class _nothing:  # noqa: N801 - a context manager standing in for Live when there is no terminal
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
