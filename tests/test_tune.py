@@ -164,3 +164,16 @@ def test_tune_cli_writes_a_recipe_that_run_accepts(tmp_path, tiny_model):
     proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert Path(out).is_file()
+
+
+def test_tune_under_a_rate_sweeps_the_batch_timeout(tmp_path, tiny_model):
+    from hpcinfer.config import InputConfig
+    from hpcinfer.tune.command import TuneOptions, tune
+
+    src = write_jsonl(tmp_path / "req.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(200))])
+    base = RunConfig(input=InputConfig((str(src),), rate=400.0), model=str(tiny_model))
+    result = tune(base, TuneOptions(sample_rows=60, repeats=1, warmup_rows=10))
+    assert result.goal.objective == "latency"
+    timeouts = {t.params["batch_timeout_ms"] for t in result.search.trials}
+    assert len(timeouts) >= 3 and 20.0 in timeouts
+    assert all(t.p99_ms > 0 for t in result.search.trials if t.status == "ok")
