@@ -177,3 +177,14 @@ def test_tune_under_a_rate_sweeps_the_batch_timeout(tmp_path, tiny_model):
     timeouts = {t.params["batch_timeout_ms"] for t in result.search.trials}
     assert len(timeouts) >= 3 and 20.0 in timeouts
     assert all(t.p99_ms > 0 for t in result.search.trials if t.status == "ok")
+
+
+def test_row_caps_that_cannot_bind_are_not_measured_again():
+    measure, calls = landscape(peak_tokens=2048)
+    # Shortest row pads to 16 tokens: at 2048 tokens a batch holds at most 128 rows, so caps of
+    # 256, 512 and 1024 plan the same batches as each other.
+    space = Space(token_min=256, token_max=65536, min_row_tokens=16)
+    search = Search(measure, Goal(), space)
+    search.run(DEFAULT)
+    assert [c["max_batch_size"] for c in calls] == [512] * len(calls)  # no row-cap trial ran
+    assert len(search.trials) == 5  # the default, 2 coarse and 2 fine token budgets

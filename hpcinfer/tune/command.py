@@ -73,10 +73,11 @@ def device_kind(spec: str) -> str:
     return "cuda" if spec.startswith("cuda") else spec
 
 
-def search_space(base: RunConfig, kind: str, max_length: int) -> Space:
+def search_space(base: RunConfig, kind: str, max_length: int, shortest_row: int) -> Space:
     space = Space(
         token_min=max(256, round_up(max_length, base.plan.pad_multiple)),
         token_max=262_144 if kind == "cuda" else 65_536,
+        min_row_tokens=round_up(max(shortest_row, 1), base.plan.pad_multiple),
     )
     if kind == "cpu":
         space.skipped.append("streams, staging buffers: the CPU device is synchronous, they change nothing")
@@ -157,7 +158,7 @@ def tune(
         search = Search(
             runner,
             goal,
-            search_space(trial_base, kind, max_length),
+            search_space(trial_base, kind, max_length, int(sample.lengths.min())),
             on_trial=None if on_trial is None else (lambda trial: on_trial(search, trial, "")),
         )
         search.run(default_params(trial_base, kind))

@@ -92,6 +92,16 @@ class Space:
     staging_buffers: tuple[int, ...] = (2,)
     timeouts_ms: tuple[float, ...] = ()
     skipped: list[str] = field(default_factory=list)  # knobs left out, with the reason
+    min_row_tokens: int = 1  # the shortest padded row of the sample
+
+    def canonical(self, params: dict[str, Any]) -> tuple:
+        """Parameters that plan the very same batches map to the same key: a row cap above
+        budget / shortest row never binds, so trying it would measure the same thing again."""
+        values = dict(params)
+        if "max_batch_size" in values and "max_batch_tokens" in values:
+            most_rows = max(1, values["max_batch_tokens"] // self.min_row_tokens)
+            values["max_batch_size"] = min(values["max_batch_size"], most_rows)
+        return tuple(values[k] for k in KNOBS if k in values)
 
     def tokens(self) -> list[int]:
         """Powers of two within [token_min, token_max]."""
@@ -132,7 +142,7 @@ class Search:
         return self.best
 
     def measure(self, params: dict[str, Any]) -> Trial:
-        key = tuple(params[k] for k in KNOBS if k in params)
+        key = self.space.canonical(params)
         if key in self._seen:
             return self._seen[key]
         trial = self._measure(dict(params))
