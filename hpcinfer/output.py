@@ -28,6 +28,7 @@ from .errors import OutputError
 from .models.checkpoint import weights_file
 
 MANIFEST_VERSION = 1
+_ASSEMBLE_BATCH_ROWS = 16_384  # rows per record batch when the parts are assembled
 
 
 def parts_dir(output: str) -> Path:
@@ -204,10 +205,17 @@ class PartStore:
         writer: pq.ParquetWriter | None = None
         try:
             for part in parts:
-                table = pq.read_table(part)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
-                writer.write_table(table.cast(writer.schema))
+                # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
+                # (multi-threaded decode) costs a transient RSS spike of several times its size at
+                # the very end of the run, which is where the run's peak would otherwise be.
+                source = pq.ParquetFile(part)
+                try:
+                    if writer is None:  # the first part's schema, as before (an empty part's too)
+                        writer = pq.ParquetWriter(tmp, source.schema_arrow, compression="zstd")
+                    for batch in source.iter_batches(batch_size=_ASSEMBLE_BATCH_ROWS, use_threads=False):
+                        writer.write_table(pa.Table.from_batches([batch]).cast(writer.schema))
+                finally:
+                    source.close()
         finally:
             if writer is not None:
                 writer.close()
