@@ -109,3 +109,13 @@ def test_packed_cpu_fast_path_equals_plain_linears(tiny_model):
     assert not any(isinstance(m, PackedLinear) for m in plain.encoder.modules())
     ids, lengths = _padded(load_tokenizer(tiny_model, 256), make_texts(30, seed=4))
     torch.testing.assert_close(fast(ids, lengths), plain(ids, lengths), rtol=1e-5, atol=1e-6)
+
+
+def test_onednn_row_buckets_bound_the_shapes_and_the_padding():
+    from hpcinfer.models.bert import bucket_rows
+
+    buckets = [bucket_rows(m) for m in range(1, 65_537)]
+    assert all(b >= m for m, b in zip(range(1, 65_537), buckets, strict=True))
+    # A handful of shapes per budget doubling, not one per row count: oneDNN keeps a kernel per shape.
+    assert len(set(buckets[:2048])) == 32 and len(set(buckets)) <= 32 + 16 * 5
+    assert max(b / m for m, b in zip(range(2049, 65_537), buckets[2048:], strict=True)) <= 1.125
