@@ -19,7 +19,7 @@ from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
 from .errors import ConfigError, HpcinferError
 from .execute import Executor
 from .models.checkpoint import CheckpointInfo, inspect_checkpoint
-from .models.registry import load_model, load_tokenizer, resolve_model_path
+from .models.registry import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
 from .pipeline import run_overlapped, run_serial
 from .plan import Planner, TokenBudget, round_up
@@ -54,26 +54,34 @@ def run(
     hooks: dict[str, Callable[[Any], None]] | None = None,
     ranges: RangeBackend | None = None,
     batch_profiler: Any = None,
+    model: LoadedModel | None = None,
 ) -> RunReport:
     """Embeds every valid input row and writes one output row per valid row, in input order.
 
     Rejected rows go to OUTPUT.rejects.jsonl. `device` overrides `config.device.device` (tests pass
     a simulated or fault-injecting device); `hooks` maps a stage name to a callable run before each
-    item of that stage (fault injection in tests).
+    item of that stage (fault injection in tests). `model`, already loaded for this device and
+    dtype, saves loading it again (tune's trials share one).
     """
     config.validate()
     own_device = device is None
     device = device or make_device(config.device.device, config.device.streams)
     config = replace(config, plan=resolve_plan(config.plan, device.kind, config.input.rate))
     try:
-        return _run(config, device, progress, hooks, ranges, batch_profiler)
+        return _run(config, device, progress, hooks, ranges, batch_profiler, model)
     finally:
         if own_device:
             device.close()
 
 
 def _run(
-    config: RunConfig, device: Device, progress: Progress | None, hooks: Any, ranges: Any, batch_profiler: Any
+    config: RunConfig,
+    device: Device,
+    progress: Progress | None,
+    hooks: Any,
+    ranges: Any,
+    batch_profiler: Any,
+    preloaded: LoadedModel | None,
 ) -> RunReport:
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path, config.output.overwrite, config.output.resume)
@@ -95,7 +103,7 @@ def _run(
         torch.set_num_threads(config.device.threads)
     rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
     try:
-        model = load_model(info, device.torch_device, dtype)
+        model = preloaded or load_model(info, device.torch_device, dtype)
         plan = config.plan
         budget = TokenBudget(plan.max_batch_tokens, round_up(max_length, plan.pad_multiple))
         ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)

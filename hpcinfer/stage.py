@@ -51,7 +51,8 @@ class StageStep:
             return
         t0 = time.perf_counter_ns()
         slot = self.ring.acquire()  # waits until the slot's previous H2D copy is done
-        self.waited_ns += time.perf_counter_ns() - t0
+        batch.started_ns = time.perf_counter_ns()
+        self.waited_ns += batch.started_ns - t0
         n, width = batch.num_rows, batch.padded_len
         w = batch.window
         scatter_rows(slot.host_ids.numpy(), w.flat_ids, w.offsets, batch.rows, batch.lengths, width, self.pad_id)

@@ -128,7 +128,8 @@ class Batch:
     rows: np.ndarray  # int64 [n]: window-local row indices
     lengths: np.ndarray  # int32 [n]
     padded_len: int
-    closed_ns: int = 0  # when the planner closed it: per-batch latency starts here
+    closed_ns: int = 0  # when the planner closed it
+    started_ns: int = 0  # when its ids went into a staging slot: per-batch latency starts here
 
     @property
     def num_rows(self) -> int:

@@ -132,7 +132,7 @@ class Writer:
             self.outputs.release(out)
             state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
             if self.latency is not None:
-                self.latency.batch_done(batch.closed_ns, self.clock())
+                self.latency.batch_done(batch.started_ns, self.clock())
         state.batches_done += 1
         if self.on_batch is not None:
             self.on_batch(pending)

@@ -1,4 +1,4 @@
-"""Latency: per batch (closed by the planner -> its results written) and, under `--rate`, per
+"""Latency: per batch (staged for the device -> its results written) and, under `--rate`, per
 request (arrival -> its window committed to disk); the achieved rate and whether the pipeline kept up."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ class LatencyLog:
         self._arrivals: list[np.ndarray] = []
         self._done_ns: list[int] = []
 
-    def batch_done(self, closed_ns: int, now_ns: int) -> None:
-        if closed_ns:
+    def batch_done(self, started_ns: int, now_ns: int) -> None:
+        if started_ns:
             with self._lock:
-                self._batches.append(now_ns - closed_ns)
+                self._batches.append(now_ns - started_ns)
 
     def requests_done(self, arrival_ns: np.ndarray, now_ns: int) -> None:
         if len(arrival_ns):

@@ -13,8 +13,11 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
+from ..device import make_device, resolve_dtype
 from ..device.base import is_out_of_memory
 from ..errors import StageError
+from ..models.checkpoint import inspect_checkpoint
+from ..models.registry import LoadedModel, load_model, resolve_model_path
 from ..progress import Progress
 from ..report.summary import RunReport
 from .search import Trial
@@ -84,15 +87,28 @@ class TrialRunner:
         self.repeats = repeats
         self.warmup_rows = warmup_rows
         self._run = run_job or self._run_quietly
+        self._loaded: LoadedModel | None = None
         self.best_so_far = best_so_far
         self.score = score
         self.on_repeat = on_repeat
 
-    @staticmethod
-    def _run_quietly(config: RunConfig) -> RunReport:
+    def _run_quietly(self, config: RunConfig) -> RunReport:
         from ..api import run
 
-        return run(config, progress=Progress("off"))
+        return run(config, progress=Progress("off"), model=self._model(config))
+
+    def _model(self, config: RunConfig) -> LoadedModel:
+        """Loaded once for all trials: loading it per run would cost time and, held by the
+        allocator afterwards, inflate the memory later trials are charged with."""
+        if self._loaded is None:
+            device = make_device(config.device.device, 1)
+            try:
+                dtype = resolve_dtype(config.device.dtype, device)
+                info = inspect_checkpoint(resolve_model_path(config.model))
+                self._loaded = load_model(info, device.torch_device, dtype)
+            finally:
+                device.close()
+        return self._loaded
 
     def __call__(self, params: dict[str, Any]) -> Trial:
         config = apply_params(self.base, params)
