@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import statistics
 import threading
@@ -35,6 +38,14 @@ def apply_params(base: RunConfig, params: dict[str, Any]) -> RunConfig:
     )
     device = replace(base.device, streams=params["streams"], staging_buffers=params["staging_buffers"])
     return replace(base, plan=plan, device=device)
+
+
+def release_memory() -> None:
+    """Hands memory freed by the previous trial back to the OS, so this trial's peak RSS is
+    mostly its own (glibc keeps freed memory otherwise); a no-op where there is no glibc."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class PeakRss:
@@ -123,6 +134,7 @@ class TrialRunner:
             for i in range(self.repeats):
                 if self.on_repeat is not None:
                     self.on_repeat(params, i)
+                release_memory()
                 if config.device.device.startswith("cuda") and torch.cuda.is_available():
                     torch.cuda.reset_peak_memory_stats()
                 with PeakRss() as rss:
