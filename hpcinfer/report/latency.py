@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-# Below this share of the offered rate, or with latency still growing at the end, the pipeline
-# did not keep up: requests queued faster than it served them.
+# Saturated: served under this share of the offered rate, or latency rising with arrival time by
+# more than GROWTH_PER_S seconds per second (requests queue faster than they are served).
 SATURATION_SHARE = 0.90
+GROWTH_PER_S = 0.25
 
 
 def percentiles_ms(values_ns: np.ndarray) -> dict[str, float]:
@@ -52,14 +53,18 @@ class LatencyLog:
         latency = np.concatenate(self._requests).astype(np.float64)
         arrivals = np.concatenate(self._arrivals)
         n = len(arrivals)
-        first, last_arrival, last_done = int(arrivals.min()), int(arrivals.max()), max(self._done_ns)
-        offered = (n - 1) / ((last_arrival - first) / 1e9) if n > 1 and last_arrival > first else float(rate)
-        achieved = n / ((last_done - first) / 1e9) if last_done > first else 0.0
-        # Latency of the last tenth of requests against the first: a queue that keeps growing.
-        tenth = max(1, n // 10)
+        t0, last_arrival, last_done = int(arrivals.min()), int(arrivals.max()), max(self._done_ns)
+        offered = (n - 1) / ((last_arrival - t0) / 1e9) if n > 1 and last_arrival > t0 else float(rate)
+        achieved = n / ((last_done - t0) / 1e9) if last_done > t0 else 0.0
+        # A queue that keeps growing: latency rises with arrival time, ~(offered/capacity - 1)
+        # seconds per second once saturated, ~0 while keeping up (Poisson bursts come and go).
         order = np.argsort(arrivals, kind="stable")
-        early, late = np.median(latency[order[:tenth]]), np.median(latency[order[-tenth:]])
-        growing = n >= 20 and late > 2 * early + 100e6
+        quarter = max(1, n // 4)
+        first, last = order[:quarter], order[-quarter:]
+        early, late = float(np.median(latency[first])), float(np.median(latency[last]))
+        span = float(np.median(arrivals[last]) - np.median(arrivals[first]))
+        growth = (late - early) / span if span > 0 else 0.0
+        growing = n >= 20 and growth > GROWTH_PER_S and late - early > 250e6
         saturated = bool(achieved < SATURATION_SHARE * min(offered, rate) or growing)
         return {
             "latency_ms": percentiles_ms(latency),
@@ -67,5 +72,5 @@ class LatencyLog:
             "offered_rate": round(offered, 3),
             "achieved_rate": round(achieved, 3),
             "saturated": saturated,
-            "latency_growth": round(float(late / early), 3) if early > 0 else None,
+            "latency_growth_s_per_s": round(growth, 4),
         }
