@@ -385,37 +385,6 @@ def profile(**opts: Any) -> None:
     "--write-recipe", "recipe_path", default=None, metavar="TOML", help="Write the best configuration as a recipe."
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample draw.")
-@click.option(
-    "--rate",
-    type=float,
-    default=None,
-    metavar="QPS",
-    help="Tune for an online arrival rate (Poisson replay); also sweeps --batch-timeout-ms.",
-)
-@click.option("--rate-seed", type=int, default=0, show_default=True, help="Seed of the --rate arrival schedule.")
-@click.option("--model", default=_DEFAULTS.model, show_default=True, help="'default' or a local checkpoint directory.")
-@click.option("--text-column", default=_DEFAULTS.input.text_column, show_default=True, help="Column holding the text.")
-@click.option("--id-column", default=_DEFAULTS.input.id_column, show_default=True, help="Column holding row ids.")
-@click.option(
-    "--input-format",
-    type=click.Choice(["auto", "jsonl", "parquet", "openai"]),
-    default="auto",
-    show_default=True,
-    help="Input format; auto reads the suffix.",
-)
-@click.option("--max-length", type=int, default=None, help="Truncate to this many tokens [default: the model's].")
-@click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    default="auto",
-    show_default=True,
-    help="Compute dtype.",
-)
-@click.option(
-    "--tokenize-threads", type=int, default=_DEFAULTS.tokenize.threads, show_default=True, help="Tokenizer calls."
-)
-@click.option("--threads", type=int, default=None, help="CPU threads for compute [default: torch's choice].")
 @click.option("-q", "--quiet", is_flag=True, help="Only the verdict, no live table.")
 @_user_errors
 def tune(**opts: Any) -> None:
@@ -481,6 +450,24 @@ def tune(**opts: Any) -> None:
         console.print(f"recipe written: {opts['recipe_path']} (hpcinfer run --config {opts['recipe_path']} ...)")
     if opts["trials_csv"]:
         console.print(f"trials written: {opts['trials_csv']}")
+
+
+# What is tuned (the model, the input's columns, the device, an arrival rate) is given exactly as
+# to `run`: the very same option objects, placed before -q.
+_TUNED_AS_IN_RUN = (
+    "model",
+    "text_column",
+    "id_column",
+    "input_format",
+    "max_length",
+    "tokenize_threads",
+    "device",
+    "dtype",
+    "threads",
+    "rate",
+    "rate_seed",
+)
+tune.params[-1:-1] = [p for p in run.params if p.name in _TUNED_AS_IN_RUN]
 
 
 def _trial_line(trial: Any) -> str:

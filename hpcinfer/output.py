@@ -225,11 +225,14 @@ class PartStore:
 
 def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
     flat = pa.array(values.reshape(-1), type=pa.float32())
+    return pa.table({"id": id_array(ids), "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
+
+
+def id_array(ids: list[Any]) -> pa.Array:
     try:
-        id_array = pa.array(ids) if ids else pa.array([], pa.string())
+        return pa.array(ids) if ids else pa.array([], pa.string())
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed id types: keep them all, as text
-        id_array = pa.array([str(i) for i in ids])
-    return pa.table({"id": id_array, "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
+        return pa.array([str(i) for i in ids])
 
 
 def _write_jsonl(path: Path, rows: Any) -> None:

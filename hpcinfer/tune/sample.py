@@ -20,6 +20,7 @@ from ..config import RunConfig
 from ..errors import InputError
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import load_tokenizer, resolve_model_path
+from ..output import id_array
 from ..read import Reader
 
 
@@ -75,17 +76,10 @@ def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows:
         raise InputError("no valid rows to sample", path=", ".join(config.input.paths))
     all_lengths = np.concatenate(lengths)
     keep = stratified_indices(all_lengths, n, seed)
-    columns: dict[str, pa.Array] = {"id": _id_array([ids[i] for i in keep])}
+    columns: dict[str, pa.Array] = {"id": id_array([ids[i] for i in keep])}
     if texts:
         columns["text"] = pa.array([texts[i] for i in keep], pa.string())
     else:
         columns["input_ids"] = pa.array([tokens[i].tolist() for i in keep], pa.list_(pa.int64()))
     pq.write_table(pa.table(columns), out_path)
     return Sample(out_path, len(keep), len(ids), all_lengths[keep], all_lengths)
-
-
-def _id_array(ids: list[Any]) -> pa.Array:
-    try:
-        return pa.array(ids)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed id types: keep them all, as text
-        return pa.array([str(i) for i in ids])
