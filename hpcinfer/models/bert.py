@@ -107,7 +107,7 @@ def bucket_rows(m: int) -> int:
     """
     if m <= 2048:
         return -(-m // 64) * 64
-    step = 1 << (m.bit_length() - 5)  # m / 16 < step <= m / 8
+    step = 1 << (m.bit_length() - 5)  # m / 32 < step <= m / 16
     return -(-m // step) * step
 
 
