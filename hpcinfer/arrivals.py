@@ -42,6 +42,7 @@ def slice_block(block: RowBlock, i: int, j: int, block_id: int) -> RowBlock:
         rows=block.rows[i:j],
         lines=block.lines[i:j],
         arrival_ns=None if block.arrival_ns is None else block.arrival_ns[i:j],
+        file_first_row=block.file_first_row,
     )
     if block.texts is not None:
         part.texts = block.texts[i:j]

@@ -19,6 +19,7 @@ class InputConfig:
     id_column: str = "id"
     input_format: str = "auto"  # auto | jsonl | parquet | openai
     read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
+    read_chunk_bytes: int = 1 << 20  # JSONL is read in chunks of this size (a longer line spans several)
     limit: int | None = None  # read only this many input rows (profiling, sampling)
     rate: float | None = None  # replay requests at this mean rate (Poisson arrivals), per second
     rate_seed: int = 0

@@ -183,6 +183,7 @@ class Planner:
             rejects=[r for b in blocks for r in b.rejects],
             rows=np.concatenate([b.rows for b in blocks]),
             sources={b.block_id: b.source for b in blocks},
+            file_first_rows={b.block_id: b.file_first_row for b in blocks},
             ids=[i for b in blocks for i in b.ids],
             flat_ids=np.concatenate([b.flat_ids for b in blocks]),
             offsets=offsets,

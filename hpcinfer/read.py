@@ -6,12 +6,15 @@ file) are raised up front as InputError. A bad row becomes a Reject and the run 
 
 Blocks never straddle a window boundary (a multiple of `window_rows` input rows), so windows are
 the same in every run over the same input, which is what makes resume exact.
+
+Every input row is counted per file (`Reader.counts`): JSONL lines that are not blank, Parquet rows
+(checked against the footer). A file read to its end must have given all of its bytes (JSONL) or
+all of its rows (Parquet) to the reader, or the run fails naming it: a row is never lost unseen.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import io
 import json
 import os
@@ -22,17 +25,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from .config import InputConfig
 from .errors import InputError
+from .ids import IdSet, check_id, id_key, is_unicode
+from .lines import BOM, LineSplitter
 from .types import Reject, RowBlock
 
 _SUFFIX_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 TOKENS_COLUMN = "input_ids"
-_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ def _json_objects(path: str, limit: int = 1000) -> list[dict]:
             for n, line in enumerate(fh):
                 if n >= limit:
                     break
+                if n == 0 and line.startswith(BOM):
+                    line = line[len(BOM) :]
                 try:
                     obj = json.loads(line) if line.strip() else None
                 except ValueError:
@@ -81,6 +86,19 @@ def _json_objects(path: str, limit: int = 1000) -> list[dict]:
     except OSError as exc:
         raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
     return found
+
+
+def is_text_type(kind: pa.DataType) -> bool:
+    """Text as Parquet writers store it: plain, large, view, or dictionary-encoded (pandas 'category')."""
+    if pa.types.is_dictionary(kind):
+        return is_text_type(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _is_id_type(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        return _is_id_type(kind.value_type)
+    return is_text_type(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind)
 
 
 def open_source(path: str, cfg: InputConfig) -> Source:
@@ -101,13 +119,15 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
         columns = set(schema.names)
+        if cfg.id_column in columns and not _is_id_type(kind := schema.field(cfg.id_column).type):
+            raise InputError(f"id column '{cfg.id_column}' holds {kind}; ids must be strings or integers", path=path)
     else:
         columns = {key for obj in objects for key in obj}
     if fmt == "jsonl" and (not objects or cfg.text_column in columns):
         return Source(path, fmt, "text", cfg.id_column in columns)  # a row lacking text becomes a reject
     if cfg.text_column in columns:
         kind = schema.field(cfg.text_column).type if fmt == "parquet" else pa.string()
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        if not is_text_type(kind):
             raise InputError(f"column '{cfg.text_column}' holds {kind}, not text", path=path)
         return Source(path, fmt, "text", cfg.id_column in columns)
     if TOKENS_COLUMN in columns:
@@ -116,22 +136,35 @@ def open_source(path: str, cfg: InputConfig) -> Source:
     raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
 
 
+def _check_id_columns(sources: list[Source], id_column: str) -> None:
+    """Ids come from every file or from none: row numbers of one file would pass for ids of another."""
+    with_ids = [s.path for s in sources if s.has_ids]
+    without = [s.path for s in sources if not s.has_ids]
+    if with_ids and without:
+        raise InputError(
+            f"has no id column '{id_column}' but {with_ids[0]} has one: give every input file ids, or none",
+            path=without[0],
+        )
+
+
 class _Rows:
     """Parsed rows of one chunk: per-row payload or reject, plus ids and line numbers."""
 
     def __init__(self) -> None:
-        self.payloads: list[Any] = []  # str, list[int] or a Reject
+        self.payloads: list[Any] = []  # str, list[int] or a (reason, message) reject
         self.ids: list[Any] = []
         self.lines: list[int | None] = []
 
 
-def _check_text(value: Any) -> tuple[str, str] | None:
+def _check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | None:
     if value is None:
         return "missing_text", "no text"
     if not isinstance(value, str):
         return "wrong_type", f"text is a {type(value).__name__}, not a string"
-    if not value.strip():
+    if not value or value.isspace():
         return "empty_text", "text is empty or whitespace"
+    if not from_arrow and not is_unicode(value):  # NOTE: Arrow strings are UTF-8: no surrogates there
+        return "invalid_unicode", "text holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode"
     return None
 
 
@@ -145,42 +178,54 @@ def _check_tokens(value: Any) -> tuple[str, str] | None:
     return None
 
 
+@dataclass(slots=True)
+class SourceRows:
+    """What the reader saw of one input file."""
+
+    path: str
+    read: int = 0  # input rows taken from the file (blank JSONL lines are not rows), resumed ones included
+    resumed: int = 0  # of which committed by an interrupted run, so skipped
+
+
 class Reader:
     """Produces RowBlocks of at most `read_block_rows` input rows, never crossing a window edge.
 
-    `skip_rows` input rows are skipped (resume); ids default to the global input row number;
-    a repeated id is a reject (`seen_ids` carries the ids already written, on resume).
+    `skip_rows` input rows are skipped (resume). Without an id column, ids are the global input row
+    numbers; with one, a row's id is a string, an integer or null (absent), and a repeated id is a
+    reject (`remember_ids` adds the ids already written, on resume). Null ids are never repeats.
     """
 
     name = "read"
 
-    def __init__(self, cfg: InputConfig, window_rows: int, skip_rows: int = 0, seen_ids: set | None = None) -> None:
+    def __init__(self, cfg: InputConfig, window_rows: int, skip_rows: int = 0) -> None:
         self.cfg = cfg
         self.window_rows = window_rows
         self.sources = [open_source(p, cfg) for p in expand_paths(cfg.paths)]
+        _check_id_columns(self.sources, cfg.id_column)
         self.skip_rows = skip_rows
         self.skip_done = 0
         self.rows_read = 0  # input rows consumed, rejects and skipped rows included
+        self.counts: dict[str, SourceRows] = {s.path: SourceRows(s.path) for s in self.sources}
         self._block_id = 0
         self._seen = IdSet()
-        self._seen.update(seen_ids or ())
 
-    def remember_ids(self, keys: Iterable[int]) -> None:
-        """Ids already written by an interrupted run (as id_key values): a repeat is a duplicate."""
-        self._seen.update(keys)
+    def remember_ids(self, ids: Iterable[Any]) -> None:
+        """Ids already written by an interrupted run: a repeat of one is a duplicate."""
+        self._seen.update(id_key(i) for i in ids if i is not None)
 
     def produce(self) -> Iterator[RowBlock]:
         limit = self.cfg.limit
         for src in self.sources:
-            for rows, first_line in self._chunks(src):
-                for block in self._blocks(src, rows, first_line):
+            file_first_row = self.rows_read
+            for rows in self._chunks(src):
+                for block in self._blocks(src, rows, file_first_row):
                     yield block
                     if limit is not None and self.rows_read >= self.skip_done + limit:
                         return
 
     # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
 
-    def _chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
+    def _chunks(self, src: Source) -> Iterator[_Rows]:
         try:
             if src.fmt == "parquet":
                 yield from self._parquet_chunks(src)
@@ -189,41 +234,41 @@ class Reader:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read ({exc})", path=src.path) from None
 
-    def _parquet_chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
+    def _parquet_chunks(self, src: Source) -> Iterator[_Rows]:
         payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
         columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
-        for batch in pq.ParquetFile(src.path).iter_batches(batch_size=self.cfg.read_block_rows, columns=columns):
+        file = pq.ParquetFile(src.path)
+        seen = 0
+        for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=columns):
             rows = _Rows()
             values = batch.column(payload_col)
             if src.payload == "text":
-                rows.payloads = _fast_text_check(values)
+                rows.payloads = _arrow_texts(values)
             else:
                 rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
-            rows.ids = batch.column(self.cfg.id_column).to_pylist() if src.has_ids else [None] * batch.num_rows
+            rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
             rows.lines = [None] * batch.num_rows
-            yield rows, 0
+            seen += batch.num_rows
+            yield rows
+        if seen != file.metadata.num_rows:
+            raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=src.path)
 
-    def _jsonl_chunks(self, src: Source) -> Iterator[tuple[_Rows, int]]:
-        line_no = 0
+    def _jsonl_chunks(self, src: Source) -> Iterator[_Rows]:
         with open(src.path, "rb") as fh:
-            tail = b""
-            while True:
-                data = fh.read(_CHUNK_BYTES)
-                if not data and not tail:
-                    return
-                data, tail = (tail + data, b"") if not data else _split_tail(tail + data)
-                lines = data.split(b"\n")
-                if lines and lines[-1] == b"":
-                    lines.pop()
-                numbered = [(line_no + i + 1, line) for i, line in enumerate(lines) if line.strip()]
-                line_no += len(lines)
-                yield self._parse_lines(src, numbered), line_no
-                if not data:
-                    return
+            size = os.fstat(fh.fileno()).st_size
+            splitter = LineSplitter(fh, self.cfg.read_chunk_bytes)
+            for numbered in splitter.chunks():
+                if numbered:
+                    yield self._parse_lines(src, numbered)
+            if splitter.bytes_seen != size:
+                raise InputError(
+                    f"read stopped at byte {splitter.bytes_seen:,} of {size:,} (did the file change while read?)",
+                    path=src.path,
+                )
 
     def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> _Rows:
         rows = _Rows()
-        if src.fmt == "jsonl" and src.payload == "text" and numbered:
+        if src.fmt == "jsonl" and src.payload == "text":
             fast = self._fast_jsonl(numbered)
             if fast is not None:
                 return fast
@@ -237,9 +282,11 @@ class Reader:
     def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> _Rows | None:
         """pyarrow parses a clean chunk in one call; any problem falls back to line by line."""
         text_col, id_col = self.cfg.text_column, self.cfg.id_column
+        data = b"\n".join(raw for _, raw in numbered)
         try:
             table = pj.read_json(
-                io.BytesIO(b"\n".join(raw for _, raw in numbered)),
+                io.BytesIO(data),
+                read_options=pj.ReadOptions(block_size=min(len(data) + 1, 1 << 30)),
                 parse_options=pj.ParseOptions(
                     explicit_schema=pa.schema([(text_col, pa.string())]), unexpected_field_behavior="infer"
                 ),
@@ -248,10 +295,13 @@ class Reader:
             return None
         if table.num_rows != len(numbered):
             return None
+        has_ids = id_col in table.column_names
+        if has_ids and not _is_id_type(table.schema.field(id_col).type):
+            return None  # floats, lists, objects, integers beyond 64 bits: each row says what is wrong
         rows = _Rows()
         try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
-            rows.payloads = _fast_text_check(table.column(text_col))
-            rows.ids = table.column(id_col).to_pylist() if id_col in table.column_names else [None] * table.num_rows
+            rows.payloads = _arrow_texts(table.column(text_col))
+            rows.ids = table.column(id_col).to_pylist() if has_ids else [None] * table.num_rows
         except UnicodeDecodeError:
             return None
         rows.lines = [n for n, _ in numbered]
@@ -281,39 +331,43 @@ class Reader:
 
     # -- blocks ----------------------------------------------------------------------------------
 
-    def _blocks(self, src: Source, rows: _Rows, _line: int) -> Iterator[RowBlock]:
+    def _blocks(self, src: Source, rows: _Rows, file_first_row: int) -> Iterator[RowBlock]:
         n = len(rows.payloads)
         start = 0
+        count = self.counts[src.path]
         if self.skip_rows:  # resume: drop input rows already committed
             start = min(n, self.skip_rows)
             self.skip_rows -= start
             self.skip_done += start
             self.rows_read += start
+            count.read += start
+            count.resumed += start
         while start < n:
             room = self.window_rows - self.rows_read % self.window_rows
             end = min(n, start + self.cfg.read_block_rows, start + room)
             if self.cfg.limit is not None:
                 end = min(end, start + self.skip_done + self.cfg.limit - self.rows_read)
-            yield self._block(src, rows, start, end)
+            count.read += end - start
+            yield self._block(src, rows, start, end, file_first_row)
             start = end
 
-    def _block(self, src: Source, rows: _Rows, start: int, end: int) -> RowBlock:
+    def _block(self, src: Source, rows: _Rows, start: int, end: int, file_first_row: int) -> RowBlock:
         first = self.rows_read
-        block = RowBlock(self._block_id, first, end - start, src.path, [])
+        block = RowBlock(self._block_id, first, end - start, src.path, [], file_first_row=file_first_row)
         payloads, lines = rows.payloads[start:end], rows.lines[start:end]
-        ids = [first + k if row_id is None else row_id for k, row_id in enumerate(rows.ids[start:end])]
+        ids = rows.ids[start:end] if src.has_ids else list(range(first, first + end - start))
+        for k, row_id in enumerate(ids):
+            if not isinstance(payloads[k], tuple) and (bad := check_id(row_id)) is not None:
+                payloads[k] = bad  # a valid payload under an id that cannot be written
         duplicate = self._duplicates(payloads, ids) if src.has_ids else None
         texts: list[str] = []
         tokens: list[list[int]] = []
         for k, payload in enumerate(payloads):
             row, row_id = first + k, ids[k]
-            if isinstance(payload, tuple):
-                block.rejects.append(Reject(row, src.path, lines[k], row_id, payload[0], payload[1]))
-                continue
-            if duplicate is not None and duplicate[k]:
-                block.rejects.append(
-                    Reject(row, src.path, lines[k], row_id, "duplicate_id", f"id {row_id!r} appeared before")
-                )
+            if isinstance(payload, tuple) or (duplicate is not None and duplicate[k]):
+                reason, message = payload if isinstance(payload, tuple) else _duplicate(row_id)
+                shown_id = row_id if check_id(row_id) is None else repr(row_id)
+                block.rejects.append(Reject(row, src.path, lines[k], shown_id, reason, message, row - file_first_row))
                 continue
             block.ids.append(row_id)
             block.rows.append(row)
@@ -332,9 +386,10 @@ class Reader:
     def _duplicates(self, payloads: list[Any], ids: list[Any]) -> list[bool]:
         """Per row: its id was seen before (an earlier block, or earlier in this block); remembers the rest.
 
-        Rows already rejected for their payload take no part: their ids are neither checked nor kept.
+        Rows already rejected (payload or id) and rows without an id take no part: they are neither
+        checked nor kept.
         """
-        valid = [k for k, payload in enumerate(payloads) if not isinstance(payload, tuple)]
+        valid = [k for k, payload in enumerate(payloads) if not isinstance(payload, tuple) and ids[k] is not None]
         keys = np.fromiter((id_key(ids[k]) for k in valid), np.uint64, len(valid))
         repeated = self._seen.contains_many(keys)
         _, firsts = np.unique(keys, return_index=True)
@@ -347,100 +402,49 @@ class Reader:
         return duplicate.tolist()
 
 
-class IdSet:
-    """The ids seen so far, as 64-bit hashes: sorted numpy arrays plus a small set of recent ones.
-
-    NOTE: 8 bytes a row instead of ~130 for a Python set of ints, so memory stays flat on files of
-    millions of rows. Recent keys become a sorted chunk of `_MERGE_AT` keys, and `_FANIN` chunks one
-    sorted run; neither is ever reallocated. Merging everything into one ever-growing array instead
-    (a new, bigger array and its temporaries each time) fragmented the heap: glibc raises its mmap
-    threshold to the size of the freed arrays, so later ones came from the heap and the reader alone
-    grew by ~65 MiB over a million rows. Lookups are per block, vectorised (`contains_many`).
-    """
-
-    _MERGE_AT = 1 << 16
-    _FANIN = 16
-    _MASK = 0xFFFFFFFFFFFFFFFF
-
-    def __init__(self) -> None:
-        self._runs: list[np.ndarray] = []  # sorted uint64, about _MERGE_AT * _FANIN keys each
-        self._chunks: list[np.ndarray] = []  # sorted uint64, about _MERGE_AT keys each
-        self._recent: set[int] = set()
-
-    def __contains__(self, key: int) -> bool:
-        key &= self._MASK
-        if key in self._recent:
-            return True
-        k = np.uint64(key)
-        for keys in (*self._runs, *self._chunks):
-            i = int(np.searchsorted(keys, k))
-            if i < len(keys) and keys[i] == k:
-                return True
-        return False
-
-    def contains_many(self, keys: np.ndarray) -> np.ndarray:
-        """A bool per key (uint64): seen before."""
-        found = np.zeros(len(keys), dtype=bool)
-        if not len(keys):
-            return found
-        for sorted_keys in (*self._runs, *self._chunks):
-            i = np.searchsorted(sorted_keys, keys)
-            np.minimum(i, len(sorted_keys) - 1, out=i)
-            found |= sorted_keys[i] == keys
-        if self._recent:
-            recent = self._recent
-            found |= np.fromiter((k in recent for k in keys.tolist()), bool, len(keys))
-        return found
-
-    def add(self, key: int) -> None:
-        self._recent.add(key & self._MASK)
-        if len(self._recent) >= self._MERGE_AT:
-            self._merge()
-
-    def add_many(self, keys: np.ndarray) -> None:
-        """Adds uint64 keys (none of them seen before)."""
-        self._recent.update(keys.tolist())
-        if len(self._recent) >= self._MERGE_AT:
-            self._merge()
-
-    def update(self, keys: Iterable[int]) -> None:
-        for key in keys:
-            self.add(key)
-
-    def _merge(self) -> None:
-        chunk = np.fromiter(self._recent, np.uint64, len(self._recent))
-        chunk.sort()
-        self._chunks.append(chunk)
-        self._recent.clear()
-        if len(self._chunks) >= self._FANIN:
-            run = np.concatenate(self._chunks)
-            run.sort()
-            self._runs.append(run)
-            self._chunks = []
+def _duplicate(row_id: Any) -> tuple[str, str]:
+    return "duplicate_id", f"id {row_id!r} appeared before"
 
 
-def id_key(row_id: Any) -> int:
-    """What the duplicate check remembers of an id: 64 bits of blake2b over its type and value.
-
-    NOTE: not Python's hash(): that one maps ints modulo 2**61 - 1, so large numeric ids collide.
-    """
-    text = f"{type(row_id).__name__}:{row_id!r}".encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-
-
-def _split_tail(data: bytes) -> tuple[bytes, bytes]:
-    """(complete lines, the partial last line)."""
-    cut = data.rfind(b"\n")
-    return (data, b"") if cut < 0 and not data else (data[: cut + 1], data[cut + 1 :])
+def _decoded(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Dictionary-encoded and view strings as plain ones."""
+    kind = values.type
+    if pa.types.is_dictionary(kind) or pa.types.is_string_view(kind):
+        target = kind.value_type if pa.types.is_dictionary(kind) else pa.string()
+        if pa.types.is_string_view(target):
+            target = pa.string()
+        return values.cast(target)
+    return values
 
 
-def _fast_text_check(values: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """Texts as Python strings, with null and blank ones replaced by reject reasons (vectorised test)."""
-    texts = values.to_pylist()
-    blank = pc.equal(pc.utf8_trim_whitespace(pc.fill_null(values, "")), "")
-    for i in np.flatnonzero(blank.to_numpy(zero_copy_only=False)):
-        texts[i] = _check_text(texts[i])
-    return texts
+def _arrow_texts(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """Texts as Python strings, with null, blank and invalid ones replaced by reject reasons."""
+    values = _decoded(values)
+    try:
+        texts = values.to_pylist()
+    except UnicodeDecodeError:  # a Parquet writer stored bytes that are not UTF-8: find the rows
+        texts = [_utf8_or_reject(raw) for raw in values.cast(pa.binary()).to_pylist()]
+    return [t if isinstance(t, tuple) or (bad := _check_text(t, from_arrow=True)) is None else bad for t in texts]
+
+
+def _utf8_or_reject(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"
+
+
+def _arrow_ids(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    values = _decoded(values)
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError:  # an id that is not UTF-8 stays bytes, which check_id turns away
+        return [
+            raw if raw is None or isinstance(_utf8_or_reject(raw), tuple) else raw.decode("utf-8")
+            for raw in values.cast(pa.binary()).to_pylist()
+        ]
 
 
 def estimate_rows(sources: list[Source]) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import chain
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -35,17 +36,19 @@ class TokenizeStage:
             bad = self._bad_token_rows(flat, lengths)
         else:
             assert block.texts is not None
-            encodings = self.tokenizer.encode_batch(block.texts, add_special_tokens=True)
+            encodings, bad = self._encode(block.texts)
             lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
             flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(lengths.sum()))
             too_long = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
-            bad = {}
         if self.on_long == "reject":
             for i in np.flatnonzero(too_long):
                 bad.setdefault(int(i), ("too_long", f"longer than --max-length {self.max_length} tokens"))
         rejects = list(block.rejects)
         for i, (reason, message) in sorted(bad.items()):
-            rejects.append(Reject(block.rows[i], block.source, block.lines[i], block.ids[i], reason, message))
+            row = block.rows[i]
+            rejects.append(
+                Reject(row, block.source, block.lines[i], block.ids[i], reason, message, row - block.file_first_row)
+            )
         keep = np.ones(len(lengths), dtype=bool)
         keep[list(bad)] = False
         # Truncation (pre-tokenized rows; the tokenizer truncates text itself) as a token mask.
@@ -69,7 +72,28 @@ class TokenizeStage:
             rows,
             block.source,
             arrivals,
+            block.file_first_row,
         )
+
+    def _encode(self, texts: list[str]) -> tuple[list[Any], dict[int, tuple[str, str]]]:
+        """Encodings of every text; a text the tokenizer refuses becomes a reject, not a failed run.
+
+        NOTE: one failing text fails the whole batch call, so only then is the block encoded row by row
+        (a refused row stands in as the encoding of "", and is dropped with the rejects).
+        """
+        try:
+            return self.tokenizer.encode_batch(texts, add_special_tokens=True), {}
+        except Exception:  # noqa: BLE001 - the tokenizer's own error types are not public
+            pass
+        encodings: list[Any] = []
+        bad: dict[int, tuple[str, str]] = {}
+        for i, text in enumerate(texts):
+            try:
+                encodings.append(self.tokenizer.encode(text, add_special_tokens=True))
+            except Exception as exc:  # noqa: BLE001
+                bad[i] = ("tokenize_error", f"the tokenizer refused this text ({type(exc).__name__}: {exc})")
+                encodings.append(self.tokenizer.encode("", add_special_tokens=True))
+        return encodings, bad
 
     def _bad_token_rows(self, flat: np.ndarray, lengths: np.ndarray) -> dict[int, tuple[str, str]]:
         """Rows of pre-tokenized ids with a negative or out-of-vocabulary id."""

@@ -32,9 +32,12 @@ class Reject:
     id: Any
     reason: str  # a code from REJECT_REASONS
     message: str
+    row_in_file: int | None = None  # 0-based row within `source` (the global row less the rows before it)
 
     def to_json(self) -> dict[str, Any]:
-        where = {"line": self.line} if self.line is not None else {"row_in_file": self.row}
+        where: dict[str, Any] = {"row_in_file": self.row if self.row_in_file is None else self.row_in_file}
+        if self.line is not None:
+            where["line"] = self.line
         return {
             "row": self.row,
             "source": self.source,
@@ -51,6 +54,9 @@ REJECT_REASONS = (
     "wrong_type",
     "empty_text",
     "invalid_utf8",
+    "invalid_unicode",
+    "invalid_id",
+    "tokenize_error",
     "invalid_token_ids",
     "duplicate_id",
     "too_long",
@@ -73,6 +79,7 @@ class RowBlock:
     rows: list[int] = field(default_factory=list)  # input row number of each valid row
     lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any
     arrival_ns: np.ndarray | None = None  # int64 [rows]: when each request arrived (--rate replay)
+    file_first_row: int = 0  # global row number of the first row of `source`
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -93,6 +100,7 @@ class TokenBlock:
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # input row numbers
     source: str = ""
     arrival_ns: np.ndarray | None = None
+    file_first_row: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -111,6 +119,7 @@ class Window:
     block_ids: np.ndarray  # int64 [rows]: the read block each row came from
     rows: np.ndarray  # int64 [rows]: input row numbers
     sources: dict[int, str] = field(default_factory=dict)  # block id -> input file
+    file_first_rows: dict[int, int] = field(default_factory=dict)  # block id -> global row where its file starts
     rejects: list[Reject] = field(default_factory=list)
     num_batches: int = 0
     arrival_ns: np.ndarray | None = None  # int64 [rows], under --rate: per-request latency starts here
