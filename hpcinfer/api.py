@@ -8,16 +8,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from .accounting import settle
 from .arrivals import ArrivalReplay
-from .config import RunConfig, flatten, resolve_plan
+from .config import OutputConfig, RunConfig, flatten, resolve_plan
 from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
-from .errors import ConfigError, HpcinferError
+from .errors import ConfigError, Interrupted
 from .execute import Executor
+from .lock import OutputLock
 from .models.checkpoint import CheckpointInfo, inspect_checkpoint
 from .models.registry import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
@@ -25,7 +27,7 @@ from .pipeline import run_overlapped, run_serial
 from .plan import Planner, TokenBudget, round_up
 from .profile import RangeBackend
 from .progress import Progress
-from .read import Reader, estimate_rows, id_key
+from .read import Reader, estimate_rows
 from .report.latency import LatencyLog
 from .report.summary import RunReport
 from .report.timing import Timings, bottleneck
@@ -33,17 +35,9 @@ from .report.trace import write_trace
 from .stage import StageStep
 from .tokenize import TokenizeStage
 from .types import Pending
-from .write import RejectCounter, Writer, check_output, output_format
+from .write import RejectCounter, Writer, check_output, check_output_state, output_format
 
-
-class Interrupted(HpcinferError):
-    """SIGINT/SIGTERM: committed windows are kept; the run can be resumed."""
-
-    def __init__(self, signum: int, rows_done: int, output: str) -> None:
-        self.signum = signum
-        self.rows_done = rows_done
-        self.exit_code = 128 + signum
-        super().__init__(f"interrupted: {rows_done:,} rows are committed", path=output)
+__all__ = ["Interrupted", "run"]
 
 
 def run(
@@ -84,7 +78,7 @@ def _run(
     preloaded: LoadedModel | None,
 ) -> RunReport:
     fmt = output_format(config.output.path, config.output.output_format)
-    check_output(config.output.path, config.output.overwrite, config.output.resume)
+    check_output(config.output.path)
     info = inspect_checkpoint(resolve_model_path(config.model))
     max_length = _check_lengths(config, info)
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
@@ -93,7 +87,55 @@ def _run(
     store = PartStore(
         config.output.path, fmt, info.config.hidden_size, _fingerprint(config, info, reader, max_length, dtype)
     )
-    first_window = _open_store(store, reader, config.output.resume)
+    with _claimed(store, config.output.path):
+        return _execute(
+            _Job(config, device, store, reader, info, max_length, dtype),
+            progress,
+            hooks,
+            ranges,
+            batch_profiler,
+            preloaded,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What start-up settled: the run's config, device, output store, reader and model facts."""
+
+    config: RunConfig
+    device: Device
+    store: PartStore
+    reader: Reader
+    info: CheckpointInfo
+    max_length: int
+    dtype: torch.dtype
+
+
+@contextmanager
+def _claimed(store: PartStore, output: str) -> Iterator[None]:
+    """Holds the output's lock for the run; a run that fails before its first commit leaves no parts."""
+    lock = OutputLock(store.dir, output).acquire()  # a second run on this output is refused here
+    try:
+        yield
+    except BaseException:
+        if not store.committed():  # nothing worth resuming: leave no trace
+            shutil.rmtree(store.dir, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+
+
+def _execute(
+    job: _Job,
+    progress: Progress | None,
+    hooks: Any,
+    ranges: Any,
+    batch_profiler: Any,
+    preloaded: LoadedModel | None,
+) -> RunReport:
+    config, device, store, reader, info = job.config, job.device, job.store, job.reader, job.info
+    max_length, dtype = job.max_length, job.dtype
+    first_window = _open_store(store, reader, config.output)
     report = RunReport(device=device.kind, dtype=str(dtype).removeprefix("torch."), model=str(info.path))
     stop = threading.Event()
     timings = Timings(keep_spans=config.trace_path is not None)
@@ -156,12 +198,15 @@ def _run(
                 run_serial(source, stages, timings, stop=stop, hooks=hooks, ranges=ranges)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
+        report.accounting = settle(
+            ((c.path, c.read, c.resumed) for c in reader.counts.values()),
+            writer.written_by_source,
+            rejects.by_source,
+        )
         store.assemble()
         report.wall_s = time.perf_counter() - start
     except BaseException:
         stop.set()
-        if not store.windows:  # nothing worth resuming: leave no trace
-            shutil.rmtree(store.dir, ignore_errors=True)
         raise
     finally:
         progress.close()
@@ -217,12 +262,15 @@ def _fingerprint(config: RunConfig, info: CheckpointInfo, reader: Reader, max_le
     )
 
 
-def _open_store(store: PartStore, reader: Reader, resume: bool) -> int:
+def _open_store(store: PartStore, reader: Reader, output: OutputConfig) -> int:
     """Starts a fresh parts directory, or picks up a previous run's: returns the first window to do."""
-    if resume and store.dir.exists():
+    committed = store.committed()
+    check_output_state(output.path, output.overwrite, output.resume, committed)
+    store.remove_stale_temporaries()
+    if output.resume and committed:
         store.load()
         reader.skip_rows = store.rows_committed
-        reader.remember_ids(id_key(i) for i in store.committed_ids())
+        reader.remember_ids(store.committed_ids())
         return len(store.windows)
     store.start_fresh()
     return 0

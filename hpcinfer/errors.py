@@ -29,6 +29,16 @@ class ConfigError(HpcinferError):
     """An option value or a recipe key is invalid."""
 
 
+class Interrupted(HpcinferError):
+    """SIGINT/SIGTERM: committed windows are kept; the run can be resumed."""
+
+    def __init__(self, signum: int, rows_done: int, output: str) -> None:
+        self.signum = signum
+        self.rows_done = rows_done
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted: {rows_done:,} rows are committed", path=output)
+
+
 class StageError(Exception):
     """An unexpected failure inside a pipeline stage, carrying the stage name.
 

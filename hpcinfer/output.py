@@ -12,6 +12,7 @@ At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomi
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import OutputError
+from .lock import LOCK_NAME
 from .models.checkpoint import weights_file
 
 MANIFEST_VERSION = 1
@@ -111,23 +113,47 @@ class PartStore:
 
     # -- state -------------------------------------------------------------------------------------
 
+    def committed(self) -> bool:
+        """A readable manifest with at least one window: anything less is nothing committed."""
+        return bool(self._read_manifest().get("windows"))
+
+    def _read_manifest(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.dir / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
     def load(self) -> None:
         """Reads an interrupted run's manifest; refuses one made with other inputs or options."""
-        manifest = self.dir / "manifest.json"
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise OutputError(
-                "no readable manifest: nothing to resume (run without --resume)", path=str(self.dir)
-            ) from None
+        data = self._read_manifest()
         diff = fingerprint_difference(data.get("fingerprint", {}), self.fingerprint)
         if diff:
             raise OutputError(f"cannot resume: {diff}; rerun with --overwrite to start over", path=self.output)
         self.windows = list(data.get("windows", []))
 
+    def remove_stale_temporaries(self) -> None:
+        """Temporary files a killed run left (a part or the output half written): this run holds the lock."""
+        out = Path(self.output)
+        names = [glob.escape(out.name), glob.escape(rejects_path(self.output).name)]
+        stale = [path for name in names for path in out.parent.glob(f".{name}.tmp-*")]
+        if self.dir.is_dir():
+            stale += self.dir.glob(".*.tmp-*")
+        for path in stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
     def start_fresh(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
+        """An empty parts directory (but for the lock, which this run holds) and an empty manifest."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for entry in self.dir.iterdir():
+            if entry.name == LOCK_NAME:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        self.windows = []
         self._write_manifest()
 
     @property
@@ -190,11 +216,17 @@ class PartStore:
     # -- assembly ----------------------------------------------------------------------------------
 
     def assemble(self) -> None:
-        """Parts -> the final output (and rejects file), atomically; then the parts go."""
+        """Parts -> the final output (and rejects file), atomically; then the parts go.
+
+        NOTE: the output's rename is the commit point. The manifest is removed first after it, so a
+        kill while the directory is being removed leaves a manifest-less one: nothing to resume.
+        """
         atomic_write(Path(self.output), self._concat_parts)
         rejects = [self.dir / w["rejects_part"] for w in self.windows if "rejects_part" in w]
         if rejects:
             atomic_write(rejects_path(self.output), lambda tmp: _concat_bytes(tmp, rejects))
+        with contextlib.suppress(OSError):
+            (self.dir / "manifest.json").unlink()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _concat_parts(self, tmp: Path) -> None:
@@ -202,25 +234,35 @@ class PartStore:
         if self.fmt != "parquet":
             _concat_bytes(tmp, parts)
             return
-        writer: pq.ParquetWriter | None = None
-        try:
+        schema = _unified_schema(parts, self.dim)
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             for part in parts:
                 # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
                 # (multi-threaded decode) costs a transient RSS spike of several times its size at
                 # the very end of the run, which is where the run's peak would otherwise be.
                 source = pq.ParquetFile(part)
                 try:
-                    if writer is None:  # the first part's schema, as before (an empty part's too)
-                        writer = pq.ParquetWriter(tmp, source.schema_arrow, compression="zstd")
                     for batch in source.iter_batches(batch_size=_ASSEMBLE_BATCH_ROWS, use_threads=False):
-                        writer.write_table(pa.Table.from_batches([batch]).cast(writer.schema))
+                        writer.write_table(pa.Table.from_batches([batch]).cast(schema))
                 finally:
                     source.close()
-        finally:
-            if writer is not None:
-                writer.close()
-        if writer is None:
-            pq.write_table(results_table([], np.zeros((0, self.dim), np.float32), self.dim), tmp)
+
+
+def _unified_schema(parts: list[Path], dim: int) -> pa.Schema:
+    """One schema for every part: ids are integers where every part's are, else text.
+
+    A part's id type follows its own rows (integers, strings, all-null, or an empty part), so
+    parts of one run can differ; their footers say how, without reading the data.
+    """
+    schema = results_table([], np.zeros((0, dim), np.float32), dim).schema
+    kinds = set()
+    for part in parts:
+        meta = pq.read_metadata(part)
+        if meta.num_rows:
+            kinds.add(meta.schema.to_arrow_schema().field("id").type)
+    kinds.discard(pa.null())
+    id_type = kinds.pop() if len(kinds) == 1 else pa.string()
+    return schema.set(schema.get_field_index("id"), pa.field("id", id_type))
 
 
 def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
@@ -229,10 +271,11 @@ def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
 
 
 def id_array(ids: list[Any]) -> pa.Array:
+    """Ids as one Arrow column: integers or strings, nulls kept as nulls."""
     try:
         return pa.array(ids) if ids else pa.array([], pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed id types: keep them all, as text
-        return pa.array([str(i) for i in ids])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed types, or beyond 64 bits: as text
+        return pa.array([None if i is None else str(i) for i in ids], pa.string())
 
 
 def _write_jsonl(path: Path, rows: Any) -> None:

@@ -35,21 +35,31 @@ def output_format(path: str, requested: str) -> str:
     )
 
 
-def check_output(path: str, overwrite: bool, resume: bool) -> None:
-    """Up-front checks, so a long run does not fail at its very end."""
+def check_output(path: str) -> None:
+    """Up-front checks of where the output goes, so a long run does not fail at its very end."""
     target = Path(path)
     if target.is_dir():
         raise OutputError("output is a directory", path=path)
-    parts = Path(path + ".parts")
-    if target.exists() and not overwrite and not (resume and parts.exists()):
-        raise OutputError("output exists (use --overwrite to replace it)", path=path)
-    if parts.exists() and not overwrite and not resume:
-        raise OutputError("an interrupted run left partial results here; add --resume (or --overwrite)", path=path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError("output directory does not exist", path=str(parent))
     if not os.access(parent, os.W_OK):
         raise OutputError("output directory is not writable", path=str(parent))
+
+
+def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool) -> None:
+    """What is already there: a finished output, an interrupted run's committed windows, or nothing.
+
+    An empty or manifest-less parts directory (a run killed before its first commit) is nothing.
+    """
+    if overwrite:
+        return
+    if Path(path).exists() and not (resume and committed):
+        if resume:
+            raise OutputError("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
+        raise OutputError("output exists (use --overwrite to replace it)", path=path)
+    if committed and not resume:
+        raise OutputError("an interrupted run left partial results here; add --resume (or --overwrite)", path=path)
 
 
 class RejectLimitExceeded(HpcinferError):
@@ -63,6 +73,7 @@ class RejectCounter:
         self.max_count = max_count
         self.max_fraction = max_fraction
         self.by_reason: dict[str, int] = {}
+        self.by_source: dict[str, int] = {}
         self.total = 0
         self._lock = threading.Lock()
 
@@ -71,6 +82,7 @@ class RejectCounter:
             before = self.total
             for r in rejects:
                 self.by_reason[r.reason] = self.by_reason.get(r.reason, 0) + 1
+                self.by_source[r.source] = self.by_source.get(r.source, 0) + 1
             self.total += len(rejects)
         if self.max_count is not None and self.total > self.max_count:
             what = "a row was rejected (--strict)" if self.max_count == 0 else f"more than {self.max_count} rejected"
@@ -119,6 +131,7 @@ class Writer:
         self._open: dict[int, _WindowState] = {}
         self._next_window = first_window
         self.rows_written = 0
+        self.written_by_source: dict[str, int] = {}  # input file -> rows written by this run
 
     def process(self, pending: Pending) -> Iterator[None]:
         batch, out = pending.batch, pending.out
@@ -155,15 +168,16 @@ class Writer:
         oom = []
         for i in state.failed:
             keep[i] = False
-            block = int(w.block_ids[i])
+            block, row = int(w.block_ids[i]), int(w.rows[i])
             oom.append(
                 Reject(
-                    int(w.rows[i]),
+                    row,
                     w.sources.get(block, ""),
                     None,
                     w.ids[i],
                     "oom",
                     "does not fit in device memory even alone",
+                    row - w.file_first_rows.get(block, 0),
                 )
             )
         self.rejects.add(oom)
@@ -173,6 +187,10 @@ class Writer:
             w.window_id, w.first_row, w.input_rows, ids, state.values[keep], [r.to_json() for r in rejects]
         )
         self.rows_written += len(ids)
+        blocks, counts = np.unique(w.block_ids[keep], return_counts=True)
+        for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
+            source = w.sources[block]
+            self.written_by_source[source] = self.written_by_source.get(source, 0) + count
         if self.latency is not None and w.arrival_ns is not None:
             self.latency.requests_done(w.arrival_ns[keep], self.clock())
         self.rejects.check_fraction(self.store.rows_committed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..accounting import accounting_line
 from .summary import RunReport
 
 
@@ -19,6 +20,7 @@ def summary_table(report: RunReport) -> Table:
         ("padding efficiency", f"{report.padding_efficiency:.2%}"),
         ("truncated rows", f"{report.truncated_rows:,}"),
         ("rejected rows", ", ".join(f"{k} {v:,}" for k, v in report.rejects.items()) or "0"),
+        ("accounting", accounting_line(report.accounting) + " (balanced)" if report.accounting else "-"),
         ("out-of-memory splits", f"{report.oom_splits:,}"),
         ("batches", f"{report.batches:,}"),
         ("wall time", f"{report.wall_s:.2f} s"),

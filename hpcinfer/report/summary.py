@@ -17,6 +17,8 @@ class RunReport:
     truncated_rows: int = 0
     rejects: dict[str, int] = field(default_factory=dict)  # reason -> rows
     rows_resumed: int = 0  # rows already committed by an interrupted run
+    # rows read = written + rejected + resumed, per input file (see accounting.py)
+    accounting: dict[str, Any] = field(default_factory=dict)
     oom_splits: int = 0
     final_max_batch_tokens: int = 0
     batches: int = 0
