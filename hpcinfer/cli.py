@@ -1,21 +1,27 @@
-"""The command line: parse -> config -> api call -> render. Data on files, humans on stderr."""
+"""The command line: parse -> config -> api call -> render. Data on files, humans on stderr.
+
+NOTE: only click and the light config modules are imported here; torch, pyarrow and rich are
+imported by the command that needs them, so --help, --version and argument errors answer at once.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from functools import wraps
-from typing import Any
+from functools import partial, wraps
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from . import __version__
-from .api import Interrupted
 from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
-from .errors import ConfigError, HpcinferError, StageError
+from .errors import ConfigError, HpcinferError, Interrupted, StageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _DEFAULTS = RunConfig()
 
@@ -48,13 +54,20 @@ def main() -> None:
     """hpcinfer: fast offline batch inference for transformer models."""
 
 
-def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _stderr_console(**kwargs: Any) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, **kwargs)
+
+
+def run_options(fn: Callable[..., Any], *, output_required: bool = True) -> Callable[..., Any]:
     """The options of `run`, shared by `profile` (decorators apply bottom-up)."""
+    output_help = "Output file: .parquet or .jsonl (id, embedding), in input order."
+    if not output_required:
+        output_help += " [default: a temporary file, removed afterwards]"
     decorators = [
         click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
-        click.option(
-            "-o", "--output", required=True, help="Output file: .parquet or .jsonl (id, embedding), in input order."
-        ),
+        click.option("-o", "--output", required=output_required, help=output_help),
         click.option(
             "--output-format",
             type=click.Choice(["auto", "parquet", "jsonl"]),
@@ -241,7 +254,7 @@ def run(**opts: Any) -> None:
     config = build_run_config(apply_recipe(click.get_current_context(), opts))
     report = api_run(config)
     if not opts["quiet"]:
-        render(report, Console(stderr=True))
+        render(report, _stderr_console())
 
 
 def apply_recipe(ctx: click.Context, opts: dict[str, Any]) -> dict[str, Any]:
@@ -304,7 +317,7 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
 
 
 @main.command()
-@run_options
+@partial(run_options, output_required=False)
 @click.option("--limit", type=int, default=None, help="Profile only the first N input rows.")
 @click.option(
     "--torch-profile",
@@ -321,18 +334,25 @@ def profile(**opts: Any) -> None:
     the work. Prints the nsys command that captures the same job, writes the Chrome trace
     (--trace, default hpcinfer-trace.json) and ends with the per-stage table.
 
+    Without -o the results go to a temporary file, removed at the end: profiling needs no output.
+
     \b
     Example:
-      hpcinfer profile sample_data/requests.parquet -o out.parquet --limit 1000 --torch-profile prof/
+      hpcinfer profile sample_data/requests.parquet --limit 1000 --torch-profile prof/
     """
+    import tempfile
+
     from .profile import run_profiled
+    from .report.render import render
 
     opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
-    config = build_run_config(apply_recipe(click.get_current_context(), opts))
-    config = replace(config, input=replace(config.input, limit=opts["limit"]))
-    console = Console(stderr=True)
-    report, notes = run_profiled(config, sys.argv[2:], opts["torch_profile"])
-    from .report.render import render
+    console = _stderr_console()
+    with tempfile.TemporaryDirectory(prefix="hpcinfer-profile-") as scratch:
+        if opts["output"] is None:
+            opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
+        config = build_run_config(apply_recipe(click.get_current_context(), opts))
+        config = replace(config, input=replace(config.input, limit=opts["limit"]))
+        report, notes = run_profiled(config, sys.argv[2:], opts["torch_profile"])
 
     if not opts["quiet"]:
         render(report, console)
@@ -400,6 +420,7 @@ def tune(**opts: Any) -> None:
       hpcinfer tune sample_data/requests.parquet --sample 2000 --write-recipe best.toml --trials trials.csv
       hpcinfer run sample_data/requests.parquet -o out.parquet --config best.toml
     """
+    from rich.console import Console
     from rich.live import Live
 
     from .tune.command import TuneOptions
