@@ -82,12 +82,14 @@ class GraphRunner:
         self.grid = {w: row_buckets(w, max_tokens, max_rows) for w in graph_widths(max_width, pad_multiple)}
         device.bind_thread()
         self._streams = [_StreamGraphs(device, forward, self.grid, max_tokens) for _ in device.compute_streams]
+        self.graphs_captured = self.captured
         self._lock = threading.Lock()  # compute streams count from their own threads (simulated)
         self.replays = 0
         self.eager = 0  # calls without a graph: the caller ran the model itself
 
     @property
     def captured(self) -> int:
+        """Graphs held now (0 once closed)."""
         return sum(len(s.graphs) for s in self._streams)
 
     @property
