@@ -11,9 +11,9 @@ device enforces:
   max_tokens // w), and cap(w) itself, so a padded batch never holds more than max_tokens tokens;
   a bucket above the running budget (lowered after an out-of-memory split) is not used: the batch
   runs eagerly instead.
-- Each compute stream has its own graphs, static buffers and one memory pool shared by all of
-  them: one stream's graphs replay one after another, so their intermediates may share memory;
-  graphs of two streams replay concurrently, so they may not. `close` frees it all.
+- Each compute stream has its own graphs, static input and output buffers, and one memory pool
+  shared by all of them: one stream's graphs replay one after another, so their intermediates may
+  share memory; graphs of two streams replay concurrently, so they may not. `close` frees it all.
 - The result handed back is a copy: the graph's static output is overwritten by its next replay,
   and an out-of-memory split replays one graph twice before either half is copied to the host.
 """
@@ -43,24 +43,36 @@ def graph_widths(max_width: int, pad_multiple: int) -> list[int]:
 
 
 class _StreamGraphs:
-    """One compute stream's graphs over the whole grid, with their static inputs and one shared pool."""
+    """One compute stream's graphs over the whole grid: static inputs and output shared by all, one pool.
+
+    NOTE: every graph writes its rows into the one static output, so a graph's own result is an
+    intermediate, freed at the end of its capture and reusable by the next: the pool holds about one
+    largest batch's activations, not the sum over a few hundred graphs.
+    """
 
     def __init__(self, device: Device, forward: Forward, grid: dict[int, list[int]], max_tokens: int) -> None:
         max_rows = max(rows[-1] for rows in grid.values())
+        self.forward = forward
         self.pool = device.graph_pool()
         self.ids = device.device_buffer((max_tokens,), torch.int32)  # every graph reads a prefix: [rows, width]
         self.lengths = device.device_buffer((max_rows,), torch.int32)
         self.lengths.fill_(1)  # NOTE: never 0: a row with no token attends to nothing (NaN)
-        self.graphs: dict[tuple[int, int], tuple[Graph, torch.Tensor]] = {}
+        dim = forward(self.view(1, min(grid)), self.lengths[:1], True).shape[1]
+        self.out = device.device_buffer((max_rows, dim), torch.float32)
+        self.graphs: dict[tuple[int, int], Graph] = {}
         for width, buckets in grid.items():
-            device.warm_up(lambda w=width, r=buckets[-1]: forward(self.view(r, w), self.lengths[:r], True))
+            device.warm_up(lambda w=width, r=buckets[-1]: self.run(r, w))
             for rows in buckets:
-                self.graphs[(rows, width)] = device.capture(
-                    lambda w=width, r=rows: forward(self.view(r, w), self.lengths[:r], True), self.pool
-                )
+                self.graphs[(rows, width)] = device.capture(lambda w=width, r=rows: self.run(r, w), self.pool)[0]
 
     def view(self, rows: int, width: int) -> torch.Tensor:
         return self.ids[: rows * width].view(rows, width)
+
+    def run(self, rows: int, width: int) -> torch.Tensor:
+        """The captured work: forward over the static inputs, into the static output. [rows, dim]"""
+        out = self.out[:rows]
+        out.copy_(self.forward(self.view(rows, width), self.lengths[:rows], True))
+        return out
 
 
 class GraphRunner:
@@ -112,7 +124,7 @@ class GraphRunner:
                 self.eager += 1
             return None
         mine = self._streams[stream_index]
-        graph, out = mine.graphs[(rows, width)]
+        graph = mine.graphs[(rows, width)]
         static_ids, static_lengths = mine.view(rows, width), mine.lengths[:rows]
         static_ids[:n].copy_(ids)
         static_lengths[:n].copy_(lengths)
@@ -122,7 +134,7 @@ class GraphRunner:
         graph.replay()
         with self._lock:
             self.replays += 1
-        return out[:n].clone()  # NOTE: the caller's own rows; the next replay overwrites `out`
+        return mine.out[:n].clone()  # NOTE: the caller's own rows; the next replay overwrites the static output
 
     def close(self) -> None:
         """Frees every graph and its pool once the work already issued has finished."""
