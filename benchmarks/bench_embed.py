@@ -20,6 +20,10 @@ round counts. All methods use the dtype hpcinfer resolves --dtype to.
 Usage (from anywhere; paths default relative to the repository root):
 
     python benchmarks/bench_embed.py [--rows N] [--device cpu|cuda|auto] [--repeats R] [--json out.json]
+        [--model default|PATH]
+
+On CUDA the report adds the device's busy share (the union of H2D, compute and D2H spans over the
+wall time) and how much of the H2D copy time ran under compute (overlap), from hpcinfer's trace.
 """
 
 from __future__ import annotations
@@ -44,16 +48,25 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from hpcinfer.api import run as hpcinfer_run
-from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
-from hpcinfer.errors import HpcinferError
-from hpcinfer.models.checkpoint import inspect_checkpoint
-from hpcinfer.models.registry import load_model, load_tokenizer, resolve_model_path
-from hpcinfer.plan import cut_batches
-from hpcinfer.progress import Progress
-from hpcinfer.report.summary import RunReport
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # NOTE: runs from a checkout, installed or not
+
+from hpcinfer.api import run as hpcinfer_run  # noqa: E402
+from hpcinfer.config import (  # noqa: E402
+    DeviceConfig,
+    InputConfig,
+    OutputConfig,
+    PipelineConfig,
+    PlanConfig,
+    RunConfig,
+)
+from hpcinfer.errors import HpcinferError  # noqa: E402
+from hpcinfer.models.checkpoint import inspect_checkpoint  # noqa: E402
+from hpcinfer.models.registry import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from hpcinfer.plan import cut_batches  # noqa: E402
+from hpcinfer.progress import Progress  # noqa: E402
+from hpcinfer.report.summary import RunReport  # noqa: E402
+
 DEFAULT_INPUT = REPO_ROOT / "sample_data" / "requests.parquet"
 TEXT_COLUMN = "text"
 ID_COLUMN = "id"
@@ -273,10 +286,13 @@ class Method:
 # --------------------------------------------------------------------------- 1. hpcinfer
 
 
-def hpcinfer_config(input_path: Path, output: Path, args: argparse.Namespace, plan: PlanConfig) -> RunConfig:
+def hpcinfer_config(
+    input_path: Path, output: Path, args: argparse.Namespace, plan: PlanConfig, trace: Path | None = None
+) -> RunConfig:
     return RunConfig(
         input=InputConfig(paths=(str(input_path),)),
-        model="default",
+        model=args.model,
+        trace_path=str(trace) if trace is not None else None,
         plan=plan,
         device=DeviceConfig(device=args.device, dtype=args.dtype),
         output=OutputConfig(path=str(output), overwrite=True),
@@ -306,6 +322,7 @@ class HpcinferMethod(Method):
         self.whole_s: list[float] = []
         self.device = torch.device(args.device)
         self.best: RunReport | None = None
+        self.device_figures: dict[str, float] = {}
         self.extra["ids_match"] = True
         # Warm-up (untimed): a small run pays the one-off costs (kernel selection, thread pools) and
         # tells which dtype hpcinfer resolves --dtype to.
@@ -318,12 +335,13 @@ class HpcinferMethod(Method):
 
     def once(self) -> float:
         out = self.tmp / "hpcinfer.out.parquet"
-        config = hpcinfer_config(self.input_path, out, self.args, self.plan)
+        config = hpcinfer_config(self.input_path, out, self.args, self.plan, self.tmp / "trace.json")
         whole, cores, report = timed(lambda: hpcinfer_run(config, progress=Progress(mode="off")), self.device)
         self.whole_s.append(whole)
         self.record(report.wall_s, cores, f"(whole api.run() call {whole:.3f} s)")
         if self.best is None or report.wall_s <= self.best.wall_s:
             self.best = report
+            self.device_figures = device_figures(self.tmp / "trace.json", report.wall_s)
         self.padded_tokens = report.padded_tokens
         ids, self.embeddings = read_embeddings(out)
         self.extra["ids_match"] = self.extra["ids_match"] and ids == self.corpus.ids
@@ -484,6 +502,45 @@ class CeilingMethod(Method):
 # --------------------------------------------------------------------------- report
 
 
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length covered by both unions (each sorted and disjoint)."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def device_figures(trace: Path, wall_s: float) -> dict[str, float]:
+    """From hpcinfer's trace: the device's busy share of the wall time, and the H2D time hidden under compute."""
+    events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+    spans: dict[str, list[tuple[float, float]]] = {"h2d": [], "compute": [], "d2h": []}
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in spans:
+            spans[e["name"]].append((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6))
+    busy = _union([s for name in spans for s in spans[name]])
+    h2d, compute = _union(spans["h2d"]), _union(spans["compute"])
+    h2d_s = sum(end - start for start, end in h2d)
+    return {
+        "device_busy_share": sum(end - start for start, end in busy) / wall_s if wall_s else 0.0,
+        "h2d_s": h2d_s,
+        "h2d_under_compute": _intersection(h2d, compute) / h2d_s if h2d_s else 0.0,
+    }
+
+
 def overlap_figures(report: RunReport) -> dict[str, float]:
     stages = {s["stage"]: s for s in report.stages}
     host = sum(float(stages[name]["busy_s"]) for name in HOST_STAGES if name in stages)
@@ -539,6 +596,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--st-batch-sizes", default="8,16,32,64,128", help="comma-separated sentence-transformers sizes")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="override hpcinfer's PlanConfig default")
     p.add_argument("--min-cosine", type=float, default=0.9999, help="fail below this min cosine vs ST (bs=32)")
+    p.add_argument("--model", default="default", help="'default' (the packaged model) or a checkpoint directory")
     args = p.parse_args(argv)
     if args.rows is not None and args.rows < 1:
         p.error("--rows must be at least 1")
@@ -569,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_batch_tokens is not None:
         plan = replace(plan, max_batch_tokens=args.max_batch_tokens)
 
-    model_path = resolve_model_path("default")
+    model_path = resolve_model_path(args.model)
     info = inspect_checkpoint(model_path)
     max_length = info.max_seq_length
     tokenizer = load_tokenizer(model_path, max_length)
@@ -685,6 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hpcinfer overlap: {ov['overlap']:.2f} (host busy {ov['host_busy_s']:.2f} s + compute busy "
         f"{ov['compute_busy_s']:.2f} s over wall {report.wall_s:.2f} s); compute share {ov['compute_share']:.2f}"
     )
+    dev = hpc.device_figures
+    print(
+        f"hpcinfer device: busy {dev['device_busy_share']:.2f} of wall (union of h2d, compute and d2h spans); "
+        f"H2D under compute {dev['h2d_under_compute']:.2f} of {dev['h2d_s']:.3f} s of H2D"
+    )
+    print(f"rows/s: hpcinfer {n / hpc.wall_s:,.1f}, best sentence-transformers {n / best_st.wall_s:,.1f}")
     print(f"load avg at end (this benchmark's own threads included): {describe_load()}")
     for line in notes:
         print(line)
@@ -716,6 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "hpcinfer_over_ceiling": ratio_ceiling,
                 "hpcinfer_whole_call_s": hpc.whole_s,
                 **ov,
+                **hpc.device_figures,
             },
             "hpcinfer_report": report.to_dict(),
             "checks": {"failures": failures, "notes": notes},

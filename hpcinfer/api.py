@@ -24,7 +24,7 @@ from .models.checkpoint import CheckpointInfo, inspect_checkpoint
 from .models.registry import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
 from .pipeline import run_overlapped, run_serial
-from .plan import Planner, TokenBudget, round_up
+from .plan import Planner, TokenBudget, max_padded_len
 from .profile import RangeBackend
 from .progress import Progress
 from .read import Reader, estimate_rows
@@ -147,7 +147,8 @@ def _execute(
     try:
         model = preloaded or load_model(info, device.torch_device, dtype)
         plan = config.plan
-        budget = TokenBudget(plan.max_batch_tokens, round_up(max_length, plan.pad_multiple))
+        max_width = max_padded_len(max_length, plan.pad_multiple, info.config.max_position_embeddings)
+        budget = TokenBudget(plan.max_batch_tokens, max_width)
         ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
         outputs = OutputPool(
             device,
@@ -174,12 +175,17 @@ def _execute(
         )
         rate = config.input.rate
         planner = Planner(
-            plan, budget, first_window, rejects.add, online=rate is not None, timeout_ms=plan.batch_timeout_ms
+            plan,
+            budget,
+            first_window,
+            rejects.add,
+            online=rate is not None,
+            timeout_ms=plan.batch_timeout_ms,
+            max_width=max_width,
         )
         source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=stop)
-        executor = Executor(
-            device, model.embedder, ring, outputs, _graphs(config, device, model, plan), budget, batch_profiler
-        )
+        graphs = _graphs(config, device, model, budget, max_width)
+        executor = Executor(device, model.embedder, ring, outputs, graphs, budget, batch_profiler)
         stages = [tokenize, planner, StageStep(device, ring), executor, writer]
         start = time.perf_counter()
         with _signals_stop(stop) as interrupted:
@@ -193,9 +199,12 @@ def _execute(
                     stop=stop,
                     hooks=hooks,
                     ranges=ranges,
+                    thread_init=device.bind_thread,
                 )
             else:
-                run_serial(source, stages, timings, stop=stop, hooks=hooks, ranges=ranges)
+                run_serial(
+                    source, stages, timings, stop=stop, hooks=hooks, ranges=ranges, thread_init=device.bind_thread
+                )
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
         report.accounting = settle(
@@ -236,7 +245,8 @@ def _check_lengths(config: RunConfig, info: CheckpointInfo) -> int:
         raise ConfigError(
             f"--max-length {max_length} exceeds the model's {info.config.max_position_embeddings} positions"
         )
-    if round_up(max_length, config.plan.pad_multiple) > config.plan.max_batch_tokens:
+    width = max_padded_len(max_length, config.plan.pad_multiple, info.config.max_position_embeddings)
+    if width > config.plan.max_batch_tokens:
         raise ConfigError(
             f"--max-batch-tokens {config.plan.max_batch_tokens} cannot hold one row of {max_length} tokens"
         )
@@ -276,14 +286,24 @@ def _open_store(store: PartStore, reader: Reader, output: OutputConfig) -> int:
     return 0
 
 
-def _graphs(config: RunConfig, device: Device, model: Any, plan: Any) -> Any:
+def _graphs(config: RunConfig, device: Device, model: Any, budget: TokenBudget, max_width: int) -> Any:
+    """Every graph captured here, before any stage thread starts (see device/graphs.py)."""
     if not config.device.cuda_graphs:
         return None
-    if device.kind != "cuda":
+    if not device.supports_graphs:
         raise ConfigError("--cuda-graphs needs a CUDA device")
     from .device.graphs import GraphRunner
 
-    return GraphRunner(model.embedder.__call__, plan.max_batch_size, device.torch_device)
+    plan = config.plan
+    return GraphRunner(
+        device,
+        model.embedder.__call__,
+        max_tokens=plan.max_batch_tokens,
+        max_rows=plan.max_batch_size,
+        max_width=max_width,
+        pad_multiple=plan.pad_multiple,
+        budget_tokens=lambda: budget.tokens,
+    )
 
 
 @contextmanager

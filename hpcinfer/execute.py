@@ -6,19 +6,21 @@ is guarded by d2h_done, which the writer waits on.
 
 Out of memory: the batch is split in half and each half retried, down to single rows (a row that
 still fails is reported as failed, and becomes a reject); the running token budget is lowered so
-later windows are cut smaller.
+later windows are cut smaller. With graphs, what ran (and failed) is the padded rows bucket, so that
+is what the budget counts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .device import Device, OutputPool, StagingRing
 from .device.base import is_out_of_memory
+from .device.graphs import GraphRunner
 from .models.adapter import BatchModel
 from .plan import TokenBudget
 from .types import Pending, Staged
@@ -33,14 +35,14 @@ class Executor:
         model: BatchModel,
         ring: StagingRing,
         outputs: OutputPool,
-        graphs: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        graphs: GraphRunner | None = None,
         budget: TokenBudget | None = None,
         batch_profiler: Any = None,
     ) -> None:
         self.batch_profiler = batch_profiler  # torch.profiler driven from this thread (hpcinfer profile)
         self.device = device
         self.model = model
-        self.graphs = graphs  # CUDA graph replay in place of the eager forward, when enabled
+        self.graphs = graphs  # graph replay in place of the eager forward, when enabled
         self.ring = ring
         self.outputs = outputs
         self.budget = budget
@@ -68,18 +70,20 @@ class Executor:
 
         def run_rows(lo: int, hi: int) -> None:
             """Forward rows [lo, hi) of the batch, halving on out-of-memory."""
+            rows = hi - lo  # the rows that really run: a graph pads them up to its bucket
+            if self.graphs is not None:
+                rows = self.graphs.padded_rows(rows, width) or rows
             try:
-                self.device.before_forward(hi - lo, width)
+                self.device.before_forward(rows, width)
                 ids, lengths = ids_all[lo:hi], lengths_all[lo:hi]
-                if self.graphs is not None:
-                    y = self.graphs(stream.index, ids, lengths)
-                else:
+                y = self.graphs(stream.index, ids, lengths) if self.graphs is not None else None
+                if y is None:
                     y = self.model(ids, lengths, bool(host_lengths[lo:hi].min() < width))
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
                 if self.budget is not None:
-                    self.budget.lower((hi - lo) * width)
+                    self.budget.lower(rows * width)  # NOTE: padded tokens, as the budget counts them
                 if hi - lo == 1:
                     pending.failed_rows.append(lo)
                     return
@@ -113,4 +117,6 @@ class Executor:
     def finish(self) -> Iterator[Pending]:
         if self.batch_profiler is not None:
             self.batch_profiler.close()
+        if self.graphs is not None:
+            self.graphs.close()  # the graphs' memory goes back as soon as the last batch is issued
         return iter(())

@@ -88,7 +88,9 @@ class _Runner:
         stop: threading.Event,
         hooks: dict[str, Callable[[Any], None]],
         ranges: RangeBackend | None = None,
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
+        self.thread_init = thread_init  # run first in every thread (Device.bind_thread)
         self.timings = timings
         self.stop = stop
         self.failure = _Failure()
@@ -168,6 +170,8 @@ class _Runner:
 
     def guard(self, name: str, body: Callable[[], None]) -> None:
         try:
+            if self.thread_init is not None:
+                self.thread_init()
             body()
         except Cancelled:
             pass
@@ -186,8 +190,10 @@ def run_overlapped(
     stop: threading.Event,
     hooks: dict[str, Callable[[Any], None]] | None = None,
     ranges: RangeBackend | None = None,
+    thread_init: Callable[[], None] | None = None,
 ) -> None:
-    runner = _Runner(timings, stop, hooks or {}, ranges)
+    """`thread_init` runs first in every thread the pipeline starts (the device's bind_thread)."""
+    runner = _Runner(timings, stop, hooks or {}, ranges, thread_init)
     queues = [queue.Queue(maxsize=queue_depth) for _ in stages]
 
     def source_loop() -> None:
@@ -251,7 +257,7 @@ def run_overlapped(
 def _parallel_ordered(runner: _Runner, stage: Stage, inbox: queue.Queue, emit: Callable, n: int) -> None:
     """Runs `stage.process` on n threads, emitting results in input order."""
     inflight: deque[Future] = deque()
-    with ThreadPoolExecutor(n, thread_name_prefix=stage.name) as pool:
+    with ThreadPoolExecutor(n, thread_name_prefix=stage.name, initializer=runner.thread_init) as pool:
         while (item := runner.get(stage.name, inbox)) is not END:
             inflight.append(pool.submit(runner.timed, stage, lambda item=item: stage.process(item), item))
             while len(inflight) >= 2 * n or (inflight and inflight[0].done()):
@@ -268,9 +274,10 @@ def run_serial(
     stop: threading.Event,
     hooks: dict[str, Callable[[Any], None]] | None = None,
     ranges: RangeBackend | None = None,
+    thread_init: Callable[[], None] | None = None,
 ) -> None:
     """The reference twin: each item goes through every stage before the next one is read."""
-    runner = _Runner(timings, stop, hooks or {}, ranges)
+    runner = _Runner(timings, stop, hooks or {}, ranges, thread_init)
 
     def push(i: int, item: Any) -> None:
         if i == len(stages):

@@ -26,8 +26,24 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def max_padded_len(max_length: int, pad_multiple: int, positions: int) -> int:
+    """The widest batch: max_length rounded up to pad_multiple, but never past the model's positions.
+
+    NOTE: a width beyond `max_position_embeddings` indexes past the position table: an IndexError
+    on CPU, a device-side assert that poisons the whole CUDA context on a GPU. Rows are never longer
+    than max_length (<= positions), so clamping only trims padding.
+    """
+    assert max_length <= positions, "checked at start-up"
+    return min(round_up(max_length, pad_multiple), positions)
+
+
 def cut_batches(
-    lengths: np.ndarray, max_tokens: int, max_rows: int, pad_multiple: int, bucket_edges: bool = True
+    lengths: np.ndarray,
+    max_tokens: int,
+    max_rows: int,
+    pad_multiple: int,
+    bucket_edges: bool = True,
+    max_width: int | None = None,
 ) -> list[tuple[np.ndarray, int]]:
     """Window-local row indices of each batch, and its padded length.
 
@@ -35,13 +51,16 @@ def cut_batches(
     length); each bucket is cut into batches of as many rows as the budget allows. A batch never
     spans two buckets, so no row is padded past its own bucket: padding is only the rounding.
     Without `bucket_edges` (online mode, where a window is about one batch) a batch takes as many
-    of the next-longest rows as the budget allows, padded to its longest.
+    of the next-longest rows as the budget allows, padded to its longest. Padded lengths are capped
+    at `max_width` (see max_padded_len).
     """
     if len(lengths) == 0:
         return []
     order = np.argsort(-lengths.astype(np.int64), kind="stable")
     sorted_lengths = lengths[order]
     padded = -(-sorted_lengths // pad_multiple) * pad_multiple
+    if max_width is not None:
+        padded = np.minimum(padded, max_width)
     batches: list[tuple[np.ndarray, int]] = []
     i, n = 0, len(order)
     while i < n:
@@ -75,14 +94,23 @@ class TokenBudget:
 class ClosingRule:
     """When pending rows become a window: full (token budget or row cap) or timed out."""
 
-    def __init__(self, budget: TokenBudget, max_rows: int, pad_multiple: int, timeout_ms: float | None) -> None:
+    def __init__(
+        self,
+        budget: TokenBudget,
+        max_rows: int,
+        pad_multiple: int,
+        timeout_ms: float | None,
+        max_width: int | None = None,
+    ) -> None:
         self.budget = budget
         self.max_rows = max_rows
         self.pad_multiple = pad_multiple
+        self.max_width = max_width
         self.timeout_ns = None if timeout_ms is None else int(timeout_ms * 1e6)
 
     def padded_tokens(self, rows: int, longest: int) -> int:
-        return rows * round_up(max(longest, 1), self.pad_multiple)
+        width = round_up(max(longest, 1), self.pad_multiple)
+        return rows * (width if self.max_width is None else min(width, self.max_width))
 
     def fits(self, rows: int, longest: int) -> bool:
         """One batch can hold `rows` rows padded to `longest`."""
@@ -121,12 +149,14 @@ class Planner:
         online: bool = False,
         timeout_ms: float | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
+        max_width: int | None = None,
     ) -> None:
         self.cfg = cfg
+        self.max_width = max_width  # the widest padded length the model can take (max_padded_len)
         self.on_rejects = on_rejects  # counts rejects as soon as they are known (--max-rejects)
         self.budget = budget or TokenBudget(cfg.max_batch_tokens, cfg.max_batch_tokens)
         self.online = online
-        self.rule = ClosingRule(self.budget, cfg.max_batch_size, cfg.pad_multiple, timeout_ms)
+        self.rule = ClosingRule(self.budget, cfg.max_batch_size, cfg.pad_multiple, timeout_ms, max_width)
         self.clock = clock
         self._blocks: list[TokenBlock] = []
         self._rows = 0
@@ -193,7 +223,9 @@ class Planner:
         self._window_id += 1
         self.windows += 1
         cfg = self.cfg
-        cuts = cut_batches(lengths, self.budget.tokens, cfg.max_batch_size, cfg.pad_multiple, not self.online)
+        cuts = cut_batches(
+            lengths, self.budget.tokens, cfg.max_batch_size, cfg.pad_multiple, not self.online, self.max_width
+        )
         if not cuts:
             cuts = [(np.empty(0, dtype=np.int64), cfg.pad_multiple)]
         window.num_batches = len(cuts)

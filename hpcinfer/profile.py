@@ -2,7 +2,8 @@
 
 Ranges are named like `hpcinfer/execute batch=17 rows=64 tokens=8192` and pushed on the thread
 that does the work, so Nsight Systems shows each stage on its own thread row. The `nvtx` package
-is a no-op unless a profiler is attached, so this runs on CPU too.
+is a no-op unless a profiler is attached, so this runs on CPU too. It is optional (the `profile`
+extra): only `hpcinfer profile` needs it, and says how to install it when it is missing.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import shlex
 import threading
 from typing import Any, Protocol
+
+from .errors import ConfigError
 
 
 class RangeBackend(Protocol):
@@ -27,7 +30,12 @@ class NvtxRanges:
     """The nvtx package's ranges, plus torch.cuda.nvtx on CUDA (both per calling thread)."""
 
     def __init__(self, cuda: bool) -> None:
-        import nvtx
+        try:
+            import nvtx
+        except ImportError:
+            raise ConfigError(
+                "hpcinfer profile needs the nvtx package: pip install 'hpcinfer[profile]' (or pip install nvtx)"
+            ) from None
 
         self._nvtx = nvtx
         self._cuda = None

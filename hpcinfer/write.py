@@ -142,13 +142,16 @@ class Writer:
         if out is not None:
             self.wait_result(pending)
             state.values[batch.rows] = out.host[: batch.num_rows].numpy()
-            self.outputs.release(out)
             state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
             if self.latency is not None:
                 self.latency.batch_done(batch.started_ns, self.clock())
         state.batches_done += 1
         if self.on_batch is not None:
             self.on_batch(pending)
+        if out is not None:
+            # NOTE: only now, once on_batch has read the device times from the buffer's events: the
+            # executor replaces them as soon as it takes the buffer again.
+            self.outputs.release(out)
         self._commit_ready()
         return iter(())
 

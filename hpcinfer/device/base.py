@@ -47,8 +47,20 @@ class Event(ABC):
         """Blocks the calling host thread until the work recorded before this event is done."""
 
     @abstractmethod
+    def query(self) -> bool:
+        """Whether the work recorded before this event is done, without waiting."""
+
+    @abstractmethod
     def time_ns(self) -> int:
         """Completion time on the perf_counter_ns timeline; only valid after synchronize()."""
+
+
+class Graph(ABC):
+    """Device work captured once and replayed; it reads and writes the same static buffers every time."""
+
+    @abstractmethod
+    def replay(self) -> None:
+        """Re-issues the captured work on the current stream (call it inside Stream.launch)."""
 
 
 class Stream(ABC):
@@ -73,6 +85,15 @@ class Device(ABC):
     torch_device: torch.device
     copy_stream: Stream
     compute_streams: list[Stream]
+    supports_graphs = False
+
+    def bind_thread(self) -> None:
+        """Makes this device current in the calling thread; every thread that launches work calls it first.
+
+        NOTE: the current device is per thread (torch.cuda.set_device in one thread leaves the others
+        on GPU 0), so the pipeline calls this at the start of every stage thread.
+        """
+        return None
 
     @abstractmethod
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -89,7 +110,32 @@ class Device(ABC):
         """Called before each forward of [rows, width]; a fault-injecting device raises here."""
         return None
 
+    def on_reuse_events(self, events: dict[str, Event]) -> None:
+        """Called when an output buffer is handed out again: its previous batch's events are stale now."""
+        return None
+
     def peak_memory_bytes(self) -> int | None:
+        return None
+
+    def synchronize(self) -> None:
+        """Blocks until all work issued so far on every stream is done."""
+        for stream in [self.copy_stream, *self.compute_streams]:
+            stream.record().synchronize()
+
+    def graph_pool(self) -> object:
+        """A memory pool graphs can be captured into and share (see graphs.py)."""
+        raise NotImplementedError(f"the {self.kind} device cannot capture graphs")
+
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        """Runs `fn` eagerly, outside any capture, so one-off lazy setup does not land in a graph."""
+        fn()
+
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
+        """Captures the device work `fn` issues into a graph; returns it and fn's (static) output."""
+        raise NotImplementedError(f"the {self.kind} device cannot capture graphs")
+
+    def release_cached_memory(self) -> None:
+        """Returns cached device memory (freed graphs, for one) to the driver."""
         return None
 
     def close(self) -> None:
@@ -174,6 +220,7 @@ class OutputPool:
     def acquire(self) -> OutputBuffer:
         buf = get_unless_stopped(self._free, self.stop)
         self.device.on_reuse(buf.host)
+        self.device.on_reuse_events(buf.events)
         return buf
 
     def release(self, buf: OutputBuffer) -> None:

@@ -17,6 +17,9 @@ class DoneEvent(Event):
     def synchronize(self) -> None:
         return None
 
+    def query(self) -> bool:
+        return True
+
     def time_ns(self) -> int:
         return self._t
 

@@ -1,45 +1,59 @@
-"""The CUDA device: pinned host buffers, one copy stream, K compute streams, timed events.
+"""The CUDA device: pinned host buffers, one copy stream, K compute streams, timed events, graphs.
 
-This module (with `graphs.py`) is the only place that touches `torch.cuda`.
+This module is the only place that touches `torch.cuda`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
-from .base import Device, Event, Stream
+from .base import Device, Event, Graph, Stream
+from .clock import EventClock
+
+
+def new_event() -> torch.cuda.Event:
+    """A timed event whose synchronize() sleeps the waiting thread instead of spinning a core.
+
+    NOTE: the writer and the stage step wait on events all run long; a spinning wait (the default)
+    would keep a CPU core busy that the tokenizer needs.
+    """
+    return torch.cuda.Event(enable_timing=True, blocking=True)
 
 
 class CudaEvent(Event):
-    def __init__(self, event: torch.cuda.Event, clock: CudaClock) -> None:
+    def __init__(self, event: torch.cuda.Event, clock: EventClock[torch.cuda.Event]) -> None:
         self._event = event
         self._clock = clock
 
     def synchronize(self) -> None:
         self._event.synchronize()
 
+    def query(self) -> bool:
+        return bool(self._event.query())
+
     def time_ns(self) -> int:
         return self._clock.to_host_ns(self._event)
 
 
-class CudaClock:
-    """Maps CUDA event times onto perf_counter_ns through one reference event."""
+def cuda_clock(device: torch.device) -> EventClock[torch.cuda.Event]:
+    """An EventClock whose references are recorded on a stream of their own, idle, so they complete at once."""
+    stream = torch.cuda.Stream(device=device)
 
-    def __init__(self, device: torch.device) -> None:
-        self._ref = torch.cuda.Event(enable_timing=True)
-        self._ref.record(torch.cuda.current_stream(device))
-        self._ref.synchronize()
-        self._ref_ns = time.perf_counter_ns()
+    def reference() -> torch.cuda.Event:
+        # NOTE: a spinning (non-blocking) event here: it completes within microseconds, and waking a
+        # sleeping thread would add its latency to every host time that follows.
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        event.synchronize()
+        return event
 
-    def to_host_ns(self, event: torch.cuda.Event) -> int:
-        return self._ref_ns + int(self._ref.elapsed_time(event) * 1e6)
+    return EventClock(reference, lambda a, b: a.elapsed_time(b))
 
 
 class CudaStream(Stream):
-    def __init__(self, index: int, label: str, device: torch.device, clock: CudaClock) -> None:
+    def __init__(self, index: int, label: str, device: torch.device, clock: EventClock[torch.cuda.Event]) -> None:
         self.index = index
         self.label = label
         self._stream = torch.cuda.Stream(device=device)
@@ -50,7 +64,7 @@ class CudaStream(Stream):
             fn()
 
     def record(self) -> Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = new_event()
         event.record(self._stream)
         return CudaEvent(event, self._clock)
 
@@ -59,16 +73,29 @@ class CudaStream(Stream):
         self._stream.wait_event(event._event)
 
 
+class CudaGraph(Graph):
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self._graph = graph
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+
 class CudaDevice(Device):
     kind = "cuda"
+    supports_graphs = True
 
     def __init__(self, device: torch.device, streams: int = 1) -> None:
-        torch.cuda.set_device(device)
         self.torch_device = device
-        self._clock = CudaClock(device)
+        self.bind_thread()
+        self._clock = cuda_clock(device)
         self.copy_stream = CudaStream(0, "copy", device, self._clock)
         self.compute_streams = [CudaStream(i, f"compute{i}", device, self._clock) for i in range(streams)]
+        self._capture_stream = torch.cuda.Stream(device=device)  # warm-ups and captures, never the hot path
         torch.cuda.reset_peak_memory_stats(device)
+
+    def bind_thread(self) -> None:
+        torch.cuda.set_device(self.torch_device)
 
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype).pin_memory()
@@ -78,6 +105,35 @@ class CudaDevice(Device):
 
     def peak_memory_bytes(self) -> int | None:
         return int(torch.cuda.max_memory_allocated(self.torch_device))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    def graph_pool(self) -> object:
+        return torch.cuda.graph_pool_handle()
+
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        # NOTE: on a side stream, as torch.cuda.graph requires: the first calls allocate cuBLAS
+        # workspaces and pick kernels, none of which may happen inside a capture.
+        side, current = self._capture_stream, torch.cuda.current_stream(self.torch_device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        current.wait_stream(side)
+        side.synchronize()
+
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        # NOTE: "global" capture mode: any other thread's unsafe call (an event synchronize or query)
+        # during the capture is an error. Graphs are captured before the stage threads start, so
+        # none can happen; should that ever change, this fails loudly instead of corrupting a graph.
+        with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream, capture_error_mode="global"):
+            out = fn()
+        return CudaGraph(graph), out
+
+    def release_cached_memory(self) -> None:
+        torch.cuda.empty_cache()
 
     def close(self) -> None:
         torch.cuda.synchronize(self.torch_device)

@@ -1,5 +1,7 @@
-"""Builds a tiny random BERT checkpoint in Hugging Face format (config.json, model.safetensors,
-tokenizer.json, sentence-transformers pooling config), for tests and I/O-bound benchmarks."""
+"""Builds a random BERT checkpoint in Hugging Face format (config.json, model.safetensors,
+tokenizer.json, sentence-transformers pooling config): tiny ones for tests and I/O-bound
+benchmarks, and one of all-MiniLM-L6-v2's exact shape (same speed as the real weights) where the
+packaged model is not installed, such as a bare GPU machine."""
 
 from __future__ import annotations
 
@@ -26,13 +28,23 @@ def build_tiny_bert(
     normalize: bool = True,
     seed: int = 0,
     prefix: str = "",
+    tokenizer_dir: str | Path | None = None,
+    scale: float = 0.2,
 ) -> Path:
-    """Writes the checkpoint (with the default model's tokenizer) and returns its directory."""
+    """Writes the checkpoint and returns its directory.
+
+    The tokenizer (tokenizer.json, and its tokenizer_config.json and special_tokens_map.json where
+    present) comes from `tokenizer_dir`, by default the packaged default model's. Weights are
+    normal with standard deviation `scale`.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = resolve_model_path("default") / "tokenizer.json"
+    source = Path(tokenizer_dir) if tokenizer_dir is not None else resolve_model_path("default")
+    tokenizer = source / "tokenizer.json"
     vocab = len(json.loads(tokenizer.read_text(encoding="utf-8"))["model"]["vocab"])
-    shutil.copy(tokenizer, path / "tokenizer.json")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, path / name)
     config = {
         "architectures": ["BertModel"],
         "model_type": "bert",
@@ -53,7 +65,7 @@ def build_tiny_bert(
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.2
+        return torch.randn(*shape, generator=g) * scale
 
     w: dict[str, torch.Tensor] = {
         "embeddings.word_embeddings.weight": rand(vocab, hidden),
@@ -95,3 +107,23 @@ def build_tiny_bert(
     st_cfg = {"max_seq_length": max_seq_length, "do_lower_case": False}
     (path / "sentence_bert_config.json").write_text(json.dumps(st_cfg), encoding="utf-8")
     return path
+
+
+# all-MiniLM-L6-v2's shape (its config.json and sentence_bert_config.json)
+MINILM_L6_SHAPE = {
+    "hidden": 384,
+    "layers": 6,
+    "heads": 12,
+    "intermediate": 1536,
+    "max_positions": 512,
+    "max_seq_length": 256,
+}
+
+
+def build_minilm_shaped(path: str | Path, tokenizer_dir: str | Path, seed: int = 0) -> Path:
+    """A random checkpoint of all-MiniLM-L6-v2's exact shape, pooling and tokenizer.
+
+    NOTE: scale 0.02 is BERT's initializer_range: activations stay in the range trained weights
+    give, so half-precision error is representative too.
+    """
+    return build_tiny_bert(path, **MINILM_L6_SHAPE, seed=seed, tokenizer_dir=tokenizer_dir, scale=0.02)

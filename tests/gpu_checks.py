@@ -1,0 +1,237 @@
+"""The GPU checks, as plain functions: `tests/test_gpu.py` runs them under pytest where CUDA exists,
+and `benchmarks/gpu_check.sh` runs them directly (`python -m tests.gpu_checks`), since a bare GPU
+machine may have no pytest. `--device simulated` runs every check on the CPU, against the simulated
+asynchronous device (the dry run).
+
+Each check raises AssertionError with what went wrong; none needs a download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from hpcinfer.api import run
+from hpcinfer.config import (
+    DeviceConfig,
+    InputConfig,
+    OutputConfig,
+    PipelineConfig,
+    PlanConfig,
+    RunConfig,
+    TokenizeConfig,
+)
+from hpcinfer.device import Device, StagingRing, make_device
+from hpcinfer.device.graphs import GraphRunner
+from hpcinfer.progress import Progress
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "sample_data" / "requests.parquet"
+TOKENIZER_DIR = REPO / "benchmarks" / "minilm_tokenizer"
+
+
+def sample_input(work: Path, rows: int) -> Path:
+    """The first `rows` rows of sample_data as a Parquet file."""
+    path = work / f"requests-{rows}.parquet"
+    if not path.exists():
+        pq.write_table(pq.read_table(SAMPLE).slice(0, rows), path)
+    return path
+
+
+@dataclass(frozen=True)
+class Setup:
+    target: str  # the device under test: cuda, cuda:N, or simulated
+    model: Path
+    inputs: Path
+    work: Path
+    max_length: int  # rows are truncated to this: the dry run keeps CPU forwards short
+
+
+def job(s: Setup, out: str, **device: Any) -> RunConfig:
+    """Small windows and budgets, so a few hundred rows make dozens of batches."""
+    return RunConfig(
+        input=InputConfig((str(s.inputs),)),
+        model=str(s.model),
+        tokenize=TokenizeConfig(max_length=s.max_length),
+        plan=PlanConfig(sort_window=120, max_batch_tokens=2048, max_batch_size=64),
+        device=DeviceConfig(**device),
+        output=OutputConfig(str(s.work / out), overwrite=True),
+        pipeline=PipelineConfig(progress="off"),
+    )
+
+
+def embeddings(cfg: RunConfig, device: Device | None = None) -> tuple[Any, np.ndarray]:
+    report = run(cfg, progress=Progress("off"), device=device)
+    table = pq.read_table(cfg.output.path)
+    values = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return report, np.asarray(values, dtype=np.float32).reshape(table.num_rows, -1)
+
+
+def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return float(((a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))).min())
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check_device_equals_cpu(s: Setup) -> str:
+    """float32 on the device equals the CPU, for 1/2/4 staging buffers and 1/2 compute streams."""
+    _, reference = embeddings(job(s, "cpu.parquet", device="cpu", dtype="float32"))
+    worst = 0.0
+    for buffers, streams in [(1, 1), (2, 1), (2, 2), (4, 2)]:
+        cfg = job(s, "dev.parquet", device=s.target, dtype="float32")
+        cfg = replace(cfg, device=replace(cfg.device, staging_buffers=buffers, streams=streams))
+        report, got = embeddings(cfg)
+        assert report.device == s.target.split(":")[0], report.device
+        np.testing.assert_allclose(got, reference, rtol=1e-3, atol=2e-4, err_msg=f"{buffers=} {streams=}")
+        worst = max(worst, float(np.abs(got - reference).max()))
+    return f"4 configurations, max |device - cpu| {worst:.2e}"
+
+
+@contextlib.contextmanager
+def _slot_written_after_its_copy(seen: list[bool]) -> Iterator[None]:
+    """Records, at the moment the stage step writes into a staging slot, whether its last copy is done."""
+    import hpcinfer.stage
+
+    local = threading.local()
+    acquire, scatter = StagingRing.acquire, hpcinfer.stage.scatter_rows
+
+    def acquire_and_remember(self: StagingRing):  # noqa: ANN202
+        local.slot = acquire(self)
+        return local.slot
+
+    def checked_scatter(*args: Any, **kwargs: Any) -> None:
+        done = local.slot.h2d_done
+        seen.append(done is None or done.query())  # queried before the write, not after a wait
+        scatter(*args, **kwargs)
+
+    StagingRing.acquire, hpcinfer.stage.scatter_rows = acquire_and_remember, checked_scatter
+    try:
+        yield
+    finally:
+        StagingRing.acquire, hpcinfer.stage.scatter_rows = acquire, scatter
+
+
+def _slow_copies(device: Device) -> None:
+    """Every H2D waits ~10 ms on the device first, so a slot reused too early is caught in the act."""
+    launch = device.copy_stream.launch
+
+    def slow(fn: Callable[[], None]) -> None:
+        def delayed() -> None:
+            if device.kind == "cuda":
+                torch.cuda._sleep(10_000_000)  # ~10 ms of GPU clock cycles
+            else:
+                time.sleep(0.01)
+            fn()
+
+        launch(delayed)
+
+    device.copy_stream.launch = slow  # type: ignore[method-assign]
+
+
+def check_staging_slots(s: Setup) -> str:
+    """No staging slot is written while its previous copy is in flight; and the check can fail."""
+    results = {}
+    for broken in (False, True):
+        seen: list[bool] = []
+        device = make_device(s.target, 1)
+        _slow_copies(device)
+        cfg = job(s, "slots.parquet", device=s.target, staging_buffers=1)
+        cfg = replace(cfg, plan=replace(cfg.plan, max_batch_tokens=4 * s.max_length))  # many small batches
+        original = StagingRing.__dict__["wait_reusable"]  # the staticmethod itself, to put back as it was
+        try:
+            if broken:  # the negative control: no wait before reuse
+                StagingRing.wait_reusable = staticmethod(lambda slot: None)  # type: ignore[method-assign]
+            with _slot_written_after_its_copy(seen):
+                run(cfg, progress=Progress("off"), device=device)
+        finally:
+            StagingRing.wait_reusable = original  # type: ignore[method-assign]
+            device.close()
+        results[broken] = seen
+    assert results[False] and all(results[False]), f"{results[False].count(False)} slots written mid-copy"
+    assert not all(results[True]), "without the wait no slot was caught mid-copy: this check cannot fail"
+    return f"{len(results[False])} writes, none mid-copy; without the wait {results[True].count(False)} were"
+
+
+def check_graphs_equal_eager(s: Setup) -> str:
+    """Graph replay equals the eager forward, every batch replayed a graph captured up front."""
+    built: list[GraphRunner] = []
+    init = GraphRunner.__init__
+
+    def remember(self: GraphRunner, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    plan = {"max_batch_tokens": 4 * s.max_length, "max_batch_size": 32}  # a grid of a few dozen graphs
+    eager_cfg = job(s, "eager.parquet", device=s.target, dtype="float32")
+    eager_cfg = replace(eager_cfg, plan=replace(eager_cfg.plan, **plan))
+    _, eager = embeddings(eager_cfg)
+    cfg = replace(eager_cfg, device=replace(eager_cfg.device, cuda_graphs=True, streams=2))
+    cfg = replace(cfg, output=replace(cfg.output, path=str(s.work / "graphs.parquet")))
+    GraphRunner.__init__ = remember  # type: ignore[method-assign]
+    try:
+        report, graphs = embeddings(cfg)
+    finally:
+        GraphRunner.__init__ = init  # type: ignore[method-assign]
+    (runner,) = built
+    assert runner.graphs_captured > 0, "no graph was captured"
+    assert runner.replays == report.batches and runner.eager == 0, (runner.replays, runner.eager, report.batches)
+    np.testing.assert_allclose(graphs, eager, rtol=1e-3, atol=2e-4)
+    diff = float(np.abs(graphs - eager).max())
+    return f"{runner.graphs_captured} graphs captured, {runner.replays} replays, max diff {diff:.2e}"
+
+
+def check_half_close_to_float32(s: Setup) -> str:
+    """The default half dtype (bf16, or fp16 where unsupported) is close to float32, and really used."""
+    half = "auto" if s.target.startswith("cuda") else "bfloat16"  # auto is float32 off CUDA
+    _, f32 = embeddings(job(s, "f32.parquet", device=s.target, dtype="float32"))
+    report, low = embeddings(job(s, "half.parquet", device=s.target, dtype=half))
+    assert report.dtype in ("bfloat16", "float16"), f"--dtype {half} ran in {report.dtype}"
+    cos = cosine_min(low, f32)
+    assert cos > 0.999, f"min cosine {report.dtype} vs float32: {cos:.6f}"
+    return f"{report.dtype}: min cosine vs float32 {cos:.6f}"
+
+
+CHECKS = [check_device_equals_cpu, check_staging_slots, check_graphs_equal_eager, check_half_close_to_float32]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N, or simulated (the dry run)")
+    p.add_argument("--model", type=Path, required=True, help="checkpoint directory (benchmarks/random_minilm.py)")
+    p.add_argument("--rows", type=int, default=300, help="rows of sample_data each check embeds")
+    p.add_argument("--max-length", type=int, default=128, help="truncate rows to this many tokens")
+    args = p.parse_args(argv)
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="gpu_checks-") as tmp:
+        work = Path(tmp)
+        setup = Setup(args.device, args.model, sample_input(work, args.rows), work, args.max_length)
+        for check in CHECKS:
+            t0 = time.perf_counter()
+            try:
+                what = check(setup)
+                print(f"PASS {check.__name__} ({time.perf_counter() - t0:.1f} s): {what}", flush=True)
+            except Exception:  # noqa: BLE001 - every check runs; each failure is reported
+                failed += 1
+                print(f"FAIL {check.__name__} ({time.perf_counter() - t0:.1f} s)", flush=True)
+                traceback.print_exc(file=sys.stdout)
+    print(f"gpu checks on {args.device}: {len(CHECKS) - failed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
