@@ -17,17 +17,19 @@ from .accounting import settle
 from .arrivals import ArrivalReplay
 from .config import OutputConfig, RunConfig, flatten, resolve_plan
 from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
+from .dispatch import Dispatcher
 from .errors import ConfigError, Interrupted
 from .execute import Executor
 from .lock import OutputLock
 from .models.checkpoint import CheckpointInfo, inspect_checkpoint
 from .models.registry import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
-from .pipeline import run_overlapped, run_serial
+from .pipeline import Fanout, run_overlapped, run_serial
 from .plan import Planner, TokenBudget, max_padded_len
 from .profile import RangeBackend
 from .progress import Progress
 from .read import Reader, estimate_rows
+from .replicas import DeviceLog, ResultWait, device_labels, make_devices, parse_devices
 from .report.latency import LatencyLog
 from .report.summary import RunReport
 from .report.timing import Timings, bottleneck
@@ -44,6 +46,7 @@ def run(
     config: RunConfig,
     *,
     device: Device | None = None,
+    devices: list[Device] | None = None,
     progress: Progress | None = None,
     hooks: dict[str, Callable[[Any], None]] | None = None,
     ranges: RangeBackend | None = None,
@@ -52,25 +55,37 @@ def run(
 ) -> RunReport:
     """Embeds every valid input row and writes one output row per valid row, in input order.
 
-    Rejected rows go to OUTPUT.rejects.jsonl. `device` overrides `config.device.device` (tests pass
-    a simulated or fault-injecting device); `hooks` maps a stage name to a callable run before each
-    item of that stage (fault injection in tests). `model`, already loaded for this device and
-    dtype, saves loading it again (tune's trials share one).
+    Rejected rows go to OUTPUT.rejects.jsonl. `device` overrides `config.device.device`, and
+    `devices` (one replica each) `config.device.devices`: tests pass simulated or fault-injecting
+    devices. `hooks` maps a stage name to a callable run before each item of that stage (fault
+    injection in tests). `model`, already loaded for the (first) device and dtype, saves loading it
+    again (tune's trials share one).
     """
     config.validate()
-    own_device = device is None
-    device = device or make_device(config.device.device, config.device.streams)
-    config = replace(config, plan=resolve_plan(config.plan, device.kind, config.input.rate))
+    own_devices = device is None and devices is None
+    if devices is None:
+        devices = [device] if device is not None else _make_devices(config)
     try:
-        return _run(config, device, progress, hooks, ranges, batch_profiler, model)
+        if len({d.kind for d in devices}) > 1:
+            raise ConfigError(f"--devices: one kind of device per run (got {', '.join(d.kind for d in devices)})")
+        config = replace(config, plan=resolve_plan(config.plan, devices[0].kind, config.input.rate))
+        return _run(config, devices, progress, hooks, ranges, batch_profiler, model)
     finally:
-        if own_device:
-            device.close()
+        if own_devices:
+            for d in devices:
+                d.close()
+
+
+def _make_devices(config: RunConfig) -> list[Device]:
+    if not config.device.devices:
+        return [make_device(config.device.device, config.device.streams)]
+    specs = parse_devices(config.device.devices)
+    return make_devices(specs, config.device.streams, config.device.threads)
 
 
 def _run(
     config: RunConfig,
-    device: Device,
+    devices: list[Device],
     progress: Progress | None,
     hooks: Any,
     ranges: Any,
@@ -83,13 +98,13 @@ def _run(
     max_length = _check_lengths(config, info)
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
-    dtype = resolve_dtype(config.device.dtype, device)
+    dtype = resolve_dtype(config.device.dtype, devices[0])
     store = PartStore(
         config.output.path, fmt, info.config.hidden_size, _fingerprint(config, info, reader, max_length, dtype)
     )
     with _claimed(store, config.output.path):
         return _execute(
-            _Job(config, device, store, reader, info, max_length, dtype),
+            _Job(config, devices, store, reader, info, max_length, dtype),
             progress,
             hooks,
             ranges,
@@ -103,7 +118,7 @@ class _Job:
     """What start-up settled: the run's config, device, output store, reader and model facts."""
 
     config: RunConfig
-    device: Device
+    devices: list[Device]  # one replica each
     store: PartStore
     reader: Reader
     info: CheckpointInfo
@@ -133,43 +148,47 @@ def _execute(
     batch_profiler: Any,
     preloaded: LoadedModel | None,
 ) -> RunReport:
-    config, device, store, reader, info = job.config, job.device, job.store, job.reader, job.info
-    max_length, dtype = job.max_length, job.dtype
+    config, devices, store, reader, info = job.config, job.devices, job.store, job.reader, job.info
+    max_length = job.max_length
     first_window = _open_store(store, reader, config.output)
-    report = RunReport(device=device.kind, dtype=str(dtype).removeprefix("torch."), model=str(info.path))
+    labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
+    report = RunReport(device=", ".join(labels), dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))
     stop = threading.Event()
     timings = Timings(keep_spans=config.trace_path is not None)
     progress = progress or Progress(config.pipeline.progress)
     progress.set_total(max((estimate_rows(reader.sources) or 0) - reader.skip_rows, 0))
-    if config.device.threads:
+    if len(devices) > 1:
+        progress.set_devices(labels)
+    if config.device.threads and len(devices) == 1:
         torch.set_num_threads(config.device.threads)
     rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
+    device_log = DeviceLog(labels)
+    dispatcher = Dispatcher(len(devices), config.device.dispatch)
     try:
-        model = preloaded or load_model(info, device.torch_device, dtype)
         plan = config.plan
         max_width = max_padded_len(max_length, plan.pad_multiple, info.config.max_position_embeddings)
         budget = TokenBudget(plan.max_batch_tokens, max_width)
-        ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
-        outputs = OutputPool(
-            device,
-            config.device.staging_buffers + config.device.streams,
-            plan.max_batch_size,
-            model.embedder.output_dim,
-            stop,
-        )
+        replicas = _replicas(job, labels, budget, max_width, stop, batch_profiler, preloaded)
 
         def on_batch(pending: Pending) -> None:
             batch = pending.batch
+            compute_ns = 0
             if pending.out is not None:
-                _record_device_spans(timings, pending)
+                _record_device_spans(timings, pending, labels[pending.replica] if len(labels) > 1 else "")
+                ev = pending.out.events
+                compute_ns = ev["compute_done"].time_ns() - ev["compute_start"].time_ns()
+                device_log.batch_done(
+                    pending.replica, batch.num_rows, batch.padded_tokens, compute_ns, ev["d2h_done"].time_ns()
+                )
                 report.batches += 1
                 report.oom_splits += pending.splits[0]
+            dispatcher.done(pending.replica, batch.padded_tokens, compute_ns / 1e9)
             report.real_tokens += batch.real_tokens
             report.padded_tokens += batch.padded_tokens
-            progress.advance(batch.num_rows, batch.real_tokens)
+            progress.advance(batch.num_rows, batch.real_tokens, device=pending.replica)
 
         latency = LatencyLog()
-        writer = Writer(store, outputs, rejects, first_window, on_batch, latency)
+        writer = Writer(store, [r.outputs for r in replicas], rejects, first_window, on_batch, latency)
         tokenize = _CountingTokenizer(
             load_tokenizer(info.path, max_length), max_length, info.config.vocab_size, config.tokenize.on_long, report
         )
@@ -184,10 +203,21 @@ def _execute(
             max_width=max_width,
         )
         source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=stop)
-        graphs = _graphs(config, device, model, budget, max_width)
-        executor = Executor(device, model.embedder, ring, outputs, graphs, budget, batch_profiler)
-        stages = [tokenize, planner, StageStep(device, ring), executor, writer]
+        if len(replicas) == 1:
+            only = replicas[0]
+            stages: list[Any] = [tokenize, planner, only.stage, only.executor, writer]
+            thread_init = only.device.bind_thread
+        else:
+            fan = Fanout(
+                "dispatch",
+                lambda batch: dispatcher.choose(batch.padded_tokens, batch.num_rows),
+                [[r.stage, r.executor, ResultWait()] for r in replicas],
+                [r.device.bind_thread for r in replicas],
+                labels,
+            )
+            stages, thread_init = [tokenize, planner, fan, writer], None
         start = time.perf_counter()
+        start_ns = time.perf_counter_ns()
         with _signals_stop(stop) as interrupted:
             if config.pipeline.overlap:
                 run_overlapped(
@@ -199,12 +229,10 @@ def _execute(
                     stop=stop,
                     hooks=hooks,
                     ranges=ranges,
-                    thread_init=device.bind_thread,
+                    thread_init=thread_init,
                 )
             else:
-                run_serial(
-                    source, stages, timings, stop=stop, hooks=hooks, ranges=ranges, thread_init=device.bind_thread
-                )
+                run_serial(source, stages, timings, stop=stop, hooks=hooks, ranges=ranges, thread_init=thread_init)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
         report.accounting = settle(
@@ -212,6 +240,7 @@ def _execute(
             writer.written_by_source,
             rejects.by_source,
         )
+        end_ns = time.perf_counter_ns()
         store.assemble()
         report.wall_s = time.perf_counter() - start
     except BaseException:
@@ -227,8 +256,10 @@ def _execute(
     report.final_max_batch_tokens = budget.tokens
     report.output = config.output.path
     report.stages = timings.summary(report.wall_s)
-    report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=device.kind == "cpu")
-    report.peak_device_memory_bytes = device.peak_memory_bytes()
+    report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=devices[0].kind == "cpu")
+    peaks = [p for d in devices if (p := d.peak_memory_bytes()) is not None]
+    report.peak_device_memory_bytes = sum(peaks) if peaks else None
+    report.devices = device_log.summary(start_ns, end_ns)
     report.batch_latency_ms = latency.batch_summary()
     report.arrivals = latency.request_summary(config.input.rate)
     report.config = flatten(config)
@@ -237,6 +268,53 @@ def _execute(
     if config.trace_path:
         write_trace(timings.spans, config.trace_path)
     return report
+
+
+@dataclass(slots=True)
+class _Replica:
+    """What one device runs: its stage and execute steps, over its own ring and output buffers."""
+
+    label: str
+    device: Device
+    outputs: OutputPool
+    stage: StageStep
+    executor: Executor
+
+
+def _replicas(
+    job: _Job,
+    labels: list[str],
+    budget: TokenBudget,
+    max_width: int,
+    stop: threading.Event,
+    batch_profiler: Any,
+    preloaded: LoadedModel | None,
+) -> list[_Replica]:
+    """One replica per device; devices that are one memory (CPU replicas) share one copy of the model."""
+    config, plan = job.config, job.config.plan
+    models: dict[str, LoadedModel] = {}
+    replicas = []
+    for i, (device, label) in enumerate(zip(job.devices, labels, strict=True)):
+        device.bind_thread()  # NOTE: loading and graph capture below run on this device
+        key = str(device.torch_device)
+        if key not in models:
+            models[key] = (
+                preloaded if preloaded is not None and i == 0 else load_model(job.info, device.torch_device, job.dtype)
+            )
+        model = models[key]
+        ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
+        outputs = OutputPool(
+            device,
+            config.device.staging_buffers + config.device.streams,
+            plan.max_batch_size,
+            model.embedder.output_dim,
+            stop,
+        )
+        graphs = _graphs(config, device, model, budget, max_width)
+        profiler = batch_profiler if i == 0 else None  # NOTE: torch.profiler follows one thread: the first device's
+        executor = Executor(device, model.embedder, ring, outputs, graphs, budget, profiler, replica=i)
+        replicas.append(_Replica(label, device, outputs, StageStep(device, ring), executor))
+    return replicas
 
 
 def _check_lengths(config: RunConfig, info: CheckpointInfo) -> int:
@@ -345,13 +423,17 @@ class _CountingTokenizer(TokenizeStage):
             yield out
 
 
-def _record_device_spans(timings: Timings, pending: Pending) -> None:
-    """Device work, timed by events on the stream that did it; all complete once d2h_done is."""
+def _record_device_spans(timings: Timings, pending: Pending, device: str = "") -> None:
+    """Device work, timed by events on the stream that did it; all complete once d2h_done is.
+
+    With several devices each stream is a track of its own, named after its device.
+    """
     ev = pending.out.events
     args = {"batch": pending.batch.batch_id, "rows": pending.batch.num_rows, "tokens": pending.batch.padded_tokens}
-    compute_track = f"compute{pending.stream}"
+    prefix = f"{device}/" if device else ""
+    compute_track = f"{prefix}compute{pending.stream}"
     for stage, start, end, track in (
-        ("h2d", "h2d_start", "h2d_done", "copy"),
+        ("h2d", "h2d_start", "h2d_done", f"{prefix}copy"),
         ("compute", "compute_start", "compute_done", compute_track),
         ("d2h", "compute_done", "d2h_done", compute_track),
     ):

@@ -181,6 +181,21 @@ def run_options(fn: Callable[..., Any], *, output_required: bool = True) -> Call
         ),
         click.option("--device", default=_DEFAULTS.device.device, show_default=True, help="auto, cpu, cuda or cuda:N."),
         click.option(
+            "--devices",
+            default=None,
+            metavar="LIST|all",
+            help="Run on several devices, one model replica each: cuda:0,cuda:1 or all (every visible GPU); "
+            "cpu,cpu splits the CPU threads. Batches go to the device with the fewest outstanding tokens. "
+            "Overrides --device.",
+        ),
+        click.option(
+            "--dispatch",
+            type=click.Choice(["tokens", "round_robin"]),
+            default=_DEFAULTS.device.dispatch,
+            show_default=True,
+            help="With --devices: send each batch to the device with the fewest outstanding tokens, or in turn.",
+        ),
+        click.option(
             "--dtype",
             type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
             default="auto",
@@ -307,7 +322,14 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
             o["sort_window"], o["max_batch_tokens"], o["max_batch_size"], o["pad_multiple"], o["batch_timeout_ms"]
         ),
         device=DeviceConfig(
-            o["device"], o["dtype"], o["streams"], o["staging_buffers"], o["cuda_graphs"], o["threads"]
+            o["device"],
+            o["dtype"],
+            o["streams"],
+            o["staging_buffers"],
+            o["cuda_graphs"],
+            o["threads"],
+            o["devices"],
+            o["dispatch"],
         ),
         output=OutputConfig(o["output"], o["output_format"], o["overwrite"], o["resume"], *_reject_limits(o)),
         pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
@@ -483,6 +505,7 @@ _TUNED_AS_IN_RUN = (
     "max_length",
     "tokenize_threads",
     "device",
+    "devices",
     "dtype",
     "threads",
     "rate",

@@ -55,6 +55,8 @@ class DeviceConfig:
     staging_buffers: int = 2
     cuda_graphs: bool = False
     threads: int | None = None  # CPU intra-op threads; None keeps torch's default
+    devices: str | None = None  # several devices, one replica each: "cuda:0,cuda:1", "all", "cpu,cpu"
+    dispatch: str = "tokens"  # which replica gets a batch: fewest outstanding tokens, or round_robin
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class RunConfig:
             raise ConfigError("--rate needs the overlapped pipeline (drop --no-overlap)")
         if self.plan.batch_timeout_ms is not None and not self.plan.batch_timeout_ms > 0:
             raise ConfigError(f"--batch-timeout-ms must be positive (got {self.plan.batch_timeout_ms})")
+        if self.device.dispatch not in ("tokens", "round_robin"):
+            raise ConfigError(f"--dispatch must be tokens or round_robin (got {self.device.dispatch!r})")
         if self.tokenize.on_long not in ("truncate", "reject"):
             raise ConfigError(f"--on-long must be truncate or reject (got {self.tokenize.on_long!r})")
         if self.output.resume and self.output.overwrite:

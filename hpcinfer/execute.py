@@ -38,7 +38,9 @@ class Executor:
         graphs: GraphRunner | None = None,
         budget: TokenBudget | None = None,
         batch_profiler: Any = None,
+        replica: int = 0,
     ) -> None:
+        self.replica = replica  # the index of this executor's device among several
         self.batch_profiler = batch_profiler  # torch.profiler driven from this thread (hpcinfer profile)
         self.device = device
         self.model = model
@@ -54,14 +56,14 @@ class Executor:
         if self.batch_profiler is not None:
             self.batch_profiler.on_batch()
         if slot is None:  # an empty batch carries a window of rejects only
-            yield Pending(batch, None)
+            yield Pending(batch, None, replica=self.replica)
             return
         n, width = batch.num_rows, batch.padded_len
         stream = self._streams[batch.batch_id % len(self._streams)]
         t0 = time.perf_counter_ns()
         out = self.outputs.acquire()  # blocks while the writer holds every output buffer
         self.waited_ns += time.perf_counter_ns() - t0
-        pending = Pending(batch, out, stream.index)
+        pending = Pending(batch, out, stream.index, replica=self.replica)
         ids_all = slot.dev_ids[: n * width].view(n, width)
         lengths_all = slot.dev_lengths[:n]
         host_lengths = batch.lengths

@@ -2,6 +2,8 @@
 
 `run_overlapped` is the production loop; `run_serial` runs the very same stage objects one item
 at a time, depth first: the reference twin every overlap optimisation is checked against.
+A `Fanout` in the list of stages splits the flow over parallel branches (one per device), each a
+chain of stages in threads of its own, merging again into the next stage.
 The first failure in any stage sets `stop`; every other stage notices within ~50 ms, and the
 failure is re-raised in the caller's thread with the stage named.
 """
@@ -14,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,6 +50,28 @@ class Source(Protocol):
     name: str
 
     def produce(self) -> Iterator[Any]: ...
+
+
+@dataclass(slots=True)
+class Fanout:
+    """Parallel branches at one position of the pipeline: `route(item)` names each item's branch.
+
+    Every branch is a chain of stages, each in its own thread, which runs `thread_inits[branch]`
+    first (the branch's device binds itself there). The branches' outputs merge into the next
+    stage's inbox, which ends once every branch has ended.
+    """
+
+    name: str
+    route: Callable[[Any], int]
+    branches: list[list[Stage]]
+    thread_inits: list[Callable[[], None] | None] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # a branch's name (its device), for threads and errors
+
+    def label(self, branch: int) -> str:
+        return self.labels[branch] if branch < len(self.labels) else str(branch)
+
+    def init(self, branch: int) -> Callable[[], None] | None:
+        return self.thread_inits[branch] if branch < len(self.thread_inits) else None
 
 
 def describe(item: Any) -> dict[str, Any]:
@@ -168,15 +194,17 @@ class _Runner:
         finally:
             self.ranges.pop()
 
-    def guard(self, name: str, body: Callable[[], None]) -> None:
+    def guard(self, name: str, body: Callable[[], None], init: Callable[[], None] | None = None) -> None:
         try:
-            if self.thread_init is not None:
-                self.thread_init()
+            if (init := init or self.thread_init) is not None:
+                init()
             body()
         except Cancelled:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure stops the run and is re-raised
-            self.failure.set(getattr(self.local, "stage", name), exc)
+            stage = getattr(self.local, "stage", name)
+            where = getattr(self.local, "where", None)  # the device of a fan-out branch
+            self.failure.set(f"{stage}@{where}" if where else stage, exc)
             self.stop.set()
 
 
@@ -217,11 +245,11 @@ def run_overlapped(
             runner.put(source.name, queues[0], item)
         runner.put(source.name, queues[0], END)
 
-    def stage_loop(i: int) -> None:
-        stage, inbox = stages[i], queues[i]
-        outbox = queues[i + 1] if i + 1 < len(stages) else None
+    def stage_loop(
+        stage: Stage, inbox: queue.Queue, outbox: queue.Queue | None, producers: int = 1, copies: int = 1
+    ) -> None:
         n_workers = workers.get(stage.name, 1)
-        timings.set_workers(stage.name, n_workers)
+        timings.set_workers(stage.name, n_workers * copies)  # NOTE: a stage run by every branch is timed as one
 
         def emit(outputs: list[Any]) -> None:
             for out in outputs:
@@ -232,8 +260,12 @@ def run_overlapped(
             _parallel_ordered(runner, stage, inbox, emit, n_workers)
         else:
             deadline = getattr(stage, "deadline_ns", None)  # a stage that closes batches on a timeout
-            while (item := runner.get(stage.name, inbox, deadline)) is not END:
-                if item is TICK:
+            ended = 0
+            while ended < producers:
+                item = runner.get(stage.name, inbox, deadline)
+                if item is END:
+                    ended += 1  # NOTE: after a fan-out, every branch sends its own END
+                elif item is TICK:
                     emit(runner.timed(stage, stage.tick, None))  # type: ignore[attr-defined]
                 else:
                     emit(runner.timed(stage, lambda item=item: stage.process(item), item))
@@ -241,11 +273,36 @@ def run_overlapped(
         if outbox is not None:
             runner.put(stage.name, outbox, END)
 
+    def branch_loop(label: str, *args: Any) -> None:
+        runner.local.where = label
+        stage_loop(*args)
+
+    def route_loop(fan: Fanout, inbox: queue.Queue, inboxes: list[queue.Queue]) -> None:
+        while (item := runner.get(fan.name, inbox)) is not END:
+            runner.put(fan.name, inboxes[fan.route(item)], item)
+        for branch_inbox in inboxes:
+            runner.put(fan.name, branch_inbox, END)
+
     threads = [threading.Thread(target=runner.guard, args=(source.name, source_loop), name=source.name)]
+
+    def start(name: str, body: Callable[[], None], init: Callable[[], None] | None = None) -> None:
+        threads.append(threading.Thread(target=runner.guard, args=(name, body, init), name=name))
+
+    producers = 1
     for i, stage in enumerate(stages):
-        threads.append(
-            threading.Thread(target=runner.guard, args=(stage.name, lambda i=i: stage_loop(i)), name=stage.name)
-        )
+        inbox, outbox = queues[i], queues[i + 1] if i + 1 < len(stages) else None
+        if isinstance(stage, Fanout):
+            chains = [[queue.Queue(maxsize=queue_depth) for _ in branch] for branch in stage.branches]
+            start(stage.name, lambda f=stage, q=inbox, c=chains: route_loop(f, q, [chain[0] for chain in c]))
+            for b, (branch, chain) in enumerate(zip(stage.branches, chains, strict=True)):
+                for k, step in enumerate(branch):
+                    out = chain[k + 1] if k + 1 < len(branch) else outbox
+                    body = partial(branch_loop, stage.label(b), step, chain[k], out, 1, len(stage.branches))
+                    start(f"{step.name}@{stage.label(b)}", body, stage.init(b))
+            producers = len(stage.branches)
+            continue
+        start(stage.name, lambda s=stage, q=inbox, o=outbox, p=producers: stage_loop(s, q, o, p))
+        producers = 1
     for t in threads:
         t.daemon = True
         t.start()
@@ -282,8 +339,37 @@ def run_serial(
     def push(i: int, item: Any) -> None:
         if i == len(stages):
             return
-        for out in runner.timed(stages[i], lambda: stages[i].process(item), item):
+        stage = stages[i]
+        if isinstance(stage, Fanout):
+            run_chain(stage, stage.route(item), 0, item, i + 1)
+            return
+        for out in runner.timed(stage, lambda: stage.process(item), item):
             push(i + 1, out)
+
+    def run_chain(fan: Fanout, branch: int, k: int, item: Any, then: int) -> None:
+        """Item through stages k.. of one branch, then on to stage `then` of the main line."""
+        steps = fan.branches[branch]
+        if k == len(steps):
+            push(then, item)
+            return
+        if (init := fan.init(branch)) is not None:
+            init()  # NOTE: one thread runs every device's work here: bind the one whose turn it is
+        runner.local.where = fan.label(branch)  # kept if it fails: the failure names the device
+        outputs = runner.timed(steps[k], lambda: steps[k].process(item), item)
+        runner.local.where = None
+        for out in outputs:
+            run_chain(fan, branch, k + 1, out, then)
+
+    def finish(i: int) -> None:
+        stage = stages[i]
+        if not isinstance(stage, Fanout):
+            for out in runner.timed(stage, stage.finish, None):
+                push(i + 1, out)
+            return
+        for b, steps in enumerate(stage.branches):
+            for k, step in enumerate(steps):
+                for out in runner.timed(step, step.finish, None):
+                    run_chain(stage, b, k + 1, out, i + 1)
 
     def body() -> None:
         items = source.produce()
@@ -298,9 +384,8 @@ def run_serial(
                 break
             timings.busy(source.name, t0, time.perf_counter_ns(), threading.current_thread().name, **describe(item))
             push(0, item)
-        for i, stage in enumerate(stages):
-            for out in runner.timed(stage, stage.finish, None):
-                push(i + 1, out)
+        for i in range(len(stages)):
+            finish(i)
 
     runner.guard(source.name, body)
     runner.failure.raise_if_set()

@@ -21,6 +21,8 @@ class Progress:
         self.total: int | None = None
         self.rows = 0
         self.tokens = 0
+        self.device_labels: list[str] = []  # several devices: rows per device in the line
+        self.device_rows: list[int] = []
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._last_log = self._start
@@ -33,13 +35,19 @@ class Progress:
             self._bar.total = total
             self._bar.refresh()
 
-    def advance(self, rows: int, tokens: int) -> None:
+    def set_devices(self, labels: list[str]) -> None:
+        self.device_labels = list(labels)
+        self.device_rows = [0] * len(labels)
+
+    def advance(self, rows: int, tokens: int, device: int = 0) -> None:
         with self._lock:
             self.rows += rows
             self.tokens += tokens
+            if self.device_rows:
+                self.device_rows[device] += rows
             elapsed = max(time.perf_counter() - self._start, 1e-9)
             if self._bar is not None:
-                self._bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
+                self._bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s{self._per_device()}", refresh=False)
                 self._bar.update(rows)
             elif self.mode == "log" and time.perf_counter() - self._last_log >= self._log_every:
                 self._last_log = time.perf_counter()
@@ -52,7 +60,14 @@ class Progress:
         eta = ""
         if self.total and rate > 0:
             eta = f", ETA {max(self.total - self.rows, 0) / rate:,.0f} s"
-        return f"hpcinfer: {done} rows, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s{eta}"
+        return (
+            f"hpcinfer: {done} rows, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s{eta}{self._per_device()}"
+        )
+
+    def _per_device(self) -> str:
+        if not self.device_rows:
+            return ""
+        return " [" + ", ".join(f"{k} {n:,}" for k, n in zip(self.device_labels, self.device_rows, strict=True)) + "]"
 
     def close(self) -> None:
         if self._bar is not None:

@@ -172,3 +172,4 @@ class Pending:
     stream: int = 0
     failed_rows: list[int] = field(default_factory=list)  # batch positions that could not run (oom)
     splits: list[int] = field(default_factory=lambda: [0])  # out-of-memory splits while running
+    replica: int = 0  # which device ran it (several devices: see dispatch.py)

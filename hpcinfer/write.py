@@ -114,7 +114,7 @@ class Writer:
     def __init__(
         self,
         store: PartStore,
-        outputs: OutputPool,
+        outputs: OutputPool | list[OutputPool],
         rejects: RejectCounter,
         first_window: int = 0,
         on_batch: Callable[[Pending], None] | None = None,
@@ -123,7 +123,7 @@ class Writer:
     ) -> None:
         self.store = store
         self.dim = store.dim
-        self.outputs = outputs
+        self.outputs = outputs if isinstance(outputs, list) else [outputs]  # one pool per device
         self.rejects = rejects
         self.on_batch = on_batch
         self.latency = latency
@@ -151,7 +151,7 @@ class Writer:
         if out is not None:
             # NOTE: only now, once on_batch has read the device times from the buffer's events: the
             # executor replaces them as soon as it takes the buffer again.
-            self.outputs.release(out)
+            self.outputs[pending.replica].release(out)
         self._commit_ready()
         return iter(())
 

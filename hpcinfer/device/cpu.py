@@ -42,10 +42,15 @@ class InlineStream(Stream):
 class CpuDevice(Device):
     kind = "cpu"
 
-    def __init__(self, streams: int = 1) -> None:
+    def __init__(self, streams: int = 1, threads: int | None = None) -> None:
+        self.threads = threads  # intra-op threads of the threads that compute here (several CPU replicas split them)
         self.torch_device = torch.device("cpu")
         self.copy_stream = InlineStream(0, "copy")
         self.compute_streams = [InlineStream(i, f"compute{i}") for i in range(streams)]
+
+    def bind_thread(self) -> None:
+        if self.threads:  # NOTE: OpenMP's thread count is per calling thread, so each replica keeps its share
+            torch.set_num_threads(self.threads)
 
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)

@@ -134,10 +134,21 @@ class SimulatedDevice(Device):
     supports_graphs = True
 
     def __init__(
-        self, streams: int = 1, seed: int = 0, max_delay_s: float = 0.004, capture_delay_s: float = 0.002
+        self,
+        streams: int = 1,
+        seed: int = 0,
+        max_delay_s: float = 0.004,
+        capture_delay_s: float = 0.002,
+        *,
+        seconds_per_token: float = 0.0,
+        speed: float = 1.0,
     ) -> None:
         rng = random.Random(seed)
         self.torch_device = torch.device("cpu")
+        # A forward of rows x width tokens also takes rows * width * seconds_per_token / speed on its
+        # stream, so devices of different speeds (multi-device dispatch tests) can be modelled.
+        self.seconds_per_token = seconds_per_token
+        self.speed = speed
         self.capture_delay_s = capture_delay_s  # a capture takes a while, as on a GPU
         self._lock = threading.Lock()
         self._capturing: int | None = None  # the thread capturing a graph, if any
@@ -181,6 +192,10 @@ class SimulatedDevice(Device):
 
     def device_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
+
+    def before_forward(self, rows: int, width: int) -> None:
+        if self.seconds_per_token:  # NOTE: runs on the compute stream's thread: device time, not host time
+            time.sleep(rows * width * self.seconds_per_token / self.speed)
 
     def on_reuse(self, host: torch.Tensor) -> None:
         # NOTE: a released buffer really is overwritten: ids become out-of-range-free garbage

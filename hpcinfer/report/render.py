@@ -74,9 +74,29 @@ def stage_table(report: RunReport) -> Table:
     return table
 
 
+def device_table(report: RunReport) -> Table:
+    table = Table(title="per device", title_justify="left")
+    for col in ("device", "batches", "rows", "tokens", "token share", "busy s", "busy share", "idle tail s"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for d in report.devices:
+        table.add_row(
+            d["device"],
+            f"{d['batches']:,}",
+            f"{d['rows']:,}",
+            f"{d['tokens']:,}",
+            f"{d['token_share']:.1%}",
+            f"{d['busy_s']:.3f}",
+            f"{d['busy_share']:.1%}",
+            f"{d['idle_tail_s']:.3f}",
+        )
+    return table
+
+
 def render(report: RunReport, console: Console) -> None:
     console.print(summary_table(report))
     console.print(stage_table(report))
+    if len(report.devices) > 1:
+        console.print(device_table(report))
     console.print(f"bottleneck: [bold]{report.bottleneck}[/bold] - {report.hint}")
     if (line := saturation_line(report)) is not None:
         console.print(line)

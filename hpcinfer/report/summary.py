@@ -32,6 +32,7 @@ class RunReport:
     bottleneck: str = ""
     hint: str = ""
     peak_device_memory_bytes: int | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)  # per device: tokens, busy share, idle tail
     batch_latency_ms: dict[str, float] = field(default_factory=dict)  # batch staged -> its results written
     # Under --rate: per-request latency (arrival -> committed), offered/achieved rate, saturated.
     arrivals: dict[str, Any] = field(default_factory=dict)

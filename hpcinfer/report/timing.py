@@ -43,7 +43,7 @@ class Timings:
 
     def busy(self, stage: str, start_ns: int, end_ns: int, track: str, **args: Any) -> None:
         with self._lock:
-            clock = self.clocks[stage]
+            clock = self._clock(stage)
             clock.busy_ns += end_ns - start_ns
             clock.durations_ns.append(end_ns - start_ns)
             if self.keep_spans:
@@ -51,14 +51,18 @@ class Timings:
 
     def starved(self, stage: str, ns: int) -> None:
         with self._lock:
-            self.clocks[stage].starved_ns += ns
+            self._clock(stage).starved_ns += ns
 
     def blocked(self, stage: str, ns: int) -> None:
         with self._lock:
-            self.clocks[stage].blocked_ns += ns
+            self._clock(stage).blocked_ns += ns
 
     def set_workers(self, stage: str, workers: int) -> None:
-        self.clocks[stage].workers = workers
+        self._clock(stage).workers = workers
+
+    def _clock(self, stage: str) -> StageClock:
+        """A stage outside the report's order (the dispatch of several devices) is kept, not shown."""
+        return self.clocks.setdefault(stage, StageClock())
 
     def summary(self, wall_s: float) -> list[dict[str, Any]]:
         rows = []

@@ -1,0 +1,145 @@
+"""Several devices on one machine: one replica per device, fed by one planner, drained by one writer.
+
+A replica owns what a device needs of its own: the model's weights on it, a staging ring, compute
+streams and output buffers. Batches go to the replica with the fewest outstanding tokens
+(dispatch.py); the writer restores input order, so the output does not depend on which device
+ran what. `DeviceLog` keeps, per device, what the report shows: batches, tokens, busy time and the
+idle tail at the end of the run (how long it waited for the slowest device).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .device import Device, make_device
+from .errors import ConfigError
+
+__all__ = ["DeviceLog", "ResultWait", "device_labels", "make_devices", "parse_devices"]
+
+
+class ResultWait:
+    """The last step of each device's branch: waits for a result's d2h_done, then passes it on.
+
+    NOTE: the writer takes results from every device in one queue and waits on each in turn; a
+    result still running on a slow device would hold up the finished ones of a fast device behind
+    it, and with them the fast device's output buffers. Waiting here, per device, sends the writer
+    only finished results, so each device runs at its own pace.
+    """
+
+    name = "collect"
+
+    def process(self, pending: Any) -> Iterator[Any]:
+        if pending.out is not None:
+            pending.out.events["d2h_done"].synchronize()
+        yield pending
+
+    def finish(self) -> Iterator[Any]:
+        return iter(())
+
+
+def parse_devices(spec: str, cuda_count: int | None = None) -> list[str]:
+    """'cuda:0,cuda:1' | 'all' | 'cpu,cpu' -> one spec per replica, validated.
+
+    A CUDA device may appear once (two replicas on one GPU would only compete for it); CPU
+    replicas may repeat: they split the CPU's threads between them.
+    """
+    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if spec.strip() == "all":
+        if not count:
+            raise ConfigError("--devices all: no CUDA device is available (try --devices cpu)")
+        return [f"cuda:{i}" for i in range(count)]
+    specs = [s.strip() for s in spec.split(",") if s.strip()]
+    if not specs:
+        raise ConfigError("--devices: no device given")
+    normalized = [("cuda:0" if s == "cuda" else s) for s in specs]
+    for s in normalized:
+        if s.startswith("cuda") and normalized.count(s) > 1:
+            raise ConfigError(f"--devices: {s} is listed {normalized.count(s)} times; one replica per GPU")
+        if not (s in ("cpu", "simulated") or s.startswith("cuda:")):
+            raise ConfigError(f"--devices: {s!r} is not a device (expected cuda:N, cpu or all)")
+    return normalized
+
+
+def device_labels(specs: list[str]) -> list[str]:
+    """Names that tell replicas apart: cuda:1 stays cuda:1, a repeated cpu becomes cpu#0, cpu#1."""
+    return [s if specs.count(s) == 1 else f"{s}#{specs[:i].count(s)}" for i, s in enumerate(specs)]
+
+
+def make_devices(specs: list[str], streams: int, threads: int | None) -> list[Device]:
+    """The devices, made once; CPU replicas share the machine's threads (or --threads) equally."""
+    cpus = specs.count("cpu")
+    total = threads or torch.get_num_threads()
+    devices: list[Device] = []
+    try:
+        for s in specs:
+            if s == "cpu" and cpus > 1:
+                from .device.cpu import CpuDevice
+
+                devices.append(CpuDevice(streams, threads=max(1, total // cpus)))
+            else:
+                devices.append(make_device(s, streams))
+    except BaseException:
+        for d in devices:
+            d.close()
+        raise
+    return devices
+
+
+@dataclass(slots=True)
+class _DeviceStats:
+    label: str
+    batches: int = 0
+    rows: int = 0
+    tokens: int = 0  # padded: what the device computed
+    busy_ns: int = 0  # compute on its streams (event times)
+    last_done_ns: int = 0
+
+
+@dataclass
+class DeviceLog:
+    """Per-device figures, filled by the writer as results arrive (thread-safe)."""
+
+    labels: list[str]
+    stats: list[_DeviceStats] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = [_DeviceStats(label) for label in self.labels]
+        self._lock = threading.Lock()
+
+    def batch_done(self, replica: int, rows: int, tokens: int, compute_ns: int, done_ns: int) -> None:
+        with self._lock:
+            s = self.stats[replica]
+            s.batches += 1
+            s.rows += rows
+            s.tokens += tokens
+            s.busy_ns += compute_ns
+            s.last_done_ns = max(s.last_done_ns, done_ns)
+
+    def summary(self, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+        """Per device: its share of the tokens and of the wall time, and its idle tail.
+
+        The idle tail is the time from the device's last result to the last result of any device:
+        the imbalance a better dispatch would have removed.
+        """
+        wall = max(end_ns - start_ns, 1)
+        total_tokens = sum(s.tokens for s in self.stats) or 1
+        last = max((s.last_done_ns for s in self.stats), default=start_ns)
+        return [
+            {
+                "device": s.label,
+                "batches": s.batches,
+                "rows": s.rows,
+                "tokens": s.tokens,
+                "token_share": round(s.tokens / total_tokens, 4),
+                "busy_s": round(s.busy_ns / 1e9, 4),
+                "busy_share": round(s.busy_ns / wall, 4),
+                "finished_s": round(((s.last_done_ns or start_ns) - start_ns) / 1e9, 4),
+                "idle_tail_s": round((last - (s.last_done_ns or start_ns)) / 1e9, 4),
+            }
+            for s in self.stats
+        ]

@@ -1,0 +1,201 @@
+"""Several devices on one machine: dispatch by outstanding tokens, output as from one device."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hpcinfer.device.simulated import SimulatedDevice
+from hpcinfer.dispatch import Dispatcher
+from hpcinfer.errors import ConfigError, StageError
+from hpcinfer.progress import Progress
+from hpcinfer.replicas import device_labels, parse_devices
+
+from .conftest import make_texts, run_job, small_config, write_jsonl
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+CRASH_RUN = Path(__file__).with_name("crash_run.py")
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("devices")
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(1500, seed=11))]
+    rows[5]["text"] = ""
+    return write_jsonl(tmp / "in.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def one_device(rows_file, tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "out.parquet"
+    _, table = run_job(small_config(rows_file, out, tiny_model))
+    return table
+
+
+def _pair(slow: float = 1.0, fast: float = 3.0, per_token: float = 4e-5) -> list[SimulatedDevice]:
+    return [
+        SimulatedDevice(seed=k, max_delay_s=0.0005, seconds_per_token=per_token, speed=speed)
+        for k, speed in enumerate((slow, fast))
+    ]
+
+
+def test_a_three_times_faster_device_gets_three_quarters_of_the_tokens(tiny_model, tmp_path):
+    # NOTE: the simulated delay per token dominates the real (unscaled) compute of the tiny model,
+    # so the pair really is about 1x and 3x.
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(800, seed=2))])
+    plan = {"max_batch_tokens": 512, "sort_window": 800}
+    _, one_device = run_job(small_config(src, tmp_path / "one.parquet", tiny_model, plan=plan))
+    devices = _pair(per_token=3e-4)
+    try:
+        report, table = run_job(small_config(src, tmp_path / "out.parquet", tiny_model, plan=plan), devices=devices)
+    finally:
+        for d in devices:
+            d.close()
+    slow, fast = report.devices
+    assert (slow["device"], fast["device"]) == ("simulated#0", "simulated#1")
+    assert 0.70 <= fast["token_share"] <= 0.80, report.devices
+    ends = [slow["finished_s"], fast["finished_s"]]
+    assert abs(ends[0] - ends[1]) <= 0.10 * max(ends), report.devices  # both finish within 10%
+    assert table.column("id").to_pylist() == one_device.column("id").to_pylist()
+    assert table.column("embedding").equals(one_device.column("embedding"))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_two_cpu_replicas_give_the_one_device_output_bit_for_bit(rows_file, tiny_model, tmp_path, one_device, overlap):
+    cfg = small_config(
+        rows_file, tmp_path / "out.parquet", tiny_model, device={"devices": "cpu,cpu"}, pipeline={"overlap": overlap}
+    )
+    report, table = run_job(cfg)
+    assert table.equals(one_device)
+    assert [d["device"] for d in report.devices] == ["cpu#0", "cpu#1"]
+    assert all(d["batches"] > 0 for d in report.devices)
+    assert report.accounting["rows_written"] == 1499
+
+
+class _FailingDevice(SimulatedDevice):
+    """A device that breaks down after a number of forwards, as a GPU that falls off the bus."""
+
+    def __init__(self, after: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.after = after
+
+    def before_forward(self, rows: int, width: int) -> None:
+        self.after -= 1
+        if self.after < 0:
+            raise RuntimeError("device lost")
+        super().before_forward(rows, width)
+
+
+def test_a_device_that_fails_stops_the_run_naming_it_and_committed_windows_resume(
+    rows_file, tiny_model, tmp_path, one_device
+):
+    out = tmp_path / "out.parquet"
+    devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), _FailingDevice(after=40, seed=1, max_delay_s=0.0005)]
+    try:
+        with pytest.raises(StageError, match=r"stage 'execute@simulated#1' failed: RuntimeError: device lost"):
+            run_job(small_config(rows_file, out, tiny_model), devices=devices)
+    finally:
+        for d in devices:
+            d.close()
+    manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
+    assert manifest["windows"], "windows committed before the failure are kept"
+    report, table = run_job(small_config(rows_file, out, tiny_model, output={"resume": True}))
+    assert report.rows_resumed == sum(w["rows"] for w in manifest["windows"]) > 0
+    assert table.equals(one_device)
+
+
+def test_kill_9_and_resume_across_two_devices(rows_file, tiny_model, tmp_path, one_device):
+    out = tmp_path / "killed.parquet"
+    args = [str(rows_file), "-o", str(out), "--model", str(tiny_model), "--devices", "cpu,cpu"]
+    args += ["--sort-window", "120", "--max-batch-tokens", "1024", "--max-batch-size", "32", "--progress", "off", "-q"]
+    killed = subprocess.run(
+        [sys.executable, str(CRASH_RUN), "manifest_renamed", "4", *args], env=ENV, capture_output=True, timeout=300
+    )
+    assert killed.returncode == -9
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcinfer", "run", *args, "--resume"], env=ENV, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert pq.read_table(out).equals(one_device)
+
+
+def test_device_lists():
+    assert parse_devices("cuda:0,cuda:1", cuda_count=2) == ["cuda:0", "cuda:1"]
+    assert parse_devices("all", cuda_count=3) == ["cuda:0", "cuda:1", "cuda:2"]
+    assert parse_devices("cpu,cpu", cuda_count=0) == ["cpu", "cpu"]
+    with pytest.raises(ConfigError, match="cuda:0 is listed 2 times; one replica per GPU"):
+        parse_devices("cuda:0,cuda", cuda_count=1)
+    with pytest.raises(ConfigError, match="--devices all: no CUDA device"):
+        parse_devices("all", cuda_count=0)
+    with pytest.raises(ConfigError, match="'tpu' is not a device"):
+        parse_devices("cpu,tpu", cuda_count=0)
+    assert device_labels(["cuda:0", "cuda:1"]) == ["cuda:0", "cuda:1"]
+    assert device_labels(["cpu", "cpu"]) == ["cpu#0", "cpu#1"]
+
+
+def test_the_cli_refuses_one_gpu_listed_twice(tmp_path, rows_file):
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcinfer", "run", str(rows_file), "-o", str(tmp_path / "o.parquet")]
+        + ["--devices", "cuda:0,cuda:0"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "cuda:0 is listed 2 times; one replica per GPU" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _simulate(policy: str, batch_tokens: list[int], speeds: list[float], depth: int = 4) -> list[float]:
+    """A discrete-event model of the pipeline's dispatch: each device runs its queue in order, the
+    dispatcher blocks while the chosen device holds `depth` batches. Returns each device's finish time."""
+    dispatcher = Dispatcher(len(speeds), policy)
+    queues: list[list[tuple[float, int]]] = [[] for _ in speeds]  # (finish time, tokens) per queued batch
+    busy_until = [0.0] * len(speeds)
+    now = 0.0
+
+    def written(device: int) -> None:
+        finish, tokens = queues[device].pop(0)
+        dispatcher.done(device, tokens, tokens / speeds[device])
+
+    for tokens in batch_tokens:
+        device = dispatcher.choose(tokens)
+        while len(queues[device]) >= depth:  # wait for its oldest batch to be done
+            now = max(now, queues[device][0][0])
+            written(device)
+        for d, q in enumerate(queues):  # results written meanwhile leave the counts
+            while q and q[0][0] <= now:
+                written(d)
+        busy_until[device] = max(busy_until[device], now) + tokens / speeds[device]
+        queues[device].append((busy_until[device], tokens))
+    return busy_until
+
+
+def test_dispatch_by_tokens_adapts_to_speed_and_to_skewed_batches():
+    rng = np.random.default_rng(0)
+    skewed = [int(t) for t in rng.choice([64, 256, 2048], size=400, p=[0.6, 0.3, 0.1])]
+    for speeds in ([1.0, 1.0], [1.0, 3.0]):
+        by_tokens = _simulate("tokens", skewed, speeds)
+        round_robin = _simulate("round_robin", skewed, speeds)
+        assert max(by_tokens) < max(round_robin), speeds  # the run ends sooner
+    by_tokens, round_robin = _simulate("tokens", skewed, [1.0, 3.0]), _simulate("round_robin", skewed, [1.0, 3.0])
+    assert max(by_tokens) - min(by_tokens) < max(round_robin) - min(round_robin)  # a shorter idle tail
+    ideal = sum(skewed) / 4  # the pair does 4 tokens per unit of time
+    assert max(by_tokens) < 1.05 * ideal
+
+
+def test_progress_shows_rows_per_device():
+    progress = Progress("log", stream=io.StringIO())
+    progress.set_devices(["cuda:0", "cuda:1"])
+    progress.advance(10, 100, device=1)
+    progress.advance(4, 40, device=0)
+    assert progress.line(1.0).endswith("[cuda:0 4, cuda:1 10]")
