@@ -68,7 +68,7 @@ class TuneResult:
 
 
 def device_kind(spec: str) -> str:
-    if spec == "auto":
+    if spec in ("auto", "all"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if spec.startswith("cuda") else spec
 
@@ -121,7 +121,7 @@ def tune(
         parse_size(opts.max_memory) if opts.max_memory else None,
         opts.min_gain,
     )
-    kind = device_kind(base.device.device)
+    kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
     info = inspect_checkpoint(resolve_model_path(base.model))
     max_length = base.tokenize.max_length or info.max_seq_length
     with tempfile.TemporaryDirectory(prefix="hpcinfer-tune-") as tmp:
@@ -219,6 +219,8 @@ def recipe_values(result: TuneResult, base: RunConfig) -> dict[str, Any]:
     if base.model != "default":
         values["model"] = base.model
     values["device"] = result.device
+    if base.device.devices:  # one budget, tuned once, for every device
+        values["devices"] = base.device.devices
     values["dtype"] = base.device.dtype
     if base.tokenize.max_length is not None:
         values["max_length"] = base.tokenize.max_length

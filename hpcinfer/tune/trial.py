@@ -112,8 +112,9 @@ class TrialRunner:
     def _model(self, config: RunConfig) -> LoadedModel:
         """Loaded once for all trials: loading it per run would cost time and, held by the
         allocator afterwards, inflate the memory later trials are charged with."""
-        if self._loaded is None:
-            device = make_device(config.device.device, 1)
+        if self._loaded is None:  # NOTE: with --devices, for the first one (the others load their own)
+            first = config.device.devices.split(",")[0].strip() if config.device.devices else config.device.device
+            device = make_device("cuda:0" if first == "all" else first, 1)
             try:
                 dtype = resolve_dtype(config.device.dtype, device)
                 info = inspect_checkpoint(resolve_model_path(config.model))

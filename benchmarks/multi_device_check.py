@@ -1,0 +1,72 @@
+"""The multi-device step of gpu_check.sh: every visible GPU at once, against one GPU.
+
+Runs the sample through `--devices all` (one replica per visible GPU; `--dry-run`: `cpu,cpu`)
+and through one device, checks the outputs agree (ids equal, embeddings to 1e-3 in half
+precision), prints the per-device table (token share, busy share, idle tail), and checks that one
+GPU listed twice (`--devices cuda:0,cuda:0`) is refused with a clear error.
+
+    python benchmarks/multi_device_check.py --model DIR [--dry-run] [--rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "requests.jsonl"
+
+
+def hpcinfer(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "hpcinfer", "run", *args], capture_output=True, text=True, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", type=int, default=3000)
+    p.add_argument("--dry-run", action="store_true", help="two CPU replicas instead of every GPU")
+    args = p.parse_args(argv)
+    many, one = ("cpu,cpu", "cpu") if args.dry_run else ("all", "cuda:0")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in.jsonl"
+        with open(SAMPLE, encoding="utf-8") as fh:
+            src.write_text("".join(line for _, line in zip(range(args.rows), fh, strict=False)))
+        common = [str(src), "--model", args.model, "--progress", "off", "-q"]
+        outs = {}
+        for spec in (one, many):
+            out, report = Path(tmp) / f"{spec.replace(',', '_')}.parquet", Path(tmp) / f"{spec}.json"
+            flag = ["--device", spec] if spec == one else ["--devices", spec]
+            done = hpcinfer(*common, "-o", str(out), *flag, "--report", str(report))
+            if done.returncode != 0:
+                print(f"--devices {spec} failed:\n{done.stderr}")
+                return 1
+            outs[spec] = (pq.read_table(out), json.loads(report.read_text()))
+        (a, ra), (b, rb) = outs[one], outs[many]
+        same_ids = a.column("id").to_pylist() == b.column("id").to_pylist()
+        ea = np.asarray(a.column("embedding").to_pylist(), dtype=np.float32)
+        eb = np.asarray(b.column("embedding").to_pylist(), dtype=np.float32)
+        diff = float(np.abs(ea - eb).max()) if len(ea) else 0.0
+        print(f"one device ({one}): {ra['rows_per_s']:,.1f} rows/s; --devices {many}: {rb['rows_per_s']:,.1f} rows/s")
+        for d in rb["devices"]:
+            print(
+                f"  {d['device']:<10} batches {d['batches']:>5}  token share {d['token_share']:6.1%}  "
+                f"busy share {d['busy_share']:6.1%}  idle tail {d['idle_tail_s']:.3f} s"
+            )
+        print(f"ids equal: {same_ids}; max |embedding difference|: {diff:.2e}")
+        refused = hpcinfer(*common, "-o", str(Path(tmp) / "twice.parquet"), "--devices", "cuda:0,cuda:0")
+        clear = refused.returncode == 2 and "listed 2 times" in refused.stderr and "Traceback" not in refused.stderr
+        print(f"--devices cuda:0,cuda:0 refused clearly: {clear} ({refused.stderr.strip()})")
+        return 0 if same_ids and diff <= 1e-3 and clear else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
