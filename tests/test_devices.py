@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hpcinfer.device.base import DeviceOutOfMemory
 from hpcinfer.device.simulated import SimulatedDevice
 from hpcinfer.dispatch import Dispatcher
 from hpcinfer.errors import ConfigError, StageError
@@ -199,3 +200,34 @@ def test_progress_shows_rows_per_device():
     progress.advance(10, 100, device=1)
     progress.advance(4, 40, device=0)
     assert progress.line(1.0).endswith("[cuda:0 4, cuda:1 10]")
+
+
+class _OomAbove(SimulatedDevice):
+    """A device whose allocator 'fails' for forwards above a token count."""
+
+    def __init__(self, limit_tokens: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.limit = limit_tokens
+        self.failures = 0
+
+    def before_forward(self, rows: int, width: int) -> None:
+        if rows * width > self.limit:
+            self.failures += 1
+            raise DeviceOutOfMemory(f"injected: {rows} x {width}")
+
+
+def test_out_of_memory_is_split_on_the_device_that_ran_out(rows_file, tiny_model, tmp_path, one_device):
+    small = _OomAbove(300, seed=1, max_delay_s=0.0005)
+    devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), small]
+    try:
+        report, table = run_job(small_config(rows_file, tmp_path / "out.parquet", tiny_model), devices=devices)
+    finally:
+        for d in devices:
+            d.close()
+    assert small.failures > 0 and report.oom_splits > 0
+    assert np.allclose(
+        np.asarray(table.column("embedding").to_pylist()),
+        np.asarray(one_device.column("embedding").to_pylist()),
+        atol=1e-5,
+    )
+    assert table.column("id").to_pylist() == one_device.column("id").to_pylist()
