@@ -152,7 +152,8 @@ def _execute(
     max_length = job.max_length
     first_window = _open_store(store, reader, config.output)
     labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
-    report = RunReport(device=", ".join(labels), dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))
+    shown = devices[0].kind if len(devices) == 1 else ", ".join(labels)
+    report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))
     stop = threading.Event()
     timings = Timings(keep_spans=config.trace_path is not None)
     progress = progress or Progress(config.pipeline.progress)
