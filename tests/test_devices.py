@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +102,7 @@ def test_a_device_that_fails_stops_the_run_naming_it_and_committed_windows_resum
     out = tmp_path / "out.parquet"
     devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), _FailingDevice(after=40, seed=1, max_delay_s=0.0005)]
     try:
-        with pytest.raises(StageError, match=r"stage 'execute@simulated#1' failed: RuntimeError: device lost"):
+        with pytest.raises(StageError, match=r"stage '\w+@simulated#1' failed: RuntimeError: device lost"):
             run_job(small_config(rows_file, out, tiny_model), devices=devices)
     finally:
         for d in devices:
@@ -231,3 +232,28 @@ def test_out_of_memory_is_split_on_the_device_that_ran_out(rows_file, tiny_model
         atol=1e-5,
     )
     assert table.column("id").to_pylist() == one_device.column("id").to_pylist()
+
+
+def test_an_error_on_a_simulated_stream_is_sticky_as_on_cuda():
+    """Work after a failure never runs and every later event raises it: no result of a failed batch
+    can look finished (which let a window of garbage be committed)."""
+    device = SimulatedDevice(max_delay_s=0.0)
+    stream = device.compute_streams[0]
+    ran, gate = [], threading.Event()
+
+    def failing_kernel() -> None:
+        gate.wait()  # NOTE: fails only once the later work is queued behind it
+        raise RuntimeError("kernel failed")
+
+    try:
+        stream.launch(failing_kernel)
+        stream.launch(lambda: ran.append("later"))
+        done = stream.record()
+        gate.set()
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            done.synchronize()
+        assert ran == []
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            stream.launch(lambda: None)  # and the host hears of it at the next launch
+    finally:
+        device.close()

@@ -39,19 +39,29 @@ class SimEvent(Event):
         self._done = threading.Event()
         self._t = 0
         self._stale = False
+        self._error: BaseException | None = None
 
     def fire(self) -> None:
         self._t = time.perf_counter_ns()
         self._done.set()
 
+    def fail(self, error: BaseException) -> None:
+        """Work before this event failed: waiting on it raises that error, as CUDA's sticky errors do."""
+        self._error = error
+        self.fire()
+
     def device_wait(self) -> None:
         """A stream waiting on this event: device side, not a host API call."""
         self._done.wait()
+        if self._error is not None:
+            raise self._error
 
     def synchronize(self) -> None:
         self._device.check_host_call("an event synchronize")
         with self._device.waiting():
             self._done.wait()
+        if self._error is not None:
+            raise self._error
 
     def query(self) -> bool:
         self._device.check_host_call("an event query")
@@ -75,16 +85,21 @@ class SimStream(Stream):
         self._rng = rng
         self._max_delay = max_delay_s
         self._device = device
-        self._ops: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._ops: queue.Queue[Callable[[], None] | SimEvent | None] = queue.Queue()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"sim-{label}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while (op := self._ops.get()) is not None:
+            if isinstance(op, SimEvent):
+                op.fire() if self._failure is None else op.fail(self._failure)
+                continue
+            if self._failure is not None:
+                continue  # NOTE: an error is sticky, as on CUDA: later work on the stream never runs
             try:
                 op()
-            except BaseException as exc:  # surfaced to the host at the next launch
+            except BaseException as exc:  # surfaced to the host at the next launch or event wait
                 self._failure = exc
 
     def _delayed(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -105,7 +120,7 @@ class SimStream(Stream):
     def record(self) -> Event:
         self._device.check_bound(f"an event recorded on {self.label}")
         event = SimEvent(self._device)
-        self._ops.put(event.fire)
+        self._ops.put(event)
         return event
 
     def wait(self, event: Event) -> None:
