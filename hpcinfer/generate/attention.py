@@ -1,0 +1,121 @@
+"""Attention over block tables: this step's K/V go into the paged pools, queries read through them.
+
+One seam, chosen once at start-up (`choose_attention`): the pure-torch path here is correct on
+CPU and CUDA; a CUDA kernel library can replace it behind the same call. The batch layout is
+the runner's (`PagedBatch`): decode tokens first (one per sequence), then prefill chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class PrefillSegment:
+    """`length` query tokens at flat offset `offset`, positions start..start+length-1 of their sequence."""
+
+    offset: int
+    length: int
+    start: int
+    blocks: torch.Tensor  # [ceil((start + length) / block_size)] block ids; used only when start > 0
+    mask: torch.Tensor | None = None  # [length, start + length] causal over the cached context
+
+
+@dataclass(slots=True)
+class PagedBatch:
+    """One step's attention metadata, shared by every layer (built once per step by the runner)."""
+
+    slots: torch.Tensor  # [T] flat KV slot of each token
+    num_decodes: int
+    decode_blocks: torch.Tensor  # [Bd, max_blocks] block ids (padded with block 0)
+    decode_mask: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] True where a key is in context
+    prefills: list[PrefillSegment] = field(default_factory=list)
+
+
+class TorchPagedAttention:
+    """The reference paged attention (SDPA over gathered blocks). `gather_s` times the gathers."""
+
+    name = "torch"
+
+    def __init__(self, cache: KVCache, timed: bool = False) -> None:
+        self.cache = cache
+        self.batch: PagedBatch | None = None
+        self.timed = timed
+        self.gather_s = 0.0
+
+    def bind(self, batch: PagedBatch) -> TorchPagedAttention:
+        self.batch = batch
+        return self
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+        batch = self.batch
+        assert batch is not None, "bind() a step's PagedBatch first"
+        self.cache.write(layer, batch.slots, k, v)
+        t, heads, dim = q.shape
+        nd = batch.num_decodes
+        if nd and not batch.prefills:
+            return self._decode(layer, q).reshape(t, heads * dim)
+        out = q.new_empty(t, heads, dim)
+        if nd:
+            out[:nd] = self._decode(layer, q[:nd])
+        for seg in batch.prefills:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            out[rows] = self._prefill(layer, seg, q[rows], k[rows], v[rows])
+        return out.view(t, heads * dim)
+
+    def _gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """blocks [..., nb] -> K, V [..., nb * block_size, Hkv, D] (a copy: blocks are scattered)."""
+        start = time.perf_counter() if self.timed else 0.0
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        shape = (*blocks.shape[:-1], -1, *pool_k.shape[2:])
+        flat = blocks.reshape(-1)
+        kk = pool_k.index_select(0, flat).view(shape)
+        vv = pool_v.index_select(0, flat).view(shape)
+        if self.timed:
+            self.gather_s += time.perf_counter() - start
+        return kk, vv
+
+    def _decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q [Bd, H, D], one query per sequence -> [Bd, H, D]."""
+        batch = self.batch
+        kk, vv = self._gather(layer, batch.decode_blocks)  # [Bd, L, Hkv, D]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=batch.decode_mask, enable_gqa=True
+        )
+        return out.squeeze(2)
+
+    def _prefill(
+        self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
+        if seg.start == 0:
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+            )
+            return out.transpose(0, 1)
+        kk, vv = self._gather(layer, seg.blocks)
+        total = seg.start + seg.length
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            kk[:total].transpose(0, 1),
+            vv[:total].transpose(0, 1),
+            attn_mask=seg.mask,
+            enable_gqa=True,
+        )
+        return out.transpose(0, 1)
+
+
+def choose_attention(cache: KVCache, device: torch.device, timed: bool = False) -> TorchPagedAttention:
+    """The attention implementation for this run, chosen once.
+
+    NOTE: the pure-torch path is the one every device runs today; a paged CUDA kernel (flash-attn's
+    `flash_attn_with_kvcache`, flashinfer) slots in here behind the same `bind`/`__call__` contract.
+    """
+    return TorchPagedAttention(cache, timed=timed)

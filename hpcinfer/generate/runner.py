@@ -1,0 +1,112 @@
+"""The device side of an engine step: a StepPlan becomes flat tensors, the model runs, logits come back.
+
+Consumes a `StepPlan` (decodes first, then prefill chunks); produces float32 logits [S, vocab]
+for the S chunks that sample, in `plan.chunks` order. Host index buffers are allocated once at
+start-up and filled in place each step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.llama import LlamaDecoder
+from .attention import PagedBatch, PrefillSegment, choose_attention
+from .block_manager import blocks_for
+from .kv_cache import KVCache
+from .scheduler import StepPlan
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        cache: KVCache,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        timed: bool = False,
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = cache.k.device
+        self.block_size = cache.layout.block_size
+        self.attention = choose_attention(cache, self.device, timed=timed)
+        tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
+        self.max_blocks = blocks_for(max_model_len, self.block_size)
+        # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.
+        self._ids = np.zeros(tokens, dtype=np.int64)
+        self._pos = np.zeros(tokens, dtype=np.int64)
+        self._slots = np.zeros(tokens, dtype=np.int64)
+        self._tables = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int64)
+        self._lens = np.zeros(max_num_seqs, dtype=np.int64)
+        self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
+        self._pos_index = np.arange(max_num_seqs, dtype=np.int64)
+        self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=False)
+
+    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
+        """ids [T], positions [T], the attention batch, and the flat index of each sampling token."""
+        bs = self.block_size
+        nd = len(plan.decodes)
+        width = 1
+        for i, chunk in enumerate(plan.decodes):
+            seq, p = chunk.seq, chunk.start
+            self._ids[i] = seq.tokens[p]
+            self._pos[i] = p
+            self._slots[i] = seq.block_table[p // bs] * bs + p % bs
+            table = seq.block_table
+            self._tables[i, : len(table)] = table
+            width = max(width, len(table))
+            self._lens[i] = p + 1
+        offset, segments = nd, []
+        for chunk in plan.prefills:
+            seq, n, p = chunk.seq, chunk.length, chunk.start
+            end = offset + n
+            self._ids[offset:end] = seq.tokens[p : p + n]
+            pos = np.arange(p, p + n)
+            self._pos[offset:end] = pos
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            self._slots[offset:end] = table[pos // bs] * bs + pos % bs
+            segments.append(self._segment(offset, n, p, table))
+            offset = end
+        self._sample_at[:nd] = self._pos_index[:nd]  # every decode samples
+        sample_rows = nd
+        for seg, chunk in zip(segments, plan.prefills, strict=True):
+            if chunk.samples:
+                self._sample_at[sample_rows] = seg.offset + seg.length - 1
+                sample_rows += 1
+        lens = self._tensor(self._lens[:nd])
+        mask = (self._key_pos[: width * bs][None, :] < lens[:, None]).view(nd, 1, 1, width * bs)
+        batch = PagedBatch(
+            slots=self._tensor(self._slots[:offset]),
+            num_decodes=nd,
+            decode_blocks=self._tensor(self._tables[:nd, :width]),
+            decode_mask=mask,
+            prefills=segments,
+        )
+        return (
+            self._tensor(self._ids[:offset]),
+            self._tensor(self._pos[:offset]),
+            batch,
+            self._tensor(self._sample_at[:sample_rows]),
+        )
+
+    def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
+        if start == 0:
+            return PrefillSegment(offset, n, 0, torch.empty(0, dtype=torch.int64))
+        total = start + n
+        blocks = self._tensor(table[: blocks_for(total, self.block_size)].copy())
+        keys = torch.arange(total, device=self.device)
+        queries = torch.arange(start, total, device=self.device)
+        return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Runs one step; returns float32 logits [S, vocab] for the sampling chunks."""
+        ids, positions, batch, sample_at = self.prepare(plan)
+        hidden = self.model(ids, positions, self.attention.bind(batch))
+        return self.model.logits(hidden.index_select(0, sample_at))

@@ -1,0 +1,72 @@
+"""Batched sampling: logits [S, vocab] and each row's SamplingParams -> one token id per row.
+
+Greedy rows take the argmax. Sampling rows are filtered together (temperature, top-k, top-p,
+min-p on the batch) and then drawn with each request's own generator, so a seeded request gets
+the same tokens whichever requests share its batch. A request without a seed gets one derived
+from the run's seed and its sequence id: results are still reproducible (and resumable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from .sequence import SamplingParams, Sequence
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.device = device
+        self.seed = seed
+        self._generators: dict[int, torch.Generator] = {}
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        gen = self._generators.get(seq.seq_id)
+        if gen is None:
+            seed = seq.params.seed if seq.params.seed is not None else self.seed * 1_000_003 + seq.seq_id
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[seq.seq_id] = gen
+        return gen
+
+    def release(self, seq: Sequence) -> None:
+        """Forgets a finished sequence's generator."""
+        self._generators.pop(seq.seq_id, None)
+
+    def sample(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
+        """logits [S, vocab] float32, one row per sequence in `seqs` -> S token ids."""
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            probs = filtered_probs(logits.index_select(0, rows), [seqs[i].params for i in random_rows])
+            for j, i in enumerate(random_rows):
+                # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using only this row's generator.
+                noise = torch.empty_like(probs[j]).exponential_(generator=self._generator(seqs[i]))
+                tokens[i] = (probs[j] / noise).argmax()
+        return tokens.tolist()
+
+
+def filtered_probs(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p masks, batched: [S, vocab] logits -> probabilities."""
+    dev = logits.device
+    temp = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
+    logits = logits / temp[:, None]
+    if any(p.top_k or p.top_p < 1 for p in params):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        top_k = torch.tensor([p.top_k or vocab for p in params], device=dev)
+        sorted_logits = sorted_logits.masked_fill(
+            torch.arange(vocab, device=dev)[None, :] >= top_k[:, None], float("-inf")
+        )
+        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=logits.dtype)
+        sorted_probs = sorted_logits.softmax(dim=-1)  # top-p over what top-k left, renormalised
+        # keep a token while the mass before it is < top_p (so the first token always stays)
+        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=probs.dtype)
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return probs
