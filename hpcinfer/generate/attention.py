@@ -34,7 +34,7 @@ class PagedBatch:
     slots: torch.Tensor  # [T] flat KV slot of each token
     num_decodes: int
     decode_blocks: torch.Tensor  # [Bd, max_blocks] block ids (padded with block 0)
-    decode_mask: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] True where a key is in context
+    decode_mask: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] additive: 0 in context, -inf beyond
     prefills: list[PrefillSegment] = field(default_factory=list)
 
 
@@ -48,6 +48,8 @@ class TorchPagedAttention:
         self.batch: PagedBatch | None = None
         self.timed = timed
         self.gather_s = 0.0
+        self._kbuf = cache.k.new_empty(0, *cache.k.shape[2:])
+        self._vbuf = cache.v.new_empty(0, *cache.v.shape[2:])
 
     def bind(self, batch: PagedBatch) -> TorchPagedAttention:
         self.batch = batch
@@ -71,13 +73,22 @@ class TorchPagedAttention:
         return out.view(t, heads * dim)
 
     def _gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """blocks [..., nb] -> K, V [..., nb * block_size, Hkv, D] (a copy: blocks are scattered)."""
+        """blocks [..., nb] -> K, V [..., nb * block_size, Hkv, D], copied into reused buffers.
+
+        NOTE: the buffers grow to the largest step seen and are then reused: a fresh multi-MiB
+        tensor per layer and step costs page faults that make the gather several times slower.
+        """
         start = time.perf_counter() if self.timed else 0.0
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
-        shape = (*blocks.shape[:-1], -1, *pool_k.shape[2:])
         flat = blocks.reshape(-1)
-        kk = pool_k.index_select(0, flat).view(shape)
-        vv = pool_v.index_select(0, flat).view(shape)
+        n = flat.numel()
+        if self._kbuf.shape[0] < n:
+            size = max(n, 2 * self._kbuf.shape[0])
+            self._kbuf = pool_k.new_empty(size, *pool_k.shape[1:])
+            self._vbuf = pool_v.new_empty(size, *pool_v.shape[1:])
+        shape = (*blocks.shape[:-1], -1, *pool_k.shape[2:])
+        kk = torch.index_select(pool_k, 0, flat, out=self._kbuf[:n]).view(shape)
+        vv = torch.index_select(pool_v, 0, flat, out=self._vbuf[:n]).view(shape)
         if self.timed:
             self.gather_s += time.perf_counter() - start
         return kk, vv
