@@ -64,6 +64,11 @@ def run(
     dtype, saves loading it again (tune's trials share one).
     """
     config.validate()
+    if config.task != "embed":
+        from .generate.job import run_generate, wants_generation
+
+        if wants_generation(config):
+            return run_generate(config, progress=progress)  # type: ignore[return-value]
     own_device = device is None
     device = device or make_device(config.device.device, config.device.streams)
     config = replace(config, plan=resolve_plan(config.plan, device.kind, config.input.rate))
