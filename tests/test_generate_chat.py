@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerFast
 
 from hpcinfer.generate.chat import ChatError, ChatRenderer
 from hpcinfer.models.decoder_checkpoint import inspect_decoder
@@ -43,7 +43,7 @@ def test_render_equals_apply_chat_template(checkpoint, template, messages):
         cfg["chat_template"] = CHATML
         (checkpoint / "tokenizer_config.json").write_text(json.dumps(cfg))
     info = inspect_decoder(checkpoint)
-    hf = AutoTokenizer.from_pretrained(checkpoint)
+    hf = PreTrainedTokenizerFast.from_pretrained(checkpoint)  # the checkpoint's tokenizer.json itself
     ours = ChatRenderer(info.chat_template, info.special_tokens)
     for gen in (True, False):
         want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
