@@ -167,3 +167,37 @@ def test_kill_9_then_resume_is_identical(tmp_path, ckpt):
     assert out.read_text() == ref.read_text()
     assert Path(str(out) + ".rejects.jsonl").read_text() == Path(str(ref) + ".rejects.jsonl").read_text()
     assert len(out.read_text().splitlines()) == 59
+
+
+def test_a_small_kv_pool_bounds_the_prompt(tmp_path, ckpt):
+    rows = [{"id": "short", "prompt": "the fox"}, {"id": "long", "prompt": " ".join(["fox"] * 60)}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 tokens, 2 KV heads of 16 floats
+    report = run_generate(config(src, out, ckpt, kv_cache_memory=str(3 * block)))  # 48 tokens
+    assert report.kv_blocks == 3 and [r["id"] for r in read_output(out).to_pylist()] == ["short"]
+    assert report.rejects == {"too_long": 1}
+
+
+def test_ctrl_c_keeps_committed_windows_and_says_how_to_resume(tmp_path, ckpt):
+    rows = [{"id": i, "prompt": t} for i, t in enumerate(make_texts(80, seed=2))]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    args = [str(src), "--model", str(ckpt), "--window-rows", "2", "--max-num-seqs", "2", "--threads", "1"]
+    proc = subprocess.Popen(
+        _cli(*args, "--progress", "off", "-o", str(out)), env=ENV, stderr=subprocess.PIPE, text=True
+    )
+    manifest = Path(str(out) + ".parts") / "manifest.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if json.loads(manifest.read_text())["windows"]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "rows are committed" in stderr and "--resume" in stderr
+    assert json.loads(manifest.read_text())["windows"] and not out.exists()

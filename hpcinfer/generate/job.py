@@ -258,6 +258,8 @@ class GenerationJob:
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             trace_steps=self.config.trace_path is not None,
         )
+        # NOTE: a KV pool smaller than the model's context bounds the prompts too.
+        self.reader.max_prompt = min(self.reader.max_prompt, engine.max_model_len - 1)
         source = self.reader.produce()
         more = True
         start = time.perf_counter()
