@@ -28,14 +28,22 @@ class PrefillSegment:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """`count` decode tokens (one per sequence) at flat offset `offset`, of similar context length."""
+
+    offset: int
+    count: int
+    blocks: torch.Tensor  # [count, width] block ids (padded with stale ids, masked out)
+    mask: torch.Tensor  # [count, 1, 1, width * block_size] additive: 0 in context, -inf beyond
+
+
+@dataclass(slots=True)
 class PagedBatch:
     """One step's attention metadata, shared by every layer (built once per step by the runner)."""
 
     slots: torch.Tensor  # [T] flat KV slot of each token
-    num_decodes: int
-    decode_blocks: torch.Tensor  # [Bd, max_blocks] block ids (padded with block 0)
-    decode_mask: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] additive: 0 in context, -inf beyond
-    prefills: list[PrefillSegment] = field(default_factory=list)
+    decodes: list[DecodeGroup] = field(default_factory=list)  # flat rows 0..num_decodes-1
+    prefills: list[PrefillSegment] = field(default_factory=list)  # after the decodes
 
 
 class TorchPagedAttention:
@@ -61,12 +69,12 @@ class TorchPagedAttention:
         assert batch is not None, "bind() a step's PagedBatch first"
         self.cache.write(layer, batch.slots, k, v)
         t, heads, dim = q.shape
-        nd = batch.num_decodes
-        if nd and not batch.prefills:
-            return self._decode(layer, q).reshape(t, heads * dim)
+        if len(batch.decodes) == 1 and not batch.prefills:
+            return self._decode(layer, batch.decodes[0], q).reshape(t, heads * dim)
         out = q.new_empty(t, heads, dim)
-        if nd:
-            out[:nd] = self._decode(layer, q[:nd])
+        for group in batch.decodes:
+            rows = slice(group.offset, group.offset + group.count)
+            out[rows] = self._decode(layer, group, q[rows])
         for seg in batch.prefills:
             rows = slice(seg.offset, seg.offset + seg.length)
             out[rows] = self._prefill(layer, seg, q[rows], k[rows], v[rows])
@@ -93,12 +101,11 @@ class TorchPagedAttention:
             self.gather_s += time.perf_counter() - start
         return kk, vv
 
-    def _decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """q [Bd, H, D], one query per sequence -> [Bd, H, D]."""
-        batch = self.batch
-        kk, vv = self._gather(layer, batch.decode_blocks)  # [Bd, L, Hkv, D]
+    def _decode(self, layer: int, group: DecodeGroup, q: torch.Tensor) -> torch.Tensor:
+        """q [n, H, D], one query per sequence -> [n, H, D]."""
+        kk, vv = self._gather(layer, group.blocks)  # [n, L, Hkv, D]
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=batch.decode_mask, enable_gqa=True
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
         )
         return out.squeeze(2)
 

@@ -11,10 +11,13 @@ import numpy as np
 import torch
 
 from ..models.llama import LlamaDecoder
-from .attention import PagedBatch, PrefillSegment, choose_attention
+from .attention import DecodeGroup, PagedBatch, PrefillSegment, choose_attention
 from .block_manager import blocks_for
 from .kv_cache import KVCache
 from .scheduler import StepPlan
+
+MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
+MIN_GROUP = 16
 
 
 class ModelRunner:
@@ -41,7 +44,7 @@ class ModelRunner:
         self._tables = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int64)
         self._lens = np.zeros(max_num_seqs, dtype=np.int64)
         self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
-        self._pos_index = np.arange(max_num_seqs, dtype=np.int64)
+        self._widths = np.zeros(max_num_seqs, dtype=np.int64)
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -52,16 +55,18 @@ class ModelRunner:
         """ids [T], positions [T], the attention batch, and the flat index of each sampling token."""
         bs = self.block_size
         nd = len(plan.decodes)
-        width = 1
-        for i, chunk in enumerate(plan.decodes):
-            seq, p = chunk.seq, chunk.start
-            self._ids[i] = seq.tokens[p]
-            self._pos[i] = p
-            self._slots[i] = seq.block_table[p // bs] * bs + p % bs
-            table = seq.block_table
-            self._tables[i, : len(table)] = table
-            width = max(width, len(table))
-            self._lens[i] = p + 1
+        # NOTE: decodes run shortest context first, so each group of them pads its gathered
+        # context to a width close to its own; the sampled rows are mapped back to plan order.
+        order = sorted(range(nd), key=lambda i: len(plan.decodes[i].seq.block_table))
+        for row, i in enumerate(order):
+            seq, p = plan.decodes[i].seq, plan.decodes[i].start
+            self._ids[row] = seq.tokens[p]
+            self._pos[row] = p
+            self._slots[row] = seq.block_table[p // bs] * bs + p % bs
+            self._tables[row, : len(seq.block_table)] = seq.block_table
+            self._widths[row] = len(seq.block_table)
+            self._lens[row] = p + 1
+            self._sample_at[i] = row
         offset, segments = nd, []
         for chunk in plan.prefills:
             seq, n, p = chunk.seq, chunk.length, chunk.start
@@ -73,30 +78,37 @@ class ModelRunner:
             self._slots[offset:end] = table[pos // bs] * bs + pos % bs
             segments.append(self._segment(offset, n, p, table))
             offset = end
-        self._sample_at[:nd] = self._pos_index[:nd]  # every decode samples
-        sample_rows = nd
+        sample_rows = nd  # every decode samples
         for seg, chunk in zip(segments, plan.prefills, strict=True):
             if chunk.samples:
                 self._sample_at[sample_rows] = seg.offset + seg.length - 1
                 sample_rows += 1
-        lens = self._tensor(self._lens[:nd])
-        # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
-        beyond = self._key_pos[: width * bs][None, :] >= lens[:, None]
-        mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device).masked_fill_(beyond, -torch.inf)
-        mask = mask.view(nd, 1, 1, width * bs)
-        batch = PagedBatch(
-            slots=self._tensor(self._slots[:offset]),
-            num_decodes=nd,
-            decode_blocks=self._tensor(self._tables[:nd, :width]),
-            decode_mask=mask,
-            prefills=segments,
-        )
+        batch = PagedBatch(slots=self._tensor(self._slots[:offset]), decodes=self._decode_groups(nd), prefills=segments)
         return (
             self._tensor(self._ids[:offset]),
             self._tensor(self._pos[:offset]),
             batch,
             self._tensor(self._sample_at[:sample_rows]),
         )
+
+    def _decode_groups(self, nd: int) -> list[DecodeGroup]:
+        """Rows 0..nd-1 (sorted by width) in up to MAX_DECODE_GROUPS groups of at least MIN_GROUP rows."""
+        groups = []
+        count = max(1, min(MAX_DECODE_GROUPS, nd // MIN_GROUP))
+        bounds = [round(nd * g / count) for g in range(count + 1)]
+        lens = self._tensor(self._lens[:nd])
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            if end <= start:
+                continue
+            width = int(self._widths[end - 1])
+            keys = width * self.block_size
+            beyond = self._key_pos[:keys][None, :] >= lens[start:end, None]
+            # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
+            mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
+            mask.masked_fill_(beyond, -torch.inf)
+            blocks = self._tensor(self._tables[start:end, :width])
+            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys)))
+        return groups
 
     def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
         if start == 0:
