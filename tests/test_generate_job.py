@@ -24,6 +24,15 @@ from .conftest import make_texts, read_output, write_jsonl, write_parquet
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return build_tiny_decoder(tmp_path_factory.mktemp("gen"), "Qwen2ForCausalLM", seed=4, max_positions=128)
