@@ -109,7 +109,6 @@ class PartStore:
         self.fingerprint = fp
         self.windows: list[dict[str, Any]] = []
         self.id_column = "id"  # the column `committed_ids` reads back
-        self.empty_table: pa.Table | None = None  # the output when no row was written (default: embeddings)
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -242,10 +241,7 @@ class PartStore:
             if writer is not None:
                 writer.close()
         if writer is None:
-            empty = self.empty_table
-            if empty is None:
-                empty = results_table([], np.zeros((0, self.dim), np.float32), self.dim)
-            pq.write_table(empty, tmp)
+            pq.write_table(results_table([], np.zeros((0, self.dim), np.float32), self.dim), tmp)
 
 
 def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:

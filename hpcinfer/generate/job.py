@@ -15,9 +15,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer
 
@@ -25,7 +27,7 @@ from ..config import RunConfig, flatten
 from ..errors import ConfigError, ModelError
 from ..models.decoder_checkpoint import DecoderInfo, inspect_decoder, is_causal_lm, load_decoder, weight_files
 from ..models.registry import resolve_model_path
-from ..output import PartStore, fingerprint
+from ..output import PartStore, _concat_bytes, fingerprint
 from ..progress import Progress
 from ..report.timing import Span
 from ..report.trace import write_trace
@@ -105,6 +107,22 @@ def _fingerprint(config: RunConfig, info: DecoderInfo, files: list[str], dtype: 
     return fingerprint(files, info.path, options)
 
 
+class _GenerationStore(PartStore):
+    """Parts of generation rows: Parquet parts are assembled with their own schema, not embeddings'."""
+
+    def _concat_parts(self, tmp: Path) -> None:
+        parts = [self.dir / w["part"] for w in self.windows]
+        if self.fmt != "parquet":
+            _concat_bytes(tmp, parts)
+            return
+        schema = pq.read_schema(parts[0]) if parts else SCHEMA
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for part in parts:
+                # NOTE: a batch at a time, as embedding parts are, so the end of a run stays flat in RSS.
+                for batch in pq.ParquetFile(part).iter_batches(batch_size=4096, use_threads=False):
+                    writer.write_table(pa.Table.from_batches([batch]).cast(schema))
+
+
 class GenerationJob:
     """One run: owns the engine, the reader, the open windows and the parts directory."""
 
@@ -147,8 +165,9 @@ class GenerationJob:
             self.info.config.vocab_size,
         )
         files = self.reader.files
-        self.store = PartStore(config.output.path, self.fmt, 0, _fingerprint(config, self.info, files, self.dtype))
-        self.store.empty_table = SCHEMA.empty_table()
+        self.store = _GenerationStore(
+            config.output.path, self.fmt, 0, _fingerprint(config, self.info, files, self.dtype)
+        )
         self.progress = progress or Progress(config.pipeline.progress)
         self.rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
         self.report = GenerateReport(
