@@ -14,16 +14,7 @@ from rich.console import Console
 
 from . import __version__
 from .api import Interrupted
-from .config import (
-    DeviceConfig,
-    GenerateConfig,
-    InputConfig,
-    OutputConfig,
-    PipelineConfig,
-    PlanConfig,
-    RunConfig,
-    TokenizeConfig,
-)
+from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
 from .errors import ConfigError, HpcinferError, StageError
 
 _DEFAULTS = RunConfig()
@@ -275,7 +266,9 @@ def _generate_options() -> list[Callable[..., Any]]:
     ]
 
 
-def _generate_config(o: dict[str, Any]) -> GenerateConfig:
+def _generate_config(o: dict[str, Any]) -> Any:
+    from .config import GenerateConfig
+
     if "max_num_seqs" not in o:  # a command without the generation options
         return GenerateConfig()
     return GenerateConfig(
@@ -312,10 +305,7 @@ def run(**opts: Any) -> None:
     config = build_run_config(apply_recipe(click.get_current_context(), opts))
     report = api_run(config)
     if not opts["quiet"]:
-        if getattr(report, "task", "embed") == "generate":
-            report.render(Console(stderr=True))
-        else:
-            render(report, Console(stderr=True))
+        render(report, Console(stderr=True))
 
 
 def apply_recipe(ctx: click.Context, opts: dict[str, Any]) -> dict[str, Any]:

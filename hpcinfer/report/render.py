@@ -73,6 +73,8 @@ def stage_table(report: RunReport) -> Table:
 
 
 def render(report: RunReport, console: Console) -> None:
+    if getattr(report, "task", "embed") == "generate":  # a generation run renders its own report
+        return report.render(console)  # type: ignore[attr-defined]
     console.print(summary_table(report))
     console.print(stage_table(report))
     console.print(f"bottleneck: [bold]{report.bottleneck}[/bold] - {report.hint}")
