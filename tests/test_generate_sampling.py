@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 from hpcinfer.generate.engine import Engine, EngineConfig
-from hpcinfer.generate.sampling import Sampler, filtered_probs
+from hpcinfer.generate.sampling import Sampler, candidates, filtered_probs
 from hpcinfer.generate.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
@@ -68,6 +68,24 @@ def test_filters_keep_what_transformers_keeps(params, warpers):
     assert torch.equal(ours > 0, theirs > 0)
     if params.min_p == 0:  # transformers renormalises after min-p masking; we draw from the masked weights
         torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_p=0.6)],
+        [SamplingParams(temperature=0.9, top_k=40, top_p=0.8, min_p=0.05), SamplingParams(temperature=1, top_k=3)],
+        [SamplingParams(temperature=1.0, top_p=0.999), SamplingParams(temperature=0.5, top_k=2)],  # a long tail
+        [SamplingParams(temperature=1.0, min_p=0.1), SamplingParams(temperature=0.5, top_k=2)],
+    ],
+)
+def test_short_candidate_lists_equal_the_full_vocabulary(params):
+    logits = torch.randn(2, 5000, generator=torch.Generator().manual_seed(3)) * 2
+    want = filtered_probs(logits, params)
+    for row, (weights, ids) in enumerate(candidates(logits, params)):
+        full = weights if ids is None else torch.zeros(5000).scatter_(0, ids, weights)
+        assert torch.equal(full > 0, want[row] > 0)
+        torch.testing.assert_close(full / full.sum(), want[row] / want[row].sum())
 
 
 def test_draws_follow_the_distribution():
