@@ -1,7 +1,7 @@
 """Batched sampling: logits [S, vocab] and each row's SamplingParams -> one token id per row.
 
 Greedy rows take the argmax. Sampling rows are filtered together (temperature, top-k, top-p,
-min-p on the batch) and then drawn (`multinomial`) with each request's own generator, so a seeded request gets
+min-p on the batch) and then drawn (inverse CDF) with each request's own generator, so a seeded request gets
 the same tokens whichever requests share its batch. A request without a seed gets one derived
 from the run's seed and its sequence id: results are still reproducible (and resumable).
 """
@@ -42,9 +42,19 @@ class Sampler:
             choices = candidates(logits.index_select(0, rows), [seqs[i].params for i in random_rows])
             for i, (weights, ids) in zip(random_rows, choices, strict=True):
                 # One draw from this row's own generator: the result never depends on the batch.
-                pick = torch.multinomial(weights, 1, generator=self._generator(seqs[i]))
+                pick = draw(weights, self._generator(seqs[i]))
                 tokens[i] = pick if ids is None else ids[pick]
         return tokens.tolist()
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index drawn with probability proportional to `weights` [K] (inverse CDF, one uniform).
+
+    NOTE: a zero weight is never drawn: searchsorted(right=True) lands past a flat step of the CDF.
+    """
+    cdf = weights.cumsum(0)
+    u = torch.rand(1, generator=generator, device=weights.device, dtype=cdf.dtype) * cdf[-1]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.numel() - 1)
 
 
 def candidates(logits: torch.Tensor, params: Seq[SamplingParams]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
