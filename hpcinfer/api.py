@@ -62,6 +62,11 @@ def run(
     again (tune's trials share one).
     """
     config.validate()
+    if config.task != "embed":
+        from .generate.job import run_generate, wants_generation
+
+        if wants_generation(config):
+            return run_generate(config, progress=progress)  # type: ignore[return-value]
     own_devices = device is None and devices is None
     if devices is None:
         devices = [device] if device is not None else _make_devices(config)

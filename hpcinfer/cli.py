@@ -247,10 +247,74 @@ def run_options(fn: Callable[..., Any], *, output_required: bool = True) -> Call
             help="Take options from a recipe file (see recipes/); flags given here override it.",
         ),
         click.option("-q", "--quiet", is_flag=True, help="No summary tables."),
+        *_generate_options(),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)
     return fn
+
+
+def _generate_options() -> list[Callable[..., Any]]:
+    """Generation options (a `*ForCausalLM` checkpoint); per-row values in the input override them."""
+    g = _DEFAULTS.generate
+    return [
+        click.option(
+            "--task",
+            type=click.Choice(["auto", "embed", "generate"]),
+            default="auto",
+            show_default=True,
+            help="auto: a *ForCausalLM checkpoint generates, an encoder embeds.",
+        ),
+        click.option("--max-tokens", type=int, default=g.max_tokens, show_default=True, help="Tokens to generate."),
+        click.option("--temperature", type=float, default=g.temperature, show_default=True, help="0: greedy."),
+        click.option("--top-p", type=float, default=g.top_p, show_default=True, help="Nucleus sampling mass."),
+        click.option("--top-k", type=int, default=g.top_k, show_default=True, help="0: off."),
+        click.option("--min-p", type=float, default=g.min_p, show_default=True, help="0: off."),
+        click.option("--seed", type=int, default=None, help="Run seed; each row's stream also depends on its row."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (benchmarks)."),
+        click.option("--max-num-seqs", type=int, default=g.max_num_seqs, show_default=True, help="Sequences a step."),
+        click.option(
+            "--max-num-batched-tokens",
+            type=int,
+            default=g.max_num_batched_tokens,
+            show_default=True,
+            help="Tokens a step (decodes + prefill chunks).",
+        ),
+        click.option("--kv-block-size", type=int, default=g.kv_block_size, show_default=True, help="Tokens a block."),
+        click.option(
+            "--kv-cache-memory",
+            default=None,
+            help="KV pool size, e.g. 2GiB, or on CUDA a fraction of free memory [default: 1GiB on CPU, 0.85 on CUDA].",
+        ),
+        click.option("--no-chunked-prefill", is_flag=True, help="Admit a prompt only when it fits one step."),
+        click.option(
+            "--window-rows", type=int, default=g.window_rows, show_default=True, help="Rows per committed window."
+        ),
+    ]
+
+
+def _generate_config(o: dict[str, Any]) -> Any:
+    from .config import GenerateConfig
+
+    if "max_num_seqs" not in o:  # a command without the generation options
+        return GenerateConfig()
+    return GenerateConfig(
+        o["max_tokens"],
+        o["temperature"],
+        o["top_p"],
+        o["top_k"],
+        o["min_p"],
+        o["seed"],
+        tuple(o["stop"]),
+        o["ignore_eos"],
+        o["max_num_seqs"],
+        o["max_num_batched_tokens"],
+        o["kv_block_size"],
+        o["kv_cache_memory"],
+        not o["no_chunked_prefill"],
+        o["window_rows"],
+    )
 
 
 @main.command()
@@ -335,6 +399,8 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
         pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
         report_path=o["report_path"],
         trace_path=o["trace_path"],
+        task=o.get("task", "auto"),
+        generate=_generate_config(o),
     )
 
 

@@ -77,6 +77,26 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerateConfig:
+    """Generation: default sampling (rows may override it) and the engine's budgets."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None  # None: each row's seed derives from its input row number
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    kv_block_size: int = 16
+    kv_cache_memory: str | None = None  # bytes ("2GiB") or, on CUDA, a fraction of free memory
+    chunked_prefill: bool = True
+    window_rows: int = 512  # input rows per committed window
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     input: InputConfig = field(default_factory=InputConfig)
     model: str = "default"
@@ -87,6 +107,8 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     report_path: str | None = None
     trace_path: str | None = None
+    task: str = "auto"  # auto (from the checkpoint) | embed | generate
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
     def validate(self) -> RunConfig:
         positive = {
@@ -118,6 +140,18 @@ class RunConfig:
             raise ConfigError("--max-length must be at least 2")
         if not self.input.paths:
             raise ConfigError("no input given")
+        if self.task not in ("auto", "embed", "generate"):
+            raise ConfigError(f"--task must be auto, embed or generate (got {self.task!r})")
+        gen = self.generate
+        for flag, value in {
+            "--max-num-seqs": gen.max_num_seqs,
+            "--max-num-batched-tokens": gen.max_num_batched_tokens,
+            "--kv-block-size": gen.kv_block_size,
+            "--window-rows": gen.window_rows,
+            "--max-tokens": gen.max_tokens,
+        }.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
         return self
 
 

@@ -110,6 +110,7 @@ class PartStore:
         self.dir = parts_dir(output)
         self.fingerprint = fp
         self.windows: list[dict[str, Any]] = []
+        self.id_column = "id"  # the column `committed_ids` reads back
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -180,13 +181,33 @@ class PartStore:
         values: np.ndarray,
         rejects: list[dict[str, Any]],
     ) -> None:
+        self._commit(
+            window_id, first_row, input_rows, len(ids), lambda tmp: self._write_part(tmp, ids, values), rejects
+        )
+
+    def commit_table(
+        self, window_id: int, first_row: int, input_rows: int, table: pa.Table, rejects: list[dict[str, Any]]
+    ) -> None:
+        """Commits a window whose results are any Arrow table (generation rows, for one)."""
+
+        def write(tmp: Path) -> None:
+            if self.fmt == "parquet":
+                pq.write_table(table, tmp, compression="zstd")
+            else:
+                _write_jsonl(tmp, table.to_pylist())
+
+        self._commit(window_id, first_row, input_rows, table.num_rows, write, rejects)
+
+    def _commit(
+        self, window_id: int, first_row: int, input_rows: int, rows: int, write: Any, rejects: list[dict[str, Any]]
+    ) -> None:
         part = f"part-{window_id:06d}.{'parquet' if self.fmt == 'parquet' else 'jsonl'}"
-        atomic_write(self.dir / part, lambda tmp: self._write_part(tmp, ids, values))
+        atomic_write(self.dir / part, write)
         entry = {
             "window": window_id,
             "first_row": first_row,
             "input_rows": input_rows,
-            "rows": len(ids),
+            "rows": rows,
             "rejects": len(rejects),
             "part": part,
         }
@@ -209,9 +230,9 @@ class PartStore:
 
     def _read_part_ids(self, path: Path) -> list[Any]:
         if self.fmt == "parquet":
-            return pq.read_table(path, columns=["id"]).column("id").to_pylist()
+            return pq.read_table(path, columns=[self.id_column]).column(self.id_column).to_pylist()
         with open(path, encoding="utf-8") as fh:
-            return [json.loads(line)["id"] for line in fh]
+            return [json.loads(line)[self.id_column] for line in fh]
 
     # -- assembly ----------------------------------------------------------------------------------
 

@@ -93,6 +93,8 @@ def device_table(report: RunReport) -> Table:
 
 
 def render(report: RunReport, console: Console) -> None:
+    if getattr(report, "task", "embed") == "generate":  # a generation run renders its own report
+        return report.render(console)  # type: ignore[attr-defined]
     console.print(summary_table(report))
     console.print(stage_table(report))
     if len(report.devices) > 1:

@@ -1,0 +1,1 @@
+"""LLM generation: continuous batching over a paged KV cache (scheduler, block manager, runner, sampling)."""

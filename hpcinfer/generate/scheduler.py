@@ -1,0 +1,157 @@
+"""Continuous batching: which sequences run in the next engine step, and how many tokens each.
+
+Torch-free and table-tested. One `schedule()` is a pure function of the waiting queue, the
+running list and the free blocks:
+1. running sequences in the decode phase take one token each (oldest first);
+2. running sequences still mid-prompt (chunked prefill) take the next chunk of their prompt;
+3. waiting prompts are admitted, oldest first, into the token budget that is left, a long one
+   as a chunk (so decodes never stall behind it) while `--max-num-seqs` allows.
+When a running sequence needs a block and none is free, the most recently admitted sequence is
+preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """`length` tokens of `seq`, starting at token `start`, go through the model this step."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's last token: its logits give the next one."""
+        return self.start + self.length == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decodes: list[Chunk] = field(default_factory=list)  # one token each, contexts in the cache
+    prefills: list[Chunk] = field(default_factory=list)  # prompt chunks (of new or recomputed sequences)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(c.length for c in self.prefills)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.length for c in self.prefills)
+
+
+class Scheduler:
+    def __init__(
+        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        for decode_phase in (True, False):
+            for seq in [s for s in self.running if s.is_decode == decode_phase]:
+                if budget == 0:
+                    break
+                if seq.status is not Status.RUNNING:  # preempted earlier in this step
+                    continue
+                n = 1 if decode_phase else min(seq.remaining, budget)
+                if not self._make_room(seq, n, plan):
+                    continue
+                self.blocks.grow(seq, n)
+                (plan.decodes if decode_phase else plan.prefills).append(Chunk(seq, seq.num_computed, n))
+                budget -= n
+        self._admit(plan, budget)
+        return plan
+
+    def _make_room(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
+        """Preempts the newest running sequences until `seq` can grow by n; False if `seq` itself went.
+
+        NOTE: a sequence already given a chunk in this step is never a victim (its blocks are in
+        the plan); `seq` itself is unscheduled, so a victim always exists.
+        """
+        while not self.blocks.can_grow(seq, n):
+            scheduled = {id(c.seq) for c in plan.chunks}
+            victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
+            self._preempt(victim)
+            plan.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)  # recomputed first: it was admitted before anything still waiting
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        # NOTE: a sequence preempted in this step is not re-admitted in the same step.
+        preempted = {id(s) for s in plan.preempted}
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if id(seq) in preempted:
+                break
+            n = min(seq.remaining, budget)
+            if (n < seq.remaining and not self.chunked_prefill) or not self.blocks.can_grow(seq, n):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            self.blocks.grow(seq, n)
+            plan.prefills.append(Chunk(seq, seq.num_computed, n))
+            budget -= n
+
+    def update(self, plan: StepPlan, sampled: Iterable[int]) -> list[Sequence]:
+        """Records the step: computed tokens advance and each sampling chunk's token is appended.
+
+        `sampled` has one token per chunk with `samples`, in `plan.chunks` order. Returns the
+        sequences that received a token (the caller decides which of them finished).
+        """
+        tokens = iter(sampled)
+        grown = []
+        for chunk in plan.chunks:
+            chunk.seq.num_computed += chunk.length
+            if chunk.samples:
+                chunk.seq.tokens.append(next(tokens))
+                grown.append(chunk.seq)
+        return grown
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends `seq` now: its blocks are free for the next step's admissions."""
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,98 @@
+"""One request's state through the engine: tokens, progress, blocks, sampling parameters, timing.
+
+Torch-free: the scheduler and block manager read and write these as plain ints and lists.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 and min_p 0 are off."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def problem(self) -> str | None:
+        """Why these parameters are invalid (a reject reason), or None."""
+        if self.max_tokens < 1:
+            return f"max_tokens must be >= 1, got {self.max_tokens}"
+        if not self.temperature >= 0:
+            return f"temperature must be >= 0, got {self.temperature}"
+        if not 0 < self.top_p <= 1:
+            return f"top_p must be in (0, 1], got {self.top_p}"
+        if self.top_k < 0:
+            return f"top_k must be >= 0, got {self.top_k}"
+        if not 0 <= self.min_p <= 1:
+            return f"min_p must be in [0, 1], got {self.min_p}"
+        return None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """`tokens` is prompt + generated; `num_computed` of them have K/V in the cache.
+
+    NOTE: after a preemption `num_computed` drops to 0 and the generated tokens are recomputed as
+    part of a longer prompt; `num_prompt` never changes, so completions stay what was sampled.
+    """
+
+    seq_id: int
+    tokens: list[int]
+    params: SamplingParams
+    tag: Any = None  # the caller's handle (a row, a window)
+    num_prompt: int = 0
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    preemptions: int = 0
+    arrival_s: float = 0.0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    stop_text_cut: int | None = None  # characters of the decoded completion to keep after a stop string
+
+    def __post_init__(self) -> None:
+        if not self.num_prompt:
+            self.num_prompt = len(self.tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_completion(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def completion(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to put through the model before the next one can be sampled."""
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_computed == len(self.tokens) - 1 and self.num_completion > 0

@@ -1,0 +1,174 @@
+"""Load a Hugging Face causal-LM checkpoint: config, (sharded) safetensors weights, tokenizer config.
+
+NOTE: as for encoders, nothing in a model directory is imported or executed: weights load through
+safetensors only, JSON is parsed as data, and a chat template is rendered later in a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from ..errors import ModelError
+from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderInfo:
+    path: Path
+    config: DecoderConfig
+    eos_token_ids: tuple[int, ...]
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... for templates
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read model file ({exc})", path=str(path)) from None
+
+
+def is_causal_lm(path: Path) -> bool:
+    """True when config.json names a `*ForCausalLM` architecture (supported or not)."""
+    file = path / "config.json"
+    if not file.is_file():
+        return False
+    raw = _read_json(file)
+    archs = raw.get("architectures") if isinstance(raw, dict) else None
+    return any(str(a).endswith("ForCausalLM") for a in archs or [])
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json stores special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def inspect_decoder(path: Path) -> DecoderInfo:
+    """Validates a causal-LM checkpoint directory and reads everything but the weights."""
+    if not path.is_dir():
+        raise ModelError("model directory not found", path=str(path))
+    for name in ("config.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise ModelError(f"model directory has no {name}", path=str(path))
+    if not weight_files(path):
+        raise ModelError("model directory has no model.safetensors (nor model.safetensors.index.json)", path=str(path))
+    raw = _read_json(path / "config.json")
+    try:
+        config = DecoderConfig.from_hf(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    except ModelError as exc:
+        raise ModelError(str(exc), path=str(path)) from None
+    eos = _ids(raw.get("eos_token_id"))
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos += [i for i in _ids(_read_json(gen_file).get("eos_token_id")) if i not in eos]
+    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    special = {
+        key: text
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if (text := _token_text(tok_cfg.get(key))) is not None
+    }
+    return DecoderInfo(path, config, tuple(eos), template, special)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """model.safetensors, or every shard a model.safetensors.index.json names."""
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        return [path / s for s in shards]
+    return []
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_DIRECT = {
+    "self_attn.o_proj.weight": "o_proj.weight",
+    "self_attn.o_proj.bias": "o_proj.bias",
+    "mlp.down_proj.weight": "down.weight",
+    "mlp.down_proj.bias": "down.bias",
+    "input_layernorm.weight": "input_norm",
+    "post_attention_layernorm.weight": "post_norm",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+}
+_FUSED = {  # HF name -> (native fused name, position in the concatenation)
+    "self_attn.q_proj": ("qkv", 0),
+    "self_attn.k_proj": ("qkv", 1),
+    "self_attn.v_proj": ("qkv", 2),
+    "mlp.gate_proj": ("gate_up", 0),
+    "mlp.up_proj": ("gate_up", 1),
+}
+
+
+def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up."""
+    state: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in weights.items():
+        if name == "model.embed_tokens.weight":
+            state["embed.weight"] = tensor
+        elif name == "model.norm.weight":
+            state["norm"] = tensor
+        elif name == "lm_head.weight":
+            state["lm_head.weight"] = tensor
+        elif m := _LAYER.match(name):
+            layer, rest = m[1], m[2]
+            if rest in _DIRECT:
+                state[f"layers.{layer}.{_DIRECT[rest]}"] = tensor
+                continue
+            module, _, kind = rest.rpartition(".")
+            if module in _FUSED:
+                target, pos = _FUSED[module]
+                fused.setdefault(f"layers.{layer}.{target}.{kind}", {})[pos] = tensor
+    for name, parts in fused.items():
+        state[name] = torch.cat([parts[i] for i in sorted(parts)])
+    return state
+
+
+def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype) -> LlamaDecoder:
+    """Builds the decoder on `device` in `dtype`; strict about missing tensors."""
+    weights: dict[str, torch.Tensor] = {}
+    for file in weight_files(info.path):
+        try:
+            weights.update(load_file(str(file)))
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+    with torch.device("meta"):
+        model = LlamaDecoder(info.config)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights).items()}
+    if info.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    elif "lm_head.weight" not in state and "embed.weight" in state:
+        state["lm_head.weight"] = state["embed.weight"]  # some checkpoints omit a head equal to the embedding
+    missing = sorted(set(model.state_dict()) - set(state))
+    if missing:
+        raise ModelError(f"weights are missing {missing[:4]}", path=str(info.path))
+    model.load_state_dict(state, strict=False, assign=True)
+    model.build_rope()
+    return model.eval().requires_grad_(False)
+
+
+__all__ = ["ARCHITECTURES", "DecoderInfo", "inspect_decoder", "is_causal_lm", "load_decoder"]

@@ -1,0 +1,231 @@
+"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over flat, variable-length batches.
+
+Consumes flat token ids [T] with their positions [T] and an attention object that owns the KV
+cache and the batch's layout; produces hidden states [T, hidden]. The model knows nothing about
+pages or sequences: attention metadata is an argument, never a module global, so several threads
+(or a reference path and a paged path) can run the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelError
+
+# HF architecture name -> (qkv bias, q/k RMSNorm). Llama's `attention_bias` also biases o_proj.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
+        """Reads a HF config.json; raises ModelError for an architecture or RoPE type we don't run."""
+        arch = next(iter(raw.get("architectures") or []), None)
+        family = ARCHITECTURES.get(str(arch))
+        if family is None:
+            raise ModelError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ModelError(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
+        # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older checkpoints
+        # write `rope_theta` beside a `rope_scaling` dict (or null).
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ModelError(f"unsupported rope_scaling type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
+        rope["rope_type"] = rope_type
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ModelError("partial_rotary_factor other than 1.0 is not supported")
+        heads = int(raw["num_attention_heads"])
+        window = raw.get("sliding_window")
+        if family == "qwen2" or family == "qwen3":
+            window = window if raw.get("use_sliding_window") else None
+        return cls(
+            architecture=str(arch),
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rope_theta=theta,
+            rope_scaling=rope,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2" or (family == "llama" and bool(raw.get("attention_bias"))),
+            o_bias=family == "llama" and bool(raw.get("attention_bias")),
+            mlp_bias=family == "llama" and bool(raw.get("mlp_bias")),
+            qk_norm=family == "qwen3",
+            sliding_window=int(window) if window else None,
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence we run exactly: positions, capped by a sliding window we don't implement."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+
+def rope_inv_freq(cfg: DecoderConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2] for the config's RoPE type.
+
+    NOTE: float32 throughout, in the order transformers computes them, so that the cos/sin table
+    matches the reference bit for bit and greedy ties break the same way.
+    """
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+class Attention(Protocol):
+    """What a layer needs from the batch: attend q [T, H, D] to this step's k, v [T, Hkv, D]."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Returns [T, H * D]."""
+        ...
+
+
+class DenseCausalAttention:
+    """One whole sequence, no cache: the reference path (and the model's own unit test)."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+        )
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: statistics in float32, the scale applied in the input dtype (as HF does)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.cfg = cfg
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        # NOTE: q, k, v (and gate, up) are fused into one matmul each; the loader concatenates them.
+        self.qkv = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, h, bias=cfg.o_bias)
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.post_norm = nn.Parameter(torch.ones(h))
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(d))
+            self.k_norm = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention) -> torch.Tensor:
+        cfg = self.cfg
+        t = x.shape[0]
+        qkv = self.qkv(rms_norm(x, self.input_norm, cfg.rms_norm_eps))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        x = x + self.o_proj(attn(self.index, q, k, v))
+        gate, up = self.gate_up(rms_norm(x, self.post_norm, cfg.rms_norm_eps)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in HF's half-split layout: x [T, H, D], cos/sin [T, 1, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class LlamaDecoder(nn.Module):
+    """Embeddings, decoder layers, final norm and LM head; `forward` -> hidden, `logits` -> vocab."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def build_rope(self) -> None:
+        """The cos/sin table for every position, computed once (float32, then the model's dtype)."""
+        inv = rope_inv_freq(self.cfg)
+        freqs = torch.outer(torch.arange(self.cfg.max_model_len, dtype=torch.float32), inv)
+        dtype, device = self.norm.dtype, self.norm.device
+        self.rope_cos = freqs.cos().to(device=device, dtype=dtype)
+        self.rope_sin = freqs.sin().to(device=device, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] (before the final norm)."""
+        x = self.embed(input_ids)
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, hidden] -> float32 logits [S, vocab]."""
+        h = rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
+        out = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
+        return out.float()

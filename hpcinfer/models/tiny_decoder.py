@@ -1,0 +1,78 @@
+"""Builds tiny random Llama-family checkpoints with `transformers` (tests and benchmarks only).
+
+The tokenizer is the packaged MiniLM `tokenizer.json` (a real WordPiece tokenizer), with a small
+chat template in tokenizer_config.json so chat rendering can be checked against transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .registry import resolve_model_path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ bos_token if loop.first else '' }}[{{ message['role'] | upper }}] {{ message['content'] | trim }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+)
+SEP_ID = 102  # MiniLM's [SEP]: the tiny checkpoints' EOS
+
+
+def build_tiny_decoder(
+    path: str | Path,
+    architecture: str = "LlamaForCausalLM",
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 512,
+    initializer_range: float = 0.1,
+    tie: bool = False,
+    seed: int = 0,
+    shards: bool = False,
+    **extra: Any,
+) -> Path:
+    """Writes a random checkpoint of `architecture` (transformers' own class) and returns its path."""
+    import torch
+    import transformers
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    source = resolve_model_path("default")
+    shutil.copy(source / "tokenizer.json", path / "tokenizer.json")
+    vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
+    family = architecture.removesuffix("ForCausalLM")
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+        initializer_range=initializer_range,
+        tie_word_embeddings=tie,
+        bos_token_id=101,
+        eos_token_id=SEP_ID,
+        pad_token_id=0,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).eval()
+    model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB", safe_serialization=True)
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "[CLS]",
+        "eos_token": "[SEP]",
+        "unk_token": "[UNK]",
+        "pad_token": "[PAD]",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1), encoding="utf-8")
+    return path

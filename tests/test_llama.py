@@ -1,0 +1,86 @@
+"""The native decoder against transformers: logits for each family, RoPE type and weight layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from hpcinfer.errors import ModelError
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, is_causal_lm, load_decoder
+from hpcinfer.models.llama import DenseCausalAttention
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+CASES = [
+    ("LlamaForCausalLM", {}),
+    ("MistralForCausalLM", {"shards": True}),
+    ("Qwen2ForCausalLM", {"tie": True}),
+    ("Qwen3ForCausalLM", {"head_dim": 24}),
+    ("LlamaForCausalLM", {"rope_scaling": LLAMA3, "attention_bias": True, "mlp_bias": True}),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "kv_heads": 1}),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("arch", "extra"), CASES, ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
+def test_logits_equal_transformers(tmp_path, arch, extra):
+    path = build_tiny_decoder(tmp_path / "ckpt", arch, seed=3, **extra)
+    info = inspect_decoder(path)
+    assert is_causal_lm(path) and info.config.architecture == arch
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    ref = getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, info.config.vocab_size, (300,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model.logits(model(ids, torch.arange(len(ids)), DenseCausalAttention()))
+        theirs = ref(ids[None]).logits[0]
+    assert theirs.std() > 0.5  # an initializer_range of 0.1 gives logits that can disagree
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_unsupported_architecture_is_one_line(tmp_path):
+    path = build_tiny_decoder(tmp_path / "ckpt")
+    raw = json.loads((path / "config.json").read_text())
+    raw["architectures"] = ["GPT2LMHeadModel"]
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelError, match=r"unsupported architecture 'GPT2LMHeadModel'") as err:
+        inspect_decoder(path)
+    assert "\n" not in str(err.value)
+
+
+def test_unsupported_rope_type_is_named(tmp_path):
+    path = build_tiny_decoder(tmp_path / "ckpt")
+    raw = json.loads((path / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0}
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelError, match="unsupported rope_scaling type 'longrope'"):
+        inspect_decoder(path)
+
+
+def test_legacy_rope_scaling_keys(tmp_path):
+    """Checkpoints written before transformers 5 keep rope_theta beside rope_scaling {type: ...}."""
+    path = build_tiny_decoder(tmp_path / "ckpt")
+    raw = json.loads((path / "config.json").read_text())
+    raw.pop("rope_parameters", None)
+    raw["rope_theta"] = 500000.0
+    raw["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    (path / "config.json").write_text(json.dumps(raw))
+    cfg = inspect_decoder(path).config
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == {"type": "linear", "factor": 4.0, "rope_type": "linear"}
