@@ -62,6 +62,10 @@ def run(
     again (tune's trials share one).
     """
     config.validate()
+    if config.cluster.engine == "ray":  # NOTE: imports Ray only here, so the package works without it
+        from .ray_engine.driver import run_on_ray
+
+        return run_on_ray(config, progress=progress)
     own_devices = device is None and devices is None
     if devices is None:
         devices = [device] if device is not None else _make_devices(config)
@@ -124,6 +128,9 @@ class _Job:
     info: CheckpointInfo
     max_length: int
     dtype: torch.dtype
+    # None: from the output's state (fresh, or resumed after the committed windows). A cluster
+    # replica runs one window range and gives its first window here (see ray_engine/replica.py).
+    first_window: int | None = None
 
 
 @contextmanager
@@ -150,7 +157,7 @@ def _execute(
 ) -> RunReport:
     config, devices, store, reader, info = job.config, job.devices, job.store, job.reader, job.info
     max_length = job.max_length
-    first_window = _open_store(store, reader, config.output)
+    first_window = _open_store(store, reader, config.output) if job.first_window is None else job.first_window
     labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
     report = RunReport(device=", ".join(labels), dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))
     stop = threading.Event()

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
-from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
+from .config import (
+    ClusterConfig,
+    DeviceConfig,
+    InputConfig,
+    OutputConfig,
+    PipelineConfig,
+    PlanConfig,
+    RunConfig,
+    TokenizeConfig,
+)
 from .errors import ConfigError, HpcinferError, Interrupted, StageError
 
 if TYPE_CHECKING:
@@ -189,6 +198,35 @@ def run_options(fn: Callable[..., Any], *, output_required: bool = True) -> Call
             "Overrides --device.",
         ),
         click.option(
+            "--engine",
+            type=click.Choice(["local", "ray"]),
+            default=_DEFAULTS.cluster.engine,
+            show_default=True,
+            help="local: this machine; ray: the same job in Ray Data actors, one model replica each "
+            "(pip install 'hpcinfer[ray]').",
+        ),
+        click.option(
+            "--ray-address",
+            default=None,
+            metavar="ADDR",
+            help="With --engine ray: the cluster to join (auto: the one `ray start` made here); "
+            "default: start a local Ray instance for the run.",
+        ),
+        click.option(
+            "--replicas",
+            type=int,
+            default=None,
+            help="With --engine ray: model replicas (actors) [default: one per node on CPUs, "
+            "one per --gpus-per-replica GPUs].",
+        ),
+        click.option(
+            "--gpus-per-replica",
+            type=float,
+            default=_DEFAULTS.cluster.gpus_per_replica,
+            show_default=True,
+            help="With --engine ray: GPUs each replica gets from Ray (0: CPU replicas).",
+        ),
+        click.option(
             "--dispatch",
             type=click.Choice(["tokens", "round_robin"]),
             default=_DEFAULTS.device.dispatch,
@@ -335,6 +373,7 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
         pipeline=PipelineConfig(not o["no_overlap"], o["queue_depth"], o["progress"]),
         report_path=o["report_path"],
         trace_path=o["trace_path"],
+        cluster=ClusterConfig(o["engine"], o["ray_address"], o["replicas"], o["gpus_per_replica"]),
     )
 
 

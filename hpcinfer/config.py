@@ -77,6 +77,14 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    engine: str = "local"  # local | ray: the same job in Ray Data actors, one replica each
+    ray_address: str | None = None  # None: start a local Ray instance for the run
+    replicas: int | None = None  # None: one per node on CPUs, one per gpus_per_replica GPUs
+    gpus_per_replica: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     input: InputConfig = field(default_factory=InputConfig)
     model: str = "default"
@@ -87,6 +95,7 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     report_path: str | None = None
     trace_path: str | None = None
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def validate(self) -> RunConfig:
         positive = {
@@ -116,6 +125,12 @@ class RunConfig:
             raise ConfigError("--resume and --overwrite contradict each other")
         if self.tokenize.max_length is not None and self.tokenize.max_length < 2:
             raise ConfigError("--max-length must be at least 2")
+        if self.cluster.engine not in ("local", "ray"):
+            raise ConfigError(f"--engine must be local or ray (got {self.cluster.engine!r})")
+        if self.cluster.replicas is not None and self.cluster.replicas < 1:
+            raise ConfigError(f"--replicas must be at least 1 (got {self.cluster.replicas})")
+        if self.cluster.gpus_per_replica < 0:
+            raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:
             raise ConfigError("no input given")
         return self
