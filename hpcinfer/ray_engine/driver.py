@@ -161,6 +161,7 @@ class _Job:
         self.read: dict[str, int] = {}
         self.written: dict[str, int] = {}
         self.results: list[UnitResult] = []
+        self.rows_written_now = 0  # rows this run committed (the rows_resumed of the report are the others)
 
     def run(self, ray: Any, replica_cls: type, progress: Progress, model: str) -> RunReport:
         config, store, window = self.config, self.store, self.config.plan.sort_window
@@ -240,6 +241,7 @@ class _Job:
             window.window_id, window.first_row, window.input_rows, window.ids, window.values, window.rejects
         )
         self.rejects.check_fraction(self.store.rows_committed)
+        self.rows_written_now += len(window.ids)
         for path, n in result.read_by_source.items():
             self.read[path] = self.read.get(path, 0) + n
         for path, n in result.written_by_source.items():
@@ -257,7 +259,7 @@ class _Job:
         report = merge_reports(self.results, wall, self.replicas)
         report.accounting = accounting
         report.rows = self.store.rows_written
-        report.rows_resumed = self.store.rows_written - sum(len(w.ids) for r in self.results for w in r.windows)
+        report.rows_resumed = self.store.rows_written - self.rows_written_now
         report.rejects = dict(sorted(self.rejects.by_reason.items()))
         report.device = f"ray: {self.replicas} replica{'s' if self.replicas > 1 else ''} ({self.kind})"
         report.dtype, report.model, report.output = self.dtype, model, self.config.output.path
