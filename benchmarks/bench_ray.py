@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

@@ -192,3 +192,25 @@ def test_without_ray_installed_the_engine_says_how_to_get_it(tmp_path, tiny_mode
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ConfigError, match=r"pip install 'hpcinfer\[ray\]'"):
         run_job(_ray(small_config(requests_jsonl, tmp_path / "o.parquet", tiny_model)))
+
+
+def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_rejected_it_otherwise():
+    from hpcinfer.ids import IdSet
+    from hpcinfer.ray_engine.commit import drop_repeated_ids
+    from hpcinfer.ray_engine.replica import Committed
+
+    seen = IdSet()
+    first = Committed(0, 0, 2, ["a", "b"], np.zeros((2, 3), np.float32), [])
+    assert drop_repeated_ids(seen, first, [(0, "a", 1, "f", 0), (1, "b", 2, "f", 1)]) == (first, {})
+    too_long = {"row": 3, "source": "f", "row_in_file": 3, "line": 4, "id": "a", "reason": "too_long", "message": "m"}
+    values = np.arange(9, dtype=np.float32).reshape(3, 3)
+    second = Committed(1, 2, 4, ["b", "c", None], values, [too_long])
+    admitted = [(2, "b", 3, "f", 2), (3, "a", 4, "f", 3), (4, "c", 5, "f", 4), (5, None, 6, "f", 5)]
+    fixed, moved = drop_repeated_ids(seen, second, admitted)
+    assert fixed.ids == ["c", None] and moved == {"f": 1}
+    np.testing.assert_array_equal(fixed.values, values[1:])
+    assert [(r["row"], r["reason"], r["line"]) for r in fixed.rejects] == [
+        (2, "duplicate_id", 3),
+        (3, "duplicate_id", 4),
+    ]
+    assert fixed.rejects[0]["message"] == "id 'b' appeared before"

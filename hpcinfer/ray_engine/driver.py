@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import signal
 import time
 from dataclasses import replace
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from .. import api
 from ..accounting import AccountingError, settle
 from ..config import RunConfig, flatten, resolve_plan
-from ..errors import ConfigError, HpcinferError, OutputError
+from ..errors import ConfigError, HpcinferError, Interrupted, OutputError
 from ..ids import IdSet, id_key
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import resolve_model_path
@@ -143,7 +144,7 @@ def _dtype(ray: Any, config: RunConfig, kind: str, gpus: float) -> Any:
 
     @ray.remote(num_gpus=gpus)
     def half() -> str:
-        from ..device.cuda import best_half_dtype
+        from hpcinfer.device.cuda import best_half_dtype  # NOTE: absolute: this function is shipped by value
 
         return str(best_half_dtype(torch.device("cuda")))
 
@@ -187,6 +188,13 @@ class _Job:
                 while next_window in pending:
                     self._commit(pending.pop(next_window), expected[next_window], progress)
                     next_window += 1
+        except KeyboardInterrupt:  # the committed windows stay: say so, and how to resume
+            raise Interrupted(signal.SIGINT, store.rows_written, config.output.path) from None
+        except HpcinferError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Ray's own failure (an actor that cannot start, ...): one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise RayUnitError(f"the Ray job failed: {type(exc).__name__}: {first}", 1) from exc
         finally:
             progress.close()
         if next_window != first_window + len(units):
