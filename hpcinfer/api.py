@@ -64,7 +64,13 @@ def run(
         from .generate.job import run_generate, wants_generation
 
         if wants_generation(config):
+            if config.cluster.engine == "ray":
+                raise ConfigError("--engine ray embeds; generation runs on one machine (--engine local) for now")
             return run_generate(config, progress=progress)  # type: ignore[return-value]
+    if config.cluster.engine == "ray":  # NOTE: imports Ray only here, so the package works without it
+        from .ray_engine.driver import run_on_ray
+
+        return run_on_ray(config, progress=progress)
     own_devices = device is None and devices is None
     if devices is None:
         devices = [device] if device is not None else _make_devices(config)
@@ -127,6 +133,9 @@ class _Job:
     info: CheckpointInfo
     max_length: int
     dtype: torch.dtype
+    # None: from the output's state (fresh, or resumed after the committed windows). A cluster
+    # replica runs one window range and gives its first window here (see ray_engine/replica.py).
+    first_window: int | None = None
 
 
 @contextmanager
@@ -153,7 +162,7 @@ def _execute(
 ) -> RunReport:
     config, devices, store, reader, info = job.config, job.devices, job.store, job.reader, job.info
     max_length = job.max_length
-    first_window = _open_store(store, reader, config.output)
+    first_window = _open_store(store, reader, config.output) if job.first_window is None else job.first_window
     labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
     shown = devices[0].kind if len(devices) == 1 else ", ".join(labels)
     report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
-from .config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig, TokenizeConfig
+from .config import (
+    ClusterConfig,
+    DeviceConfig,
+    InputConfig,
+    OutputConfig,
+    PipelineConfig,
+    PlanConfig,
+    RunConfig,
+    TokenizeConfig,
+)
 from .errors import ConfigError, HpcinferError, Interrupted, StageError
 
 if TYPE_CHECKING:
@@ -187,6 +196,35 @@ def run_options(fn: Callable[..., Any], *, output_required: bool = True) -> Call
             help="Run on several devices, one model replica each: cuda:0,cuda:1 or all (every visible GPU); "
             "cpu,cpu splits the CPU threads. Batches go to the device with the fewest outstanding tokens. "
             "Overrides --device.",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(["local", "ray"]),
+            default=_DEFAULTS.cluster.engine,
+            show_default=True,
+            help="local: this machine; ray: the same job in Ray Data actors, one model replica each "
+            "(pip install 'hpcinfer[ray]').",
+        ),
+        click.option(
+            "--ray-address",
+            default=None,
+            metavar="ADDR",
+            help="With --engine ray: the cluster to join (auto: the one `ray start` made here); "
+            "default: start a local Ray instance for the run.",
+        ),
+        click.option(
+            "--replicas",
+            type=int,
+            default=None,
+            help="With --engine ray: model replicas (actors) [default: one per node on CPUs, "
+            "one per --gpus-per-replica GPUs].",
+        ),
+        click.option(
+            "--gpus-per-replica",
+            type=float,
+            default=_DEFAULTS.cluster.gpus_per_replica,
+            show_default=True,
+            help="With --engine ray: GPUs each replica gets from Ray (0: CPU replicas).",
         ),
         click.option(
             "--dispatch",
@@ -401,6 +439,7 @@ def build_run_config(o: dict[str, Any]) -> RunConfig:
         trace_path=o["trace_path"],
         task=o.get("task", "auto"),
         generate=_generate_config(o),
+        cluster=ClusterConfig(o["engine"], o["ray_address"], o["replicas"], o["gpus_per_replica"]),
     )
 
 

@@ -97,6 +97,14 @@ class GenerateConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    engine: str = "local"  # local | ray: the same job in Ray Data actors, one replica each
+    ray_address: str | None = None  # None: start a local Ray instance for the run
+    replicas: int | None = None  # None: one per node on CPUs, one per gpus_per_replica GPUs
+    gpus_per_replica: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     input: InputConfig = field(default_factory=InputConfig)
     model: str = "default"
@@ -109,6 +117,7 @@ class RunConfig:
     trace_path: str | None = None
     task: str = "auto"  # auto (from the checkpoint) | embed | generate
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def validate(self) -> RunConfig:
         positive = {
@@ -138,6 +147,12 @@ class RunConfig:
             raise ConfigError("--resume and --overwrite contradict each other")
         if self.tokenize.max_length is not None and self.tokenize.max_length < 2:
             raise ConfigError("--max-length must be at least 2")
+        if self.cluster.engine not in ("local", "ray"):
+            raise ConfigError(f"--engine must be local or ray (got {self.cluster.engine!r})")
+        if self.cluster.replicas is not None and self.cluster.replicas < 1:
+            raise ConfigError(f"--replicas must be at least 1 (got {self.cluster.replicas})")
+        if self.cluster.gpus_per_replica < 0:
+            raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:
             raise ConfigError("no input given")
         if self.task not in ("auto", "embed", "generate"):

@@ -20,15 +20,17 @@ class LineSplitter:
     """Reads `fh` in chunks of about `chunk_bytes`; yields lists of (1-based line number, line bytes).
 
     Only non-blank lines are yielded; line numbers count every line, blank ones too, so they match
-    what an editor shows. `rows` counts the non-blank lines yielded so far.
+    what an editor shows. `rows` counts the non-blank lines yielded so far. `first_line` is the
+    number of the line `fh` is positioned at (a reader of a range of the file seeks to a line's
+    start); a byte order mark is only looked for at line 1.
     """
 
-    def __init__(self, fh: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, fh: BinaryIO, chunk_bytes: int = CHUNK_BYTES, first_line: int = 1) -> None:
         self.fh = fh
         self.chunk_bytes = max(1, chunk_bytes)
         self.bytes_seen = 0  # bytes read and assigned to a line (newlines and the BOM included)
         self.rows = 0
-        self._line_no = 0
+        self._line_no = first_line - 1
 
     def chunks(self) -> Iterator[list[tuple[int, bytes]]]:
         pieces: list[bytes] = []  # the current, unfinished line: it has no newline yet
@@ -47,7 +49,7 @@ class LineSplitter:
     def _reads(self) -> Iterator[bytes]:
         """The file's bytes in chunks, less a leading byte order mark."""
         data = self.fh.read(max(self.chunk_bytes, len(BOM)))
-        if data.startswith(BOM):
+        if self._line_no == 0 and data.startswith(BOM):
             self.bytes_seen += len(BOM)
             data = data[len(BOM) :] or self.fh.read(self.chunk_bytes)
         while data:

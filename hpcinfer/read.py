@@ -235,23 +235,29 @@ class Reader:
             raise InputError(f"cannot read ({exc})", path=src.path) from None
 
     def _parquet_chunks(self, src: Source) -> Iterator[_Rows]:
-        payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
-        columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
         file = pq.ParquetFile(src.path)
         seen = 0
-        for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=columns):
-            rows = _Rows()
-            values = batch.column(payload_col)
-            if src.payload == "text":
-                rows.payloads = _arrow_texts(values)
-            else:
-                rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
-            rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
-            rows.lines = [None] * batch.num_rows
+        for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=self._parquet_columns(src)):
             seen += batch.num_rows
-            yield rows
+            yield self._parquet_rows(src, batch)
         if seen != file.metadata.num_rows:
             raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=src.path)
+
+    def _parquet_columns(self, src: Source) -> list[str]:
+        payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
+        return [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
+
+    def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> _Rows:
+        """One record batch of a Parquet file -> parsed rows."""
+        rows = _Rows()
+        values = batch.column(self._parquet_columns(src)[0])
+        if src.payload == "text":
+            rows.payloads = _arrow_texts(values)
+        else:
+            rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
+        rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
+        rows.lines = [None] * batch.num_rows
+        return rows
 
     def _jsonl_chunks(self, src: Source) -> Iterator[_Rows]:
         with open(src.path, "rb") as fh:

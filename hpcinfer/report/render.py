@@ -100,5 +100,19 @@ def render(report: RunReport, console: Console) -> None:
     if len(report.devices) > 1:
         console.print(device_table(report))
     console.print(f"bottleneck: [bold]{report.bottleneck}[/bold] - {report.hint}")
+    if report.cluster:
+        console.print(cluster_line(report))
     if (line := saturation_line(report)) is not None:
         console.print(line)
+
+
+def cluster_line(report: RunReport) -> str:
+    """The Ray run in one line: replicas, the slowest actor, restarts, Ray's spill and failed tasks."""
+    c = report.cluster
+    parts = [f"ray: {c['replicas']} replicas", f"slowest actor {c['slowest_actor']}"]
+    parts.append(f"actor restarts seen {c['actor_restarts_seen']}")
+    if "tasks_failed" in c:
+        parts.append(f"failed tasks {c['tasks_failed']} (retried)")
+    if "object_store_spilled_bytes" in c:
+        parts.append(f"object store spilled {c['object_store_spilled_bytes'] / 2**20:,.1f} MiB")
+    return ", ".join(parts)

@@ -37,6 +37,8 @@ class RunReport:
     # Under --rate: per-request latency (arrival -> committed), offered/achieved rate, saturated.
     arrivals: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    # --engine ray: replicas, actors seen, the slowest actor, Ray's spill and failed-task counts
+    cluster: dict[str, Any] = field(default_factory=dict)
 
     @property
     def padding_efficiency(self) -> float:

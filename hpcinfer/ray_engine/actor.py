@@ -1,0 +1,41 @@
+"""The Ray Data actor: one replica per actor, fed one unit per call by `map_batches`.
+
+Units and results cross Ray as pickled bytes in a binary column: Ray Data moves them through its
+object store and never looks inside, so nothing of hpcinfer's types has to become Arrow.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig
+from .replica import EmbedReplica
+
+
+class ReplicaActor:
+    """Ray Data callable class: loads the model once (in `__init__`), then embeds the units it receives.
+
+    `workdir` is the driver's working directory: relative input and model paths mean what they
+    meant to the driver (on a cluster, inputs and model sit on a filesystem every node mounts).
+    """
+
+    def __init__(self, config: RunConfig, workdir: str, threads: int | None) -> None:
+        if os.path.isdir(workdir):
+            os.chdir(workdir)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.replica = EmbedReplica(config)
+        self.calls = 0
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        results = []
+        for blob in batch["unit"]:
+            self.calls += 1
+            results.append(pickle.dumps(self.replica.run(pickle.loads(blob)), protocol=pickle.HIGHEST_PROTOCOL))
+        return {"result": np.array(results, dtype=object)}

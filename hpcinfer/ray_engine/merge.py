@@ -1,0 +1,112 @@
+"""Per-unit reports of the replicas -> one report of the whole job.
+
+Stage tables are merged by summing what adds up (items, busy, starved, back-pressured seconds);
+a stage's share is its busy time over the replicas' combined time (replicas x wall), so 100% means
+every replica spent the whole job in it. Per-batch percentiles do not add up: p50 is the items-
+weighted median of the units' p50s, p99 the highest unit p99 (an upper bound). Each actor gets a
+row of the per-device table (batches, rows, tokens, token share, busy seconds and share of the
+wall time, idle tail), and `cluster` names the slowest actor (fewest rows per busy second).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..report.summary import RunReport
+from .replica import UnitResult
+
+_ADDED = ("items", "busy_s", "starved_s", "backpressured_s")
+
+
+def merge_stages(reports: list[RunReport], wall_s: float, replicas: int) -> list[dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    p50s: dict[str, list[tuple[float, int]]] = {}
+    for report in reports:
+        for s in report.stages:
+            row = merged.setdefault(s["stage"], {"stage": s["stage"], **dict.fromkeys(_ADDED, 0), "p99_ms": 0.0})
+            for key in _ADDED:
+                row[key] += s[key]
+            row["p99_ms"] = max(row["p99_ms"], s["p99_ms"])
+            p50s.setdefault(s["stage"], []).append((s["p50_ms"], s["items"]))
+    capacity = wall_s * max(replicas, 1)
+    out = []
+    for name, row in merged.items():
+        values = [(v, n) for v, n in p50s[name] if n]
+        row["p50_ms"] = round(_weighted_median(values), 3) if values else 0.0
+        row["share"] = round(row["busy_s"] / capacity, 4) if capacity > 0 else 0.0
+        for key in ("busy_s", "starved_s", "backpressured_s"):
+            row[key] = round(row[key], 4)
+        out.append(
+            {
+                k: row[k]
+                for k in ("stage", "items", "busy_s", "share", "p50_ms", "p99_ms", "starved_s", "backpressured_s")
+            }
+        )
+    return out
+
+
+def _weighted_median(values: list[tuple[float, int]]) -> float:
+    values = sorted(values)
+    weights = np.cumsum([n for _, n in values])
+    return float(values[int(np.searchsorted(weights, weights[-1] / 2))][0])
+
+
+def per_actor(results: list[UnitResult], wall_s: float) -> list[dict[str, Any]]:
+    """One row per actor (host:pid, so a restarted actor is a row of its own)."""
+    actors: dict[str, dict[str, Any]] = {}
+    t0 = min((r.started for r in results), default=0.0)
+    for r in results:
+        rep = r.report
+        a = actors.setdefault(
+            r.replica,
+            {"device": r.replica, "units": 0, "batches": 0, "rows": 0, "tokens": 0, "busy_s": 0.0, "last": t0},
+        )
+        a["units"] += 1
+        a["batches"] += rep.batches
+        a["rows"] += rep.rows
+        a["tokens"] += rep.real_tokens
+        a["busy_s"] += r.finished - r.started
+        a["last"] = max(a["last"], r.finished)
+    total_tokens = sum(a["tokens"] for a in actors.values()) or 1
+    end = max((a["last"] for a in actors.values()), default=t0)
+    rows = []
+    for a in actors.values():
+        rows.append(
+            {
+                **{k: a[k] for k in ("device", "units", "batches", "rows", "tokens")},
+                "token_share": round(a["tokens"] / total_tokens, 4),
+                "busy_s": round(a["busy_s"], 4),
+                "busy_share": round(a["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0,
+                "rows_per_busy_s": round(a["rows"] / a["busy_s"], 3) if a["busy_s"] > 0 else 0.0,
+                "finished_s": round(a["last"] - t0, 4),
+                "idle_tail_s": round(end - a["last"], 4),
+            }
+        )
+    return rows
+
+
+def merge_reports(results: list[UnitResult], wall_s: float, replicas: int) -> RunReport:
+    """The totals and tables of a cluster run; the caller adds accounting, rejects and identity."""
+    reports = [r.report for r in results if r.report is not None]
+    report = RunReport(wall_s=wall_s)
+    for rep in reports:
+        report.real_tokens += rep.real_tokens
+        report.padded_tokens += rep.padded_tokens
+        report.truncated_rows += rep.truncated_rows
+        report.oom_splits += rep.oom_splits
+        report.batches += rep.batches
+        report.windows += rep.windows
+    report.final_max_batch_tokens = min((r.final_max_batch_tokens for r in reports), default=0)
+    report.stages = merge_stages(reports, wall_s, replicas)
+    report.devices = per_actor(results, wall_s)
+    slowest = min(report.devices, key=lambda d: d["rows_per_busy_s"], default=None)
+    report.cluster = {
+        "replicas": replicas,
+        "actors_seen": len(report.devices),
+        "actor_restarts_seen": max(0, len(report.devices) - replicas),
+        "slowest_actor": slowest["device"] if slowest else None,
+        "busy_s_total": round(sum(d["busy_s"] for d in report.devices), 4),
+    }
+    return report
