@@ -2,10 +2,14 @@
 
     read rows -> requests (tokenize / chat) -> engine (continuous batching) -> windows -> parts
 
-Windows are fixed runs of `--window-rows` input rows. Prompts keep flowing into the engine across
-window edges (no drain); a window is committed, atomically and in order, once its last sequence
-has finished. Resume skips committed windows; every row's sampling seed derives from its input
-row number (or its own `seed`), so a resumed run writes exactly what an uninterrupted one would.
+Windows are fixed runs of `--window-rows` input rows. A window is read whole and its prompts are
+admitted sorted by token ids (`--no-prefix-order`: in file order), so rows sharing a prefix run
+together and find it in the prefix cache; a row's `priority` comes before either order (the
+scheduler's queue). Prompts keep flowing into the engine across window edges (no drain); a window
+is committed, atomically and in input order, once its last sequence has finished. Resume skips
+committed windows; every row's sampling seed derives from its input row number (or its own
+`seed`), so a resumed run writes exactly what an uninterrupted one would, in whatever order the
+rows were admitted.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .chat import ChatRenderer
 from .engine import Engine, EngineConfig
 from .kv_cache import parse_kv_memory
 from .report import GenerateReport, percentiles
-from .requests import Request, RequestReader
+from .requests import Request, RequestReader, prefix_order
 from .sequence import SamplingParams, Sequence
 
 SCHEMA = pa.schema(
@@ -153,6 +157,7 @@ class GenerationJob:
             block_size=g.kv_block_size,
             kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
             chunked_prefill=g.chunked_prefill,
+            prefix_cache=g.prefix_cache,
             seed=g.seed or 0,
             timed=True,
         )
@@ -165,6 +170,7 @@ class GenerationJob:
             defaults,
             self.max_prompt,
             self.info.config.vocab_size,
+            g.priority_column,
         )
         files = self.reader.files
         self.store = _GenerationStore(
@@ -176,6 +182,9 @@ class GenerationJob:
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
         self.windows: deque[_Window] = deque()
+        self._ready: deque[tuple[_Window, Request]] = deque()  # read, ordered, not yet in the engine
+        self._next: Request | Reject | None = None  # the first row of the window after the one read
+        self.latency: dict[int, list[float]] = {}  # per priority: queued -> finished, seconds
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -201,13 +210,29 @@ class GenerationJob:
         return self.windows[-1]
 
     def _feed(self, source: Any, engine: Engine) -> bool:
-        """Reads rows until the engine has a queue to admit from; False once the input is exhausted."""
+        """Queues prompts until the engine has a queue to admit from; False once the input is exhausted."""
+        more = True
         while len(engine.scheduler.waiting) < self.config.generate.max_num_seqs:
-            item = next(source, None)
-            if item is None:
+            if not self._ready:
+                more = self._read_window(source)
+                if not self._ready:
+                    return more
+            window, item = self._ready.popleft()
+            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
+        return more or bool(self._ready)
+
+    def _read_window(self, source: Any) -> bool:
+        """Reads the rest of one window into `_ready`, in prefix order; False once the input is exhausted."""
+        rows = self.config.generate.window_rows
+        requests: list[Request] = []
+        window: _Window | None = None
+        while True:
+            item, self._next = self._next or next(source, None), None
+            if item is None or (window is not None and item.row // rows != window.window_id):
+                self._next = item
                 if self.windows:
-                    self.windows[-1].closed = True
-                return False
+                    self.windows[-1].closed = True  # every row of it is read
+                break
             window = self._window_for(item.row)
             window.input_rows += 1
             if isinstance(item, Reject):
@@ -215,8 +240,11 @@ class GenerationJob:
                 self.rejects.add([item])
                 continue
             window.pending += 1
-            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row)
-        return True
+            requests.append(item)
+        if self.config.generate.prefix_order:
+            requests = prefix_order(requests)
+        self._ready.extend((window, r) for r in requests)  # type: ignore[misc]
+        return self._next is not None
 
     def _finish(self, seq: Sequence) -> None:
         window, request = seq.tag
@@ -224,9 +252,11 @@ class GenerationJob:
         window.results.append((request.row, self._answer(seq, request)))
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
+        self.latency.setdefault(seq.priority, []).append(seq.finish_s - seq.arrival_s)
+        r = self.report
+        r.prompt_tokens_cached += seq.num_cached
         if seq.num_completion > 1:
             self.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-        r = self.report
         r.prompt_tokens += seq.num_prompt
         r.completion_tokens += seq.num_completion
         r.finish_reasons[seq.finish_reason] = r.finish_reasons.get(seq.finish_reason, 0) + 1
@@ -321,6 +351,12 @@ class GenerationJob:
         r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
         r.kv_block_size, r.kv_cache_bytes = self.engine_config.block_size, engine.cache.nbytes
         r.mean_occupancy = round(s.mean_occupancy, 4)
+        r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
+            self.engine_config.prefix_cache,
+            s.cached_tokens,
+            s.evictions,
+        )
+        r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(self.latency.items(), reverse=True)}
         r.ttft, r.tpot = percentiles(self.ttft), percentiles(self.tpot)
         r.step_time_split = {
             k: round(v, 4)
