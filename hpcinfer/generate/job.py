@@ -184,7 +184,7 @@ class GenerationJob:
         self.windows: deque[_Window] = deque()
         self._ready: deque[tuple[_Window, Request]] = deque()  # read, ordered, not yet in the engine
         self._next: Request | Reject | None = None  # the first row of the window after the one read
-        self.latency: dict[int, list[float]] = {}  # per priority: queued -> finished, seconds
+        self.latency: dict[int, list[float]] = {}  # per priority: read -> finished, seconds
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -240,9 +240,13 @@ class GenerationJob:
                 self.rejects.add([item])
                 continue
             window.pending += 1
+            item.read_s = time.perf_counter()
             requests.append(item)
         if self.config.generate.prefix_order:
             requests = prefix_order(requests)
+        # NOTE: the engine's queue is kept short, so the window is handed over highest priority
+        # first too (stable: prefix or file order within a class); the scheduler keeps it so.
+        requests.sort(key=lambda r: -r.priority)
         self._ready.extend((window, r) for r in requests)  # type: ignore[misc]
         return self._next is not None
 
@@ -252,7 +256,7 @@ class GenerationJob:
         window.results.append((request.row, self._answer(seq, request)))
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
-        self.latency.setdefault(seq.priority, []).append(seq.finish_s - seq.arrival_s)
+        self.latency.setdefault(seq.priority, []).append(seq.finish_s - request.read_s)
         r = self.report
         r.prompt_tokens_cached += seq.num_cached
         if seq.num_completion > 1:

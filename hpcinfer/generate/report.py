@@ -57,7 +57,7 @@ class GenerateReport:
     mean_occupancy: float = 0.0  # sequences in a step / --max-num-seqs, mean over steps
     ttft: dict[str, float] = field(default_factory=dict)  # admitted -> first token
     tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
-    latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # queued -> finished
+    latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
     step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
     config: dict[str, Any] = field(default_factory=dict)
 

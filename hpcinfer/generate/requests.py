@@ -42,6 +42,7 @@ class Request:
     openai: bool = False
     source: str = ""  # the input file (accounting)
     priority: int = 0
+    read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
 
 
 def prefix_order(requests: list[Request]) -> list[Request]:
