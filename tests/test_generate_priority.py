@@ -2,8 +2,9 @@
 requests arrive faster than the engine runs them; the job's output in input order, equal with and
 without ordering and caching, its hit rate the theoretical one.
 
-NOTE: generation does not replay `--rate` arrivals yet, so the saturated case drives the engine
-directly: a few requests arrive before every step, more than a step can finish.
+The saturated case is run twice: through the job under `--rate` (Poisson arrivals far above what
+the engine serves), and on the engine directly with a fixed number of arrivals per step (latency
+in steps as well as seconds, so it cannot pass by luck of the clock).
 """
 
 from __future__ import annotations
@@ -100,11 +101,11 @@ def shared_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def run(tmp_path, name, rows, **gen):
+def run(tmp_path, name, rows, rate=None, **gen):
     src = write_jsonl(tmp_path / f"{name}.jsonl", rows)
     out = tmp_path / f"{name}.parquet"
     config = RunConfig(
-        input=InputConfig((str(src),)),
+        input=InputConfig((str(src),), rate=rate),
         model=str(gen.pop("model")),
         output=OutputConfig(str(out)),
         pipeline=PipelineConfig(progress="off"),
@@ -136,3 +137,17 @@ def test_a_priority_column_is_admitted_first_and_written_in_input_order(tmp_path
     lat = report.latency_by_priority
     print(f"p99 latency: priority 3 {lat['3']['p99_ms']:.0f} ms, priority 0 {lat['0']['p99_ms']:.0f} ms")
     assert list(lat) == ["3", "0"] and lat["3"]["p99_ms"] < lat["0"]["p99_ms"]
+
+
+def test_under_rate_above_capacity_the_high_class_has_the_lower_p99(tmp_path, ckpt):
+    rows = shared_rows(80, seed=6)
+    for i, r in enumerate(rows):
+        r["priority"] = 1 if i % 4 == 1 else 0
+    report, got = run(tmp_path, "rate", rows, rate=400.0, model=ckpt, window_rows=16, max_num_seqs=2, max_tokens=6)
+    assert [r["id"] for r in got] == [r["id"] for r in rows]  # every row once, in input order
+    assert report.rows == 80 and report.windows == 5
+    lat = report.latency_by_priority
+    print(f"--rate 400: p99 latency priority 1 {lat['1']['p99_ms']:.0f} ms, priority 0 {lat['0']['p99_ms']:.0f} ms")
+    assert lat["1"]["p99_ms"] < lat["0"]["p99_ms"]
+    # saturated: the low class waited far longer than the run takes to serve one row
+    assert lat["0"]["p99_ms"] > 4 * lat["1"]["p50_ms"]

@@ -10,6 +10,10 @@ is committed, atomically and in input order, once its last sequence has finished
 committed windows; every row's sampling seed derives from its input row number (or its own
 `seed`), so a resumed run writes exactly what an uninterrupted one would, in whatever order the
 rows were admitted.
+
+Under `--rate` rows arrive on a seeded Poisson schedule instead (`arrivals.poisson_gaps_ns`): each
+goes to the engine's queue when it arrives (the queue orders by priority), and its latency runs
+from its arrival; a window is then not reordered (its rows are not all there to sort).
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer
 
 from ..accounting import settle
+from ..arrivals import poisson_gaps_ns
 from ..config import RunConfig, flatten
 from ..errors import ConfigError, ModelError
 from ..lock import OutputLock
@@ -184,7 +190,9 @@ class GenerationJob:
         self.windows: deque[_Window] = deque()
         self._ready: deque[tuple[_Window, Request]] = deque()  # read, ordered, not yet in the engine
         self._next: Request | Reject | None = None  # the first row of the window after the one read
-        self.latency: dict[int, list[float]] = {}  # per priority: read -> finished, seconds
+        self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
+        self._rng = np.random.default_rng(config.input.rate_seed)
+        self._next_at: float | None = None  # --rate: when `_next` arrives (perf_counter seconds)
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -211,6 +219,8 @@ class GenerationJob:
 
     def _feed(self, source: Any, engine: Engine) -> bool:
         """Queues prompts until the engine has a queue to admit from; False once the input is exhausted."""
+        if self.config.input.rate is not None:
+            return self._feed_arrived(source, engine)
         more = True
         while len(engine.scheduler.waiting) < self.config.generate.max_num_seqs:
             if not self._ready:
@@ -220,6 +230,31 @@ class GenerationJob:
             window, item = self._ready.popleft()
             engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
         return more or bool(self._ready)
+
+    def _feed_arrived(self, source: Any, engine: Engine) -> bool:
+        """--rate: every row that has arrived by now joins the engine's queue; False once none is left."""
+        now = time.perf_counter()
+        while True:
+            if self._next is None:
+                self._next = next(source, None)
+                if self._next is None:
+                    if self.windows:
+                        self.windows[-1].closed = True
+                    return False
+                gap = poisson_gaps_ns(self._rng, self.config.input.rate, 1)[0] / 1e9
+                self._next_at = now if self._next_at is None else self._next_at + gap
+            if self._next_at > now:
+                return True
+            item, self._next = self._next, None
+            window = self._window_for(item.row)
+            window.input_rows += 1
+            if isinstance(item, Reject):
+                window.rejects.append(item)
+                self.rejects.add([item])
+                continue
+            window.pending += 1
+            item.read_s = self._next_at
+            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
 
     def _read_window(self, source: Any) -> bool:
         """Reads the rest of one window into `_ready`, in prefix order; False once the input is exhausted."""
@@ -331,6 +366,8 @@ class GenerationJob:
             if engine.has_work:
                 for seq in engine.step():
                     self._finish(seq)
+            elif more and self._next_at is not None:  # --rate: idle until the next arrival
+                time.sleep(min(max(0.0, self._next_at - time.perf_counter()), 0.05))
             self._commit_ready()
             if not more and not engine.has_work:
                 break
