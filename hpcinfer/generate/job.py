@@ -2,18 +2,12 @@
 
     read rows -> requests (tokenize / chat) -> engine (continuous batching) -> windows -> parts
 
-Windows are fixed runs of `--window-rows` input rows. A window is read whole and its prompts are
-admitted sorted by token ids (`--no-prefix-order`: in file order), so rows sharing a prefix run
-together and find it in the prefix cache; a row's `priority` comes before either order (the
-scheduler's queue). Prompts keep flowing into the engine across window edges (no drain); a window
-is committed, atomically and in input order, once its last sequence has finished. Resume skips
-committed windows; every row's sampling seed derives from its input row number (or its own
-`seed`), so a resumed run writes exactly what an uninterrupted one would, in whatever order the
-rows were admitted.
-
-Under `--rate` rows arrive on a seeded Poisson schedule instead (`arrivals.poisson_gaps_ns`): each
-goes to the engine's queue when it arrives (the queue orders by priority), and its latency runs
-from its arrival; a window is then not reordered (its rows are not all there to sort).
+Windows are fixed runs of `--window-rows` input rows. `admission.py` hands their prompts to the
+engine (prefix-aware and by priority, or under `--rate` as they arrive). Prompts keep flowing into
+the engine across window edges (no drain); a window is committed, atomically and in input order,
+once its last sequence has finished. Resume skips committed windows; every row's sampling seed
+derives from its input row number (or its own `seed`), so a resumed run writes exactly what an
+uninterrupted one would, in whatever order the rows were admitted.
 """
 
 from __future__ import annotations
@@ -26,14 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer
 
 from ..accounting import settle
-from ..arrivals import poisson_gaps_ns
 from ..config import RunConfig, flatten
 from ..errors import ConfigError, ModelError
 from ..lock import OutputLock
@@ -45,11 +37,12 @@ from ..report.timing import Span
 from ..report.trace import write_trace
 from ..types import Reject
 from ..write import RejectCounter, check_output, check_output_state, output_format
+from .admission import Admission
 from .chat import ChatRenderer
 from .engine import Engine, EngineConfig
 from .kv_cache import parse_kv_memory
 from .report import GenerateReport, percentiles
-from .requests import Request, RequestReader, prefix_order
+from .requests import Request, RequestReader
 from .sequence import SamplingParams, Sequence
 
 SCHEMA = pa.schema(
@@ -188,11 +181,17 @@ class GenerationJob:
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
         self.windows: deque[_Window] = deque()
-        self._ready: deque[tuple[_Window, Request]] = deque()  # read, ordered, not yet in the engine
-        self._next: Request | Reject | None = None  # the first row of the window after the one read
         self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
-        self._rng = np.random.default_rng(config.input.rate_seed)
-        self._next_at: float | None = None  # --rate: when `_next` arrives (perf_counter seconds)
+        self.admission = Admission(
+            g.window_rows,
+            g.max_num_seqs,
+            g.prefix_order,
+            config.input.rate,
+            config.input.rate_seed,
+            self._window_for,
+            self._close_last,
+            self._reject,
+        )
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -217,73 +216,13 @@ class GenerationJob:
             self.windows.append(_Window(wid, max(row, wid * self.config.generate.window_rows)))
         return self.windows[-1]
 
-    def _feed(self, source: Any, engine: Engine) -> bool:
-        """Queues prompts until the engine has a queue to admit from; False once the input is exhausted."""
-        if self.config.input.rate is not None:
-            return self._feed_arrived(source, engine)
-        more = True
-        while len(engine.scheduler.waiting) < self.config.generate.max_num_seqs:
-            if not self._ready:
-                more = self._read_window(source)
-                if not self._ready:
-                    return more
-            window, item = self._ready.popleft()
-            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
-        return more or bool(self._ready)
+    def _close_last(self) -> None:
+        if self.windows:
+            self.windows[-1].closed = True
 
-    def _feed_arrived(self, source: Any, engine: Engine) -> bool:
-        """--rate: every row that has arrived by now joins the engine's queue; False once none is left."""
-        now = time.perf_counter()
-        while True:
-            if self._next is None:
-                self._next = next(source, None)
-                if self._next is None:
-                    if self.windows:
-                        self.windows[-1].closed = True
-                    return False
-                gap = poisson_gaps_ns(self._rng, self.config.input.rate, 1)[0] / 1e9
-                self._next_at = now if self._next_at is None else self._next_at + gap
-            if self._next_at > now:
-                return True
-            item, self._next = self._next, None
-            window = self._window_for(item.row)
-            window.input_rows += 1
-            if isinstance(item, Reject):
-                window.rejects.append(item)
-                self.rejects.add([item])
-                continue
-            window.pending += 1
-            item.read_s = self._next_at
-            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
-
-    def _read_window(self, source: Any) -> bool:
-        """Reads the rest of one window into `_ready`, in prefix order; False once the input is exhausted."""
-        rows = self.config.generate.window_rows
-        requests: list[Request] = []
-        window: _Window | None = None
-        while True:
-            item, self._next = self._next or next(source, None), None
-            if item is None or (window is not None and item.row // rows != window.window_id):
-                self._next = item
-                if self.windows:
-                    self.windows[-1].closed = True  # every row of it is read
-                break
-            window = self._window_for(item.row)
-            window.input_rows += 1
-            if isinstance(item, Reject):
-                window.rejects.append(item)
-                self.rejects.add([item])
-                continue
-            window.pending += 1
-            item.read_s = time.perf_counter()
-            requests.append(item)
-        if self.config.generate.prefix_order:
-            requests = prefix_order(requests)
-        # NOTE: the engine's queue is kept short, so the window is handed over highest priority
-        # first too (stable: prefix or file order within a class); the scheduler keeps it so.
-        requests.sort(key=lambda r: -r.priority)
-        self._ready.extend((window, r) for r in requests)  # type: ignore[misc]
-        return self._next is not None
+    def _reject(self, window: _Window, item: Reject) -> None:
+        window.rejects.append(item)
+        self.rejects.add([item])
 
     def _finish(self, seq: Sequence) -> None:
         window, request = seq.tag
@@ -362,12 +301,12 @@ class GenerationJob:
         start = time.perf_counter()
         while not stop.is_set():
             if more:
-                more = self._feed(source, engine)
+                more = self.admission.feed(source, engine)
             if engine.has_work:
                 for seq in engine.step():
                     self._finish(seq)
-            elif more and self._next_at is not None:  # --rate: idle until the next arrival
-                time.sleep(min(max(0.0, self._next_at - time.perf_counter()), 0.05))
+            elif more and (at := self.admission.next_at) is not None:  # --rate: idle until the next arrival
+                time.sleep(min(max(0.0, at - time.perf_counter()), 0.05))
             self._commit_ready()
             if not more and not engine.has_work:
                 break
