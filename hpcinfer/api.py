@@ -16,25 +16,23 @@ import torch
 from .accounting import settle
 from .arrivals import ArrivalReplay
 from .config import OutputConfig, RunConfig, flatten, resolve_plan
-from .device import Device, OutputPool, StagingRing, make_device, resolve_dtype
+from .device import Device, make_device, resolve_dtype
 from .dispatch import Dispatcher
 from .errors import ConfigError, Interrupted
-from .execute import Executor
 from .lock import OutputLock
 from .models.checkpoint import CheckpointInfo, inspect_checkpoint
-from .models.registry import LoadedModel, load_model, load_tokenizer, resolve_model_path
+from .models.registry import LoadedModel, load_tokenizer, resolve_model_path
 from .output import PartStore, fingerprint
 from .pipeline import Fanout, run_overlapped, run_serial
 from .plan import Planner, TokenBudget, max_padded_len
 from .profile import RangeBackend
 from .progress import Progress
 from .read import Reader, estimate_rows
-from .replicas import DeviceLog, ResultWait, device_labels, make_devices, parse_devices
+from .replicas import DeviceLog, ResultWait, build_replicas, device_labels, make_devices, parse_devices
 from .report.latency import LatencyLog
 from .report.summary import RunReport
 from .report.timing import Timings, bottleneck
 from .report.trace import write_trace
-from .stage import StageStep
 from .tokenize import TokenizeStage
 from .types import Pending
 from .write import RejectCounter, Writer, check_output, check_output_state, output_format
@@ -174,7 +172,9 @@ def _execute(
         plan = config.plan
         max_width = max_padded_len(max_length, plan.pad_multiple, info.config.max_position_embeddings)
         budget = TokenBudget(plan.max_batch_tokens, max_width)
-        replicas = _replicas(job, labels, budget, max_width, stop, batch_profiler, preloaded)
+        replicas = build_replicas(
+            config, devices, labels, info, job.dtype, budget, max_width, stop, batch_profiler, preloaded
+        )
 
         def on_batch(pending: Pending) -> None:
             batch = pending.batch
@@ -276,53 +276,6 @@ def _execute(
     return report
 
 
-@dataclass(slots=True)
-class _Replica:
-    """What one device runs: its stage and execute steps, over its own ring and output buffers."""
-
-    label: str
-    device: Device
-    outputs: OutputPool
-    stage: StageStep
-    executor: Executor
-
-
-def _replicas(
-    job: _Job,
-    labels: list[str],
-    budget: TokenBudget,
-    max_width: int,
-    stop: threading.Event,
-    batch_profiler: Any,
-    preloaded: LoadedModel | None,
-) -> list[_Replica]:
-    """One replica per device; devices that are one memory (CPU replicas) share one copy of the model."""
-    config, plan = job.config, job.config.plan
-    models: dict[str, LoadedModel] = {}
-    replicas = []
-    for i, (device, label) in enumerate(zip(job.devices, labels, strict=True)):
-        device.bind_thread()  # NOTE: loading and graph capture below run on this device
-        key = str(device.torch_device)
-        if key not in models:
-            models[key] = (
-                preloaded if preloaded is not None and i == 0 else load_model(job.info, device.torch_device, job.dtype)
-            )
-        model = models[key]
-        ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
-        outputs = OutputPool(
-            device,
-            config.device.staging_buffers + config.device.streams,
-            plan.max_batch_size,
-            model.embedder.output_dim,
-            stop,
-        )
-        graphs = _graphs(config, device, model, budget, max_width)
-        profiler = batch_profiler if i == 0 else None  # NOTE: torch.profiler follows one thread: the first device's
-        executor = Executor(device, model.embedder, ring, outputs, graphs, budget, profiler, replica=i)
-        replicas.append(_Replica(label, device, outputs, StageStep(device, ring), executor))
-    return replicas
-
-
 def _check_lengths(config: RunConfig, info: CheckpointInfo) -> int:
     max_length = config.tokenize.max_length or info.max_seq_length
     if max_length > info.config.max_position_embeddings:
@@ -368,26 +321,6 @@ def _open_store(store: PartStore, reader: Reader, output: OutputConfig) -> int:
         return len(store.windows)
     store.start_fresh()
     return 0
-
-
-def _graphs(config: RunConfig, device: Device, model: Any, budget: TokenBudget, max_width: int) -> Any:
-    """Every graph captured here, before any stage thread starts (see device/graphs.py)."""
-    if not config.device.cuda_graphs:
-        return None
-    if not device.supports_graphs:
-        raise ConfigError("--cuda-graphs needs a CUDA device")
-    from .device.graphs import GraphRunner
-
-    plan = config.plan
-    return GraphRunner(
-        device,
-        model.embedder.__call__,
-        max_tokens=plan.max_batch_tokens,
-        max_rows=plan.max_batch_size,
-        max_width=max_width,
-        pad_multiple=plan.pad_multiple,
-        budget_tokens=lambda: budget.tokens,
-    )
 
 
 @contextmanager

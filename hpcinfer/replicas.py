@@ -16,10 +16,16 @@ from typing import Any
 
 import torch
 
-from .device import Device, make_device
+from .config import RunConfig
+from .device import Device, OutputPool, StagingRing, make_device
 from .errors import ConfigError
+from .execute import Executor
+from .models.checkpoint import CheckpointInfo
+from .models.registry import LoadedModel, load_model
+from .plan import TokenBudget
+from .stage import StageStep
 
-__all__ = ["DeviceLog", "ResultWait", "device_labels", "make_devices", "parse_devices"]
+__all__ = ["DeviceLog", "Replica", "ResultWait", "build_replicas", "device_labels", "make_devices", "parse_devices"]
 
 
 class ResultWait:
@@ -143,3 +149,73 @@ class DeviceLog:
             }
             for s in self.stats
         ]
+
+
+@dataclass(slots=True)
+class Replica:
+    """What one device runs: its stage and execute steps, over its own ring and output buffers."""
+
+    label: str
+    device: Device
+    outputs: OutputPool
+    stage: StageStep
+    executor: Executor
+
+
+def build_replicas(
+    config: RunConfig,
+    devices: list[Device],
+    labels: list[str],
+    info: CheckpointInfo,
+    dtype: torch.dtype,
+    budget: TokenBudget,
+    max_width: int,
+    stop: threading.Event,
+    batch_profiler: Any,
+    preloaded: LoadedModel | None,
+) -> list[Replica]:
+    """One replica per device; devices that are one memory (CPU replicas) share one copy of the model."""
+    plan = config.plan
+    models: dict[str, LoadedModel] = {}
+    replicas = []
+    for i, (device, label) in enumerate(zip(devices, labels, strict=True)):
+        device.bind_thread()  # NOTE: loading and graph capture below run on this device
+        key = str(device.torch_device)
+        if key not in models:
+            models[key] = (
+                preloaded if preloaded is not None and i == 0 else load_model(info, device.torch_device, dtype)
+            )
+        model = models[key]
+        ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
+        outputs = OutputPool(
+            device,
+            config.device.staging_buffers + config.device.streams,
+            plan.max_batch_size,
+            model.embedder.output_dim,
+            stop,
+        )
+        graphs = _graphs(config, device, model, budget, max_width)
+        profiler = batch_profiler if i == 0 else None  # NOTE: torch.profiler follows one thread: the first device's
+        executor = Executor(device, model.embedder, ring, outputs, graphs, budget, profiler, replica=i)
+        replicas.append(Replica(label, device, outputs, StageStep(device, ring), executor))
+    return replicas
+
+
+def _graphs(config: RunConfig, device: Device, model: Any, budget: TokenBudget, max_width: int) -> Any:
+    """Every graph captured here, before any stage thread starts (see device/graphs.py)."""
+    if not config.device.cuda_graphs:
+        return None
+    if not device.supports_graphs:
+        raise ConfigError("--cuda-graphs needs a CUDA device")
+    from .device.graphs import GraphRunner
+
+    plan = config.plan
+    return GraphRunner(
+        device,
+        model.embedder.__call__,
+        max_tokens=plan.max_batch_tokens,
+        max_rows=plan.max_batch_size,
+        max_width=max_width,
+        pad_multiple=plan.pad_multiple,
+        budget_tokens=lambda: budget.tokens,
+    )
