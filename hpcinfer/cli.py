@@ -329,6 +329,16 @@ def _generate_options() -> list[Callable[..., Any]]:
         click.option(
             "--window-rows", type=int, default=g.window_rows, show_default=True, help="Rows per committed window."
         ),
+        click.option("--no-prefix-cache", is_flag=True, help="Compute every prompt in full (no shared KV blocks)."),
+        click.option(
+            "--no-prefix-order", is_flag=True, help="Admit a window's prompts in file order, not sorted by prefix."
+        ),
+        click.option(
+            "--priority-column",
+            default=g.priority_column,
+            show_default=True,
+            help="Optional integer column; rows with a higher value are admitted first.",
+        ),
     ]
 
 
@@ -352,6 +362,9 @@ def _generate_config(o: dict[str, Any]) -> Any:
         o["kv_cache_memory"],
         not o["no_chunked_prefill"],
         o["window_rows"],
+        not o["no_prefix_cache"],
+        not o["no_prefix_order"],
+        o["priority_column"],
     )
 
 

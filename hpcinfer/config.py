@@ -94,6 +94,9 @@ class GenerateConfig:
     kv_cache_memory: str | None = None  # bytes ("2GiB") or, on CUDA, a fraction of free memory
     chunked_prefill: bool = True
     window_rows: int = 512  # input rows per committed window
+    prefix_cache: bool = True  # full KV blocks shared across prompts with the same prefix
+    prefix_order: bool = True  # admit a window's prompts sorted by token ids (rows sharing a prefix together)
+    priority_column: str = "priority"  # optional integer column: higher is admitted first
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory: int | float | None = None  # bytes, a fraction of free CUDA memory, or the default
     chunked_prefill: bool = True
+    prefix_cache: bool = True  # full blocks shared by key across sequences (block_manager.py)
     seed: int = 0
     timed: bool = False  # split step time into model / attention gather / sampling / host
 
@@ -40,6 +41,8 @@ class EngineStats:
     decode_tokens: int = 0
     continued_chunks: int = 0  # prefill chunks that start mid-prompt (chunked prefill at work)
     preemptions: int = 0
+    cached_tokens: int = 0  # prefill tokens the prefix cache saved (recomputations included)
+    evictions: int = 0  # cached blocks reclaimed by the allocator
     peak_blocks: int = 0
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
@@ -73,7 +76,7 @@ class Engine:
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
         self.max_model_len = min(model.cfg.max_model_len, self.cache.capacity_tokens)
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_cache)
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill
         )
@@ -87,11 +90,13 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         self._next_id = 0
 
-    def add(self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None) -> Sequence:
+    def add(
+        self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
+    ) -> Sequence:
         """Queues a prompt; `seq_id` (else a counter) also keys an unseeded request's generator."""
         if not 0 < len(tokens) < self.max_model_len:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
-        seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag)
+        seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
         self._next_id += 1
         seq.arrival_s = time.perf_counter()
         self.scheduler.add(seq)
@@ -123,6 +128,8 @@ class Engine:
         stats.decode_tokens += len(plan.decodes)
         stats.continued_chunks += sum(c.start > 0 for c in plan.prefills)
         stats.preemptions = self.scheduler.preemptions
+        stats.cached_tokens = self.scheduler.cached_tokens
+        stats.evictions = self.blocks.evictions
         stats.peak_blocks = self.blocks.peak_used
         stats.occupancy_sum += len(plan.chunks) / self.config.max_num_seqs
         stats.host_s += (t1 - t0) + (t4 - t3)

@@ -2,10 +2,12 @@
 
     read rows -> requests (tokenize / chat) -> engine (continuous batching) -> windows -> parts
 
-Windows are fixed runs of `--window-rows` input rows. Prompts keep flowing into the engine across
-window edges (no drain); a window is committed, atomically and in order, once its last sequence
-has finished. Resume skips committed windows; every row's sampling seed derives from its input
-row number (or its own `seed`), so a resumed run writes exactly what an uninterrupted one would.
+Windows are fixed runs of `--window-rows` input rows. `admission.py` hands their prompts to the
+engine (prefix-aware and by priority, or under `--rate` as they arrive). Prompts keep flowing into
+the engine across window edges (no drain); a window is committed, atomically and in input order,
+once its last sequence has finished. Resume skips committed windows; every row's sampling seed
+derives from its input row number (or its own `seed`), so a resumed run writes exactly what an
+uninterrupted one would, in whatever order the rows were admitted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..report.timing import Span
 from ..report.trace import write_trace
 from ..types import Reject
 from ..write import RejectCounter, check_output, check_output_state, output_format
+from .admission import Admission
 from .chat import ChatRenderer
 from .engine import Engine, EngineConfig
 from .kv_cache import parse_kv_memory
@@ -153,6 +156,7 @@ class GenerationJob:
             block_size=g.kv_block_size,
             kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
             chunked_prefill=g.chunked_prefill,
+            prefix_cache=g.prefix_cache,
             seed=g.seed or 0,
             timed=True,
         )
@@ -165,6 +169,7 @@ class GenerationJob:
             defaults,
             self.max_prompt,
             self.info.config.vocab_size,
+            g.priority_column,
         )
         files = self.reader.files
         self.store = _GenerationStore(
@@ -176,6 +181,17 @@ class GenerationJob:
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
         self.windows: deque[_Window] = deque()
+        self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
+        self.admission = Admission(
+            g.window_rows,
+            g.max_num_seqs,
+            g.prefix_order,
+            config.input.rate,
+            config.input.rate_seed,
+            self._window_for,
+            self._close_last,
+            self._reject,
+        )
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -200,23 +216,13 @@ class GenerationJob:
             self.windows.append(_Window(wid, max(row, wid * self.config.generate.window_rows)))
         return self.windows[-1]
 
-    def _feed(self, source: Any, engine: Engine) -> bool:
-        """Reads rows until the engine has a queue to admit from; False once the input is exhausted."""
-        while len(engine.scheduler.waiting) < self.config.generate.max_num_seqs:
-            item = next(source, None)
-            if item is None:
-                if self.windows:
-                    self.windows[-1].closed = True
-                return False
-            window = self._window_for(item.row)
-            window.input_rows += 1
-            if isinstance(item, Reject):
-                window.rejects.append(item)
-                self.rejects.add([item])
-                continue
-            window.pending += 1
-            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row)
-        return True
+    def _close_last(self) -> None:
+        if self.windows:
+            self.windows[-1].closed = True
+
+    def _reject(self, window: _Window, item: Reject) -> None:
+        window.rejects.append(item)
+        self.rejects.add([item])
 
     def _finish(self, seq: Sequence) -> None:
         window, request = seq.tag
@@ -224,9 +230,11 @@ class GenerationJob:
         window.results.append((request.row, self._answer(seq, request)))
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
+        self.latency.setdefault(seq.priority, []).append(seq.finish_s - request.read_s)
+        r = self.report
+        r.prompt_tokens_cached += seq.num_cached
         if seq.num_completion > 1:
             self.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-        r = self.report
         r.prompt_tokens += seq.num_prompt
         r.completion_tokens += seq.num_completion
         r.finish_reasons[seq.finish_reason] = r.finish_reasons.get(seq.finish_reason, 0) + 1
@@ -293,10 +301,12 @@ class GenerationJob:
         start = time.perf_counter()
         while not stop.is_set():
             if more:
-                more = self._feed(source, engine)
+                more = self.admission.feed(source, engine)
             if engine.has_work:
                 for seq in engine.step():
                     self._finish(seq)
+            elif more and (at := self.admission.next_at) is not None:  # --rate: idle until the next arrival
+                time.sleep(min(max(0.0, at - time.perf_counter()), 0.05))
             self._commit_ready()
             if not more and not engine.has_work:
                 break
@@ -321,6 +331,12 @@ class GenerationJob:
         r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
         r.kv_block_size, r.kv_cache_bytes = self.engine_config.block_size, engine.cache.nbytes
         r.mean_occupancy = round(s.mean_occupancy, 4)
+        r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
+            self.engine_config.prefix_cache,
+            s.cached_tokens,
+            s.evictions,
+        )
+        r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(self.latency.items(), reverse=True)}
         r.ttft, r.tpot = percentiles(self.ttft), percentiles(self.tpot)
         r.step_time_split = {
             k: round(v, 4)

@@ -46,6 +46,10 @@ class GenerateReport:
     prefill_tokens: int = 0  # recomputation after preemption included
     decode_tokens: int = 0
     preemptions: int = 0
+    prefix_cache: bool = True
+    prompt_tokens_cached: int = 0  # prompt tokens served from the prefix cache (first admissions)
+    prefill_tokens_saved: int = 0  # prefill tokens the cache saved, recomputations after preemption included
+    kv_evictions: int = 0  # cached blocks the allocator reclaimed
     kv_blocks: int = 0
     kv_block_size: int = 0
     kv_cache_bytes: int = 0
@@ -53,6 +57,7 @@ class GenerateReport:
     mean_occupancy: float = 0.0  # sequences in a step / --max-num-seqs, mean over steps
     ttft: dict[str, float] = field(default_factory=dict)  # admitted -> first token
     tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
+    latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
     step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -60,9 +65,15 @@ class GenerateReport:
     def completion_tokens_per_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens."""
+        return self.prompt_tokens_cached / self.prompt_tokens if self.prompt_tokens else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
         data["completion_tokens_per_s"] = round(self.completion_tokens_per_s, 3)
+        data["prefix_hit_rate"] = round(self.prefix_hit_rate, 4)
         return data
 
     def write_json(self, path: str) -> None:
@@ -93,5 +104,14 @@ class GenerateReport:
         )
         table.add_row("KV blocks peak / pool", f"{self.peak_kv_blocks:,} / {self.kv_blocks:,} x {self.kv_block_size}")
         table.add_row("preemptions", f"{self.preemptions:,}")
+        if self.prefix_cache:
+            table.add_row(
+                "prefix cache",
+                f"hit rate {self.prefix_hit_rate:.1%}, prefill tokens saved {self.prefill_tokens_saved:,}, "
+                f"evictions {self.kv_evictions:,}",
+            )
+        if len(self.latency_by_priority) > 1:
+            for p, lat in self.latency_by_priority.items():
+                table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
         console.print(table)

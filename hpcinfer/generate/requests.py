@@ -3,7 +3,8 @@
 Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/completions`) with the
 same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
 `messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
-override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`.
+override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
+and may carry an integer priority (`--priority-column`, higher first).
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ class Request:
     kind: str  # "text" | "chat": the shape of an OpenAI answer
     openai: bool = False
     source: str = ""  # the input file (accounting)
+    priority: int = 0
+    read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
+
+
+def prefix_order(requests: list[Request]) -> list[Request]:
+    """A window's requests sorted by token ids: rows sharing a prefix become neighbours.
+
+    NOTE: lexicographic order is the depth-first walk of the prompts' trie, so every shared
+    prefix is one contiguous run; admitted in this order, the first row of a run computes the
+    prefix and the rest find it cached. Ties keep input order (the sort is stable).
+    """
+    return sorted(requests, key=lambda r: r.tokens)
 
 
 def _params(defaults: SamplingParams, obj: dict[str, Any]) -> SamplingParams:
@@ -78,6 +91,7 @@ class RequestReader:
         defaults: SamplingParams,
         max_prompt: int,
         vocab: int,
+        priority_column: str = "priority",
     ) -> None:
         self.files = expand_paths(paths)
         for f in self.files:
@@ -89,6 +103,7 @@ class RequestReader:
         self.defaults = defaults
         self.max_prompt = max_prompt
         self.vocab = vocab
+        self.priority_column = priority_column
         self.skip_rows = 0
         self.rows_read = 0
         self.openai = False  # set once an OpenAI batch row is seen
@@ -145,6 +160,11 @@ class RequestReader:
         try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body)
+            priority = obj.get(self.priority_column, body.get(self.priority_column))
+            if priority is None:
+                priority = 0
+            elif isinstance(priority, bool) or not isinstance(priority, int):
+                raise ValueError(f"{self.priority_column} must be an integer, got {priority!r}")
         except ChatError as exc:
             return reject("bad_chat", str(exc), row_id)
         except (ValueError, TypeError) as exc:
@@ -160,7 +180,7 @@ class RequestReader:
             if key in self._seen:
                 return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
             self._seen.add(key)
-        return Request(row, row_id, tokens, params, kind, openai, path)
+        return Request(row, row_id, tokens, params, kind, openai, path, priority)
 
     def _tokens(self, body: dict[str, Any]) -> tuple[list[int], str]:
         if body.get("messages") is not None:

@@ -4,16 +4,19 @@ Torch-free and table-tested. One `schedule()` is a pure function of the waiting 
 running list and the free blocks:
 1. running sequences in the decode phase take one token each (oldest first);
 2. running sequences still mid-prompt (chunked prefill) take the next chunk of their prompt;
-3. waiting prompts are admitted, oldest first, into the token budget that is left, a long one
-   as a chunk (so decodes never stall behind it) while `--max-num-seqs` allows.
+3. waiting prompts are admitted, highest priority first and oldest first within a priority, into
+   the token budget that is left, a long one as a chunk (so decodes never stall behind it) while
+   `--max-num-seqs` allows. With prefix caching a prompt starts after its cached prefix (those
+   tokens cost no budget), and one whose next block another sequence writes in this very step
+   waits a step for it rather than computing it twice.
 When a running sequence needs a block and none is free, the most recently admitted sequence is
-preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
+preempted: its blocks are freed and it goes back to the front of its priority's queue.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -53,6 +56,39 @@ class StepPlan:
         return sum(c.length for c in self.prefills)
 
 
+class WaitQueue:
+    """Waiting sequences: highest priority first, first come first served within a priority."""
+
+    def __init__(self) -> None:
+        self._queues: dict[int, deque[Sequence]] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Sequence]:
+        for priority in sorted(self._queues, reverse=True):
+            yield from self._queues[priority]
+
+    def __getitem__(self, i: int) -> Sequence:
+        return next(s for j, s in enumerate(self) if j == i)
+
+    def append(self, seq: Sequence) -> None:
+        self._queues.setdefault(seq.priority, deque()).append(seq)
+        self._len += 1
+
+    def appendleft(self, seq: Sequence) -> None:
+        self._queues.setdefault(seq.priority, deque()).appendleft(seq)
+        self._len += 1
+
+    def remove(self, seq: Sequence) -> None:
+        queue = self._queues[seq.priority]
+        queue.remove(seq)
+        if not queue:
+            del self._queues[seq.priority]
+        self._len -= 1
+
+
 class Scheduler:
     def __init__(
         self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True
@@ -63,9 +99,10 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitQueue()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.preemptions = 0
+        self.cached_tokens = 0  # tokens taken from the prefix cache instead of computed, all admissions
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -120,18 +157,25 @@ class Scheduler:
     def _admit(self, plan: StepPlan, budget: int) -> None:
         # NOTE: a sequence preempted in this step is not re-admitted in the same step.
         preempted = {id(s) for s in plan.preempted}
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if id(seq) in preempted:
+        for seq in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_num_seqs or id(seq) in preempted:
                 break
-            n = min(seq.remaining, budget)
-            if (n < seq.remaining and not self.chunked_prefill) or not self.blocks.can_grow(seq, n):
+            hits, pending = self.blocks.match(seq)
+            if pending:
+                continue
+            cached = len(hits) * self.blocks.block_size
+            todo = seq.num_tokens - cached
+            n = min(todo, budget)
+            if (n < todo and not self.chunked_prefill) or not self.blocks.can_admit(hits, seq, n):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            self.blocks.grow(seq, n)
-            plan.prefills.append(Chunk(seq, seq.num_computed, n))
+            self.blocks.admit(seq, hits, n)
+            if seq.preemptions == 0:
+                seq.num_cached = cached
+            self.cached_tokens += cached
+            plan.prefills.append(Chunk(seq, cached, n))
             budget -= n
 
     def update(self, plan: StepPlan, sampled: Iterable[int]) -> list[Sequence]:
@@ -147,6 +191,7 @@ class Scheduler:
             if chunk.samples:
                 chunk.seq.tokens.append(next(tokens))
                 grown.append(chunk.seq)
+        self.blocks.commit()
         return grown
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -64,6 +64,9 @@ class Sequence:
     num_prompt: int = 0
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks, in order
+    priority: int = 0  # higher is admitted first
+    num_cached: int = 0  # prompt tokens served from the prefix cache at its first admission
     status: Status = Status.WAITING
     finish_reason: str | None = None
     preemptions: int = 0
