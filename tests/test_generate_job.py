@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.errors import ConfigError
 from hpcinfer.generate.job import run_generate, wants_generation
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
@@ -231,3 +233,14 @@ def test_generation_reads_rows_as_embedding_does_and_balances_its_books(tmp_path
     rejects = [json.loads(x) for x in Path(f"{out}.rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["reason"]) for r in rejects] == [(2, "too_long"), (3, "invalid_id"), (6, "invalid_request")]
     assert report.accounting["rows_read"] == 6 and report.accounting["rows_written"] == 3
+
+
+def test_several_devices_are_refused_for_generation_not_ignored(tmp_path, ckpt):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "hello"}])
+    cfg = config(src, tmp_path / "out.parquet", ckpt)
+    cfg = RunConfig(
+        **{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "device": DeviceConfig(devices="cpu,cpu")}
+    )
+    with pytest.raises(ConfigError, match="generation runs on one device for now"):
+        run_generate(cfg)
+    assert not (tmp_path / "out.parquet").exists()

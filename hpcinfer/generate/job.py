@@ -76,6 +76,8 @@ class _Window:
 
 
 def _device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
+    if config.device.devices:  # NOTE: refused rather than silently run on one device
+        raise ConfigError("--devices: generation runs on one device for now (use --device)")
     name = config.device.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
