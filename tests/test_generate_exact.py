@@ -23,17 +23,11 @@ MAX_TOKENS = 32
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def case(request, tmp_path_factory, one_thread):
+def case(request, tmp_path_factory, one_torch_thread):
     """(model, info, prompts, reference completions, reference model) for one architecture."""
     arch = request.param
     path = build_tiny_decoder(tmp_path_factory.mktemp(arch), arch, seed=11 + ARCHS.index(arch))

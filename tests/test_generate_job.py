@@ -25,13 +25,7 @@ from .conftest import make_texts, read_output, write_jsonl, write_parquet
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -139,14 +139,9 @@ def test_max_hit_rate_counts_each_distinct_block_once():
 
 
 @pytest.fixture(scope="module")
-def model():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    path = build_tiny_decoder(
-        __import__("tempfile").mkdtemp(prefix="prefix-"), "LlamaForCausalLM", seed=21, max_positions=256
-    )
-    yield load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
-    torch.set_num_threads(before)
+def model(tmp_path_factory, one_torch_thread):
+    path = build_tiny_decoder(tmp_path_factory.mktemp("prefix"), "LlamaForCausalLM", seed=21, max_positions=256)
+    return load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
 
 
 def shared_prompts(n: int, seed: int = 0) -> list[list[int]]:

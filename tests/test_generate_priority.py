@@ -29,11 +29,8 @@ from .conftest import write_jsonl
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_tiny_decoder(tmp_path_factory.mktemp("prio"), "LlamaForCausalLM", seed=9, max_positions=256)
-    torch.set_num_threads(before)
+def ckpt(tmp_path_factory, one_torch_thread):
+    return build_tiny_decoder(tmp_path_factory.mktemp("prio"), "LlamaForCausalLM", seed=9, max_positions=256)
 
 
 def test_the_wait_queue_serves_higher_priority_first_and_fifo_within_one():

@@ -20,14 +20,7 @@ from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
 from .conftest import make_texts
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A model this small runs faster on one thread than on two (and far faster on shared cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize(("arch", "extra"), CASES, ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
