@@ -66,7 +66,9 @@ def run(
         if wants_generation(config):
             if config.cluster.engine == "ray":
                 raise ConfigError("--engine ray embeds; generation runs on one machine (--engine local) for now")
-            return run_generate(config, progress=progress)  # type: ignore[return-value]
+            if batch_profiler is not None:
+                raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
+            return run_generate(config, progress=progress, ranges=ranges)  # type: ignore[return-value]
     if config.cluster.engine == "ray":  # NOTE: imports Ray only here, so the package works without it
         from .ray_engine.driver import run_on_ray
 

@@ -237,3 +237,15 @@ def test_several_devices_are_refused_for_generation_not_ignored(tmp_path, ckpt):
     with pytest.raises(ConfigError, match="generation runs on one device for now"):
         run_generate(cfg)
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_profile_ranges_wrap_every_engine_step(tmp_path, ckpt):
+    from hpcinfer.profile import RecordingRanges
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": t} for i, t in enumerate(make_texts(9))])
+    ranges = RecordingRanges()
+    report = run_generate(config(src, tmp_path / "out.parquet", ckpt, max_tokens=4), ranges=ranges)
+    pushes = [name for _, kind, name in ranges.events if kind == "push"]
+    assert len(pushes) == report.steps > 0
+    assert all(name.startswith("hpcinfer/engine_step step=") for name in pushes)
+    assert [kind for _, kind, _ in ranges.events] == ["push", "pop"] * report.steps  # balanced, one at a time

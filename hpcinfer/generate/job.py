@@ -32,6 +32,7 @@ from ..lock import OutputLock
 from ..models.decoder_checkpoint import DecoderInfo, inspect_decoder, is_causal_lm, load_decoder, weight_files
 from ..models.registry import resolve_model_path
 from ..output import PartStore, _concat_bytes, fingerprint
+from ..profile import RangeBackend
 from ..progress import Progress
 from ..report.timing import Span
 from ..report.trace import write_trace
@@ -285,7 +286,8 @@ class GenerationJob:
             self.store.commit_table(w.window_id, w.first_row, w.input_rows, table, [r.to_json() for r in w.rejects])
             self.rejects.check_fraction(self.store.rows_committed)
 
-    def run(self, stop: threading.Event) -> GenerateReport:
+    def run(self, stop: threading.Event, ranges: RangeBackend | None = None) -> GenerateReport:
+        """The engine loop; `ranges` (hpcinfer profile: NVTX) gets one range per engine step."""
         self._open()
         resumed = self.store.rows_written
         model = load_decoder(self.info, self.device, self.dtype)
@@ -305,7 +307,7 @@ class GenerationJob:
             if more:
                 more = self.admission.feed(source, engine)
             if engine.has_work:
-                for seq in engine.step():
+                for seq in self._step(engine, ranges):
                     self._finish(seq)
             elif more and (at := self.admission.next_at) is not None:  # --rate: idle until the next arrival
                 time.sleep(min(max(0.0, at - time.perf_counter()), 0.05))
@@ -320,6 +322,17 @@ class GenerationJob:
             )
             self.store.assemble()
         return self._summarise(engine, start, resumed)
+
+    @staticmethod
+    def _step(engine: Engine, ranges: RangeBackend | None) -> list[Sequence]:
+        if ranges is None:
+            return engine.step()
+        s = engine.scheduler
+        ranges.push(f"hpcinfer/engine_step step={engine.stats.steps} running={len(s.running)} waiting={len(s.waiting)}")
+        try:
+            return engine.step()
+        finally:
+            ranges.pop()
 
     def _summarise(self, engine: Engine, start: float, resumed: int) -> GenerateReport:
         r, s = self.report, engine.stats
@@ -361,7 +374,9 @@ class GenerationJob:
         return r
 
 
-def run_generate(config: RunConfig, *, progress: Progress | None = None) -> GenerateReport:
+def run_generate(
+    config: RunConfig, *, progress: Progress | None = None, ranges: RangeBackend | None = None
+) -> GenerateReport:
     """Generates an answer for every valid input row; see the module docstring."""
     from ..api import Interrupted, _signals_stop
 
@@ -370,7 +385,7 @@ def run_generate(config: RunConfig, *, progress: Progress | None = None) -> Gene
     lock = OutputLock(job.store.dir, config.output.path).acquire()  # one run per output, refused up front
     try:
         with _signals_stop(stop) as interrupted, torch.inference_mode():
-            report = job.run(stop)
+            report = job.run(stop, ranges)
         if interrupted:
             raise Interrupted(interrupted[0], job.store.rows_written, config.output.path)
         return report
