@@ -34,7 +34,7 @@ class CheckpointInfo:
     max_seq_length: int  # the length sentence-transformers truncates to
 
 
-def _read_json(path: Path) -> dict | list:
+def read_model_json(path: Path) -> dict | list:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -45,7 +45,7 @@ def _pooling_from_modules(path: Path) -> PoolingSpec:
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return PoolingSpec()
-    modules = _read_json(modules_file)
+    modules = read_model_json(modules_file)
     mode, normalize = "mean", False
     for module in modules if isinstance(modules, list) else []:
         kind = str(module.get("type", ""))
@@ -54,7 +54,7 @@ def _pooling_from_modules(path: Path) -> PoolingSpec:
         elif kind.endswith("Pooling"):
             pool_file = path / module.get("path", "") / "config.json"
             if pool_file.is_file():
-                mode = _pooling_mode(_read_json(pool_file), pool_file)
+                mode = _pooling_mode(read_model_json(pool_file), pool_file)
     return PoolingSpec(mode=mode, normalize=normalize)
 
 
@@ -85,7 +85,7 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
             raise ModelError(f"model directory has no {name}", path=str(path))
     if weights_file(path) is None:
         raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
-    raw = _read_json(path / "config.json")
+    raw = read_model_json(path / "config.json")
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
         raise ModelError(f"unsupported model_type {kind!r} (supported: bert)", path=str(path))
@@ -96,7 +96,7 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
     max_len = config.max_position_embeddings
     st_file = path / "sentence_bert_config.json"
     if st_file.is_file():
-        max_len = min(max_len, int(_read_json(st_file).get("max_seq_length") or max_len))
+        max_len = min(max_len, int(read_model_json(st_file).get("max_seq_length") or max_len))
     return CheckpointInfo(path, config, _pooling_from_modules(path), max_len)
 
 

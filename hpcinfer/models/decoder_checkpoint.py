@@ -6,7 +6,6 @@ safetensors only, JSON is parsed as data, and a chat template is rendered later 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import ModelError
+from .checkpoint import read_model_json
 from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
 
 
@@ -28,19 +28,12 @@ class DecoderInfo:
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... for templates
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read model file ({exc})", path=str(path)) from None
-
-
 def is_causal_lm(path: Path) -> bool:
     """True when config.json names a `*ForCausalLM` architecture (supported or not)."""
     file = path / "config.json"
     if not file.is_file():
         return False
-    raw = _read_json(file)
+    raw = read_model_json(file)
     archs = raw.get("architectures") if isinstance(raw, dict) else None
     return any(str(a).endswith("ForCausalLM") for a in archs or [])
 
@@ -67,7 +60,7 @@ def inspect_decoder(path: Path) -> DecoderInfo:
             raise ModelError(f"model directory has no {name}", path=str(path))
     if not weight_files(path):
         raise ModelError("model directory has no model.safetensors (nor model.safetensors.index.json)", path=str(path))
-    raw = _read_json(path / "config.json")
+    raw = read_model_json(path / "config.json")
     try:
         config = DecoderConfig.from_hf(raw)
     except (KeyError, TypeError, ValueError) as exc:
@@ -77,8 +70,8 @@ def inspect_decoder(path: Path) -> DecoderInfo:
     eos = _ids(raw.get("eos_token_id"))
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
-        eos += [i for i in _ids(_read_json(gen_file).get("eos_token_id")) if i not in eos]
-    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        eos += [i for i in _ids(read_model_json(gen_file).get("eos_token_id")) if i not in eos]
+    tok_cfg = read_model_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
@@ -98,7 +91,7 @@ def weight_files(path: Path) -> list[Path]:
         return [path / "model.safetensors"]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        shards = sorted(set(read_model_json(index).get("weight_map", {}).values()))
         return [path / s for s in shards]
     return []
 
