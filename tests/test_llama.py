@@ -20,6 +20,16 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+# DeepSeek-style YaRN: the attention factor comes from mscale / mscale_all_dim, not from factor alone.
+YARN_MSCALE = {
+    "rope_type": "yarn",
+    "factor": 8.0,
+    "original_max_position_embeddings": 64,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.5,
+    "beta_fast": 16,
+}
 CASES = [
     ("LlamaForCausalLM", {}),
     ("MistralForCausalLM", {"shards": True}),
@@ -27,6 +37,9 @@ CASES = [
     ("Qwen3ForCausalLM", {"head_dim": 24}),
     ("LlamaForCausalLM", {"rope_scaling": LLAMA3, "attention_bias": True, "mlp_bias": True}),
     ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "kv_heads": 1}),
+    ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
+    ("Qwen2ForCausalLM", {"rope_scaling": YARN}),
+    ("Qwen3ForCausalLM", {"rope_scaling": YARN_MSCALE, "head_dim": 24}),
 ]
 
 

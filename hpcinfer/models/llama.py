@@ -8,7 +8,6 @@ pages or sequences: attention metadata is an argument, never a module global, so
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelError
+from .rope import ROPE_TYPES, rope_tables
 
 # HF architecture name -> (qkv bias, q/k RMSNorm). Llama's `attention_bias` also biases o_proj.
 ARCHITECTURES = {
@@ -25,7 +25,6 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,31 +98,6 @@ class DecoderConfig:
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
-
-
-def rope_inv_freq(cfg: DecoderConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] for the config's RoPE type.
-
-    NOTE: float32 throughout, in the order transformers computes them, so that the cos/sin table
-    matches the reference bit for bit and greedy ties break the same way.
-    """
-    dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = cfg.rope_scaling
-    kind = scaling.get("rope_type", "default")
-    if kind == "linear":
-        inv = inv / float(scaling["factor"])
-    elif kind == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
-        old_ctx = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
-        inv = torch.where(medium, smoothed, scaled)
-    return inv
 
 
 class Attention(Protocol):
@@ -209,11 +183,11 @@ class LlamaDecoder(nn.Module):
 
     def build_rope(self) -> None:
         """The cos/sin table for every position, computed once (float32, then the model's dtype)."""
-        inv = rope_inv_freq(self.cfg)
-        freqs = torch.outer(torch.arange(self.cfg.max_model_len, dtype=torch.float32), inv)
+        c = self.cfg
+        cos, sin = rope_tables(c.rope_theta, c.head_dim, c.rope_scaling, c.max_position_embeddings, c.max_model_len)
         dtype, device = self.norm.dtype, self.norm.device
-        self.rope_cos = freqs.cos().to(device=device, dtype=dtype)
-        self.rope_sin = freqs.sin().to(device=device, dtype=dtype)
+        self.rope_cos = cos.to(device=device, dtype=dtype)
+        self.rope_sin = sin.to(device=device, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] (before the final norm)."""
