@@ -455,16 +455,21 @@ def _arrow_ids(values: pa.ChunkedArray | pa.Array) -> list[Any]:
 
 def estimate_rows(sources: list[Source]) -> int | None:
     """Exact for Parquet (footer metadata); JSONL is estimated from the first MiB's line sizes."""
-    total = 0
-    for src in sources:
-        if src.fmt == "parquet":
-            total += pq.ParquetFile(src.path).metadata.num_rows
-            continue
-        size = os.path.getsize(src.path)
-        with open(src.path, "rb") as fh:
-            sample = fh.read(1 << 20)
-        lines = sample.count(b"\n") + (1 if sample and not sample.endswith(b"\n") else 0)
-        if lines == 0:
-            continue
-        total += lines if len(sample) == size else round(size / (len(sample) / lines))
-    return total
+    return sum(_estimate(src.path, src.fmt == "parquet") for src in sources)
+
+
+def estimate_file_rows(paths: list[str]) -> int:
+    """As `estimate_rows`, for files named by path (a Parquet file is known by its suffix)."""
+    return sum(_estimate(p, _SUFFIX_FORMATS.get(Path(p).suffix.lower()) == "parquet") for p in paths)
+
+
+def _estimate(path: str, parquet: bool) -> int:
+    if parquet:
+        return pq.ParquetFile(path).metadata.num_rows
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        sample = fh.read(1 << 20)
+    lines = sample.count(b"\n") + (1 if sample and not sample.endswith(b"\n") else 0)
+    if lines == 0:
+        return 0
+    return lines if len(sample) == size else round(size / (len(sample) / lines))

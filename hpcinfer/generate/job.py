@@ -34,6 +34,7 @@ from ..models.registry import resolve_model_path
 from ..output import PartStore, _concat_bytes, fingerprint
 from ..profile import RangeBackend
 from ..progress import Progress
+from ..read import estimate_file_rows
 from ..report.timing import Span
 from ..report.trace import write_trace
 from ..types import Reject
@@ -290,6 +291,7 @@ class GenerationJob:
         """The engine loop; `ranges` (hpcinfer profile: NVTX) gets one range per engine step."""
         self._open()
         resumed = self.store.rows_written
+        self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
         model = load_decoder(self.info, self.device, self.dtype)
         engine = Engine(
             model,
