@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,10 +21,36 @@ from ..arrivals import poisson_gaps_ns
 from ..types import Reject
 from .engine import Engine
 from .requests import Request, prefix_order
+from .sequence import SamplingParams
+
+
+class Sink(Protocol):
+    """Where admitted prompts go: one engine (`EngineSink`) or one per device (`devices.EnginePool`)."""
+
+    @property
+    def queued(self) -> int:
+        """Prompts handed over and not yet admitted into a batch."""
+        ...
+
+    def add(
+        self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
+    ) -> Any: ...
+
+
+class EngineSink:
+    """One engine as a sink, driven by the job's own loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.add = engine.add
+
+    @property
+    def queued(self) -> int:
+        return len(self.engine.scheduler.waiting)
 
 
 class Admission:
-    """Feeds `engine` from `source`; windows and rejects are booked through the job's callbacks.
+    """Feeds a sink (an engine, or several) from `source`; windows and rejects are booked through the job's callbacks.
 
     `window_for(row)` opens or returns the window of an input row (opening one closes the one
     before); `close()` marks the newest window fully read; `reject(window, item)` books a reject.
@@ -51,18 +77,18 @@ class Admission:
         self._rng = np.random.default_rng(rate_seed)
         self.next_at: float | None = None  # --rate: when `_next` arrives (perf_counter seconds)
 
-    def feed(self, source: Iterator[Request | Reject], engine: Engine) -> bool:
-        """Queues prompts until the engine has a queue to admit from; False once the input is exhausted."""
+    def feed(self, source: Iterator[Request | Reject], sink: Sink) -> bool:
+        """Queues prompts until the sink has a queue to admit from; False once the input is exhausted."""
         if self.rate is not None:
-            return self._feed_arrived(source, engine)
+            return self._feed_arrived(source, sink)
         more = True
-        while len(engine.scheduler.waiting) < self.max_queued:
+        while sink.queued < self.max_queued:
             if not self._ready:
                 more = self._read_window(source)
                 if not self._ready:
                     return more
             window, item = self._ready.popleft()
-            engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
+            sink.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
         return more or bool(self._ready)
 
     def _book(self, window: Any, item: Request | Reject) -> bool:
@@ -74,7 +100,7 @@ class Admission:
         window.pending += 1
         return True
 
-    def _feed_arrived(self, source: Iterator[Request | Reject], engine: Engine) -> bool:
+    def _feed_arrived(self, source: Iterator[Request | Reject], sink: Sink) -> bool:
         now = time.perf_counter()
         while True:
             if self._next is None:
@@ -91,7 +117,7 @@ class Admission:
             window = self.window_for(item.row)
             if self._book(window, item) and isinstance(item, Request):
                 item.read_s = arrived_at
-                engine.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
+                sink.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
 
     def _read_window(self, source: Iterator[Request | Reject]) -> bool:
         """Reads the rest of one window into `_ready`, ordered; False once the input is exhausted."""

@@ -8,14 +8,21 @@ the engine across window edges (no drain); a window is committed, atomically and
 once its last sequence has finished. Resume skips committed windows; every row's sampling seed
 derives from its input row number (or its own `seed`), so a resumed run writes exactly what an
 uninterrupted one would, in whatever order the rows were admitted.
+
+With `--devices` (cuda:0,cuda:1 | all | cpu,cpu) each device runs an engine of its own on a thread
+of its own (devices.py): admission hands each prompt to the engine with the fewest outstanding
+tokens, and the finished sequences come back to this one loop, which commits windows as above.
+One device keeps the plain loop: no threads.
 """
 
 from __future__ import annotations
 
+import queue
 import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +42,14 @@ from ..output import PartStore, _concat_bytes, fingerprint
 from ..profile import RangeBackend
 from ..progress import Progress
 from ..read import estimate_file_rows
+from ..replicas import device_labels, parse_devices
 from ..report.timing import Span
 from ..report.trace import write_trace
 from ..types import Reject
 from ..write import RejectCounter, check_output, check_output_state, output_format
-from .admission import Admission
+from .admission import Admission, EngineSink
 from .chat import ChatRenderer
+from .devices import EnginePool, EngineWorker, combined_stats, device_summary
 from .engine import Engine, EngineConfig
 from .kv_cache import parse_kv_memory
 from .report import GenerateReport, percentiles
@@ -77,20 +86,24 @@ class _Window:
     rejects: list[Reject] = field(default_factory=list)
 
 
-def _device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
-    if config.device.devices:  # NOTE: refused rather than silently run on one device
-        raise ConfigError("--devices: generation runs on one device for now (use --device)")
-    name = config.device.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if not (name == "cpu" or name.startswith("cuda")):
-        raise ConfigError(f"generation runs on cpu or cuda, not {name!r}")
-    device = torch.device(name)
+def _devices(config: RunConfig) -> tuple[list[torch.device], torch.dtype]:
+    """--devices (one engine each) or --device; all of one kind, cpu or cuda."""
+    if config.device.devices:
+        names = parse_devices(config.device.devices)
+    else:
+        name = config.device.device
+        names = ["cuda" if torch.cuda.is_available() else "cpu"] if name == "auto" else [name]
+    for name in names:
+        if not (name == "cpu" or name.startswith("cuda")):
+            raise ConfigError(f"generation runs on cpu or cuda, not {name!r}")
+    devices = [torch.device(name) for name in names]
+    if len({d.type for d in devices}) > 1:
+        raise ConfigError(f"--devices: one kind of device per run (got {', '.join(names)})")
     if config.device.dtype == "auto":
-        return device, torch.float32 if device.type == "cpu" else torch.bfloat16
+        return devices, torch.float32 if devices[0].type == "cpu" else torch.bfloat16
     if config.device.dtype not in _DTYPES:
         raise ConfigError(f"--dtype {config.device.dtype!r} (expected auto, float32, bfloat16 or float16)")
-    return device, _DTYPES[config.device.dtype]
+    return devices, _DTYPES[config.device.dtype]
 
 
 def _defaults(config: RunConfig) -> SamplingParams:
@@ -132,15 +145,35 @@ class _GenerationStore(PartStore):
                     writer.write_table(pa.Table.from_batches([batch]).cast(schema))
 
 
-class GenerationJob:
-    """One run: owns the engine, the reader, the open windows and the parts directory."""
+@dataclass(slots=True)
+class _DeviceCounts:
+    rows: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_step_end: float = 0.0  # perf_counter seconds
 
-    def __init__(self, config: RunConfig, progress: Progress | None) -> None:
+
+class GenerationJob:
+    """One run: owns the engines (one per device), the reader, the open windows and the parts directory.
+
+    `step_hooks` maps a device label (cpu, cuda:1, cpu#0) to a callable run before each of that
+    engine's steps (slowed or failing devices in tests).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        progress: Progress | None,
+        step_hooks: dict[str, Callable[[], None]] | None = None,
+    ) -> None:
         self.config = config
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = inspect_decoder(resolve_model_path(config.model))
-        self.device, self.dtype = _device(config)
+        self.devices, self.dtype = _devices(config)
+        self.device = self.devices[0]
+        self.labels = device_labels([str(d) for d in self.devices])
+        self.step_hooks = step_hooks or {}
         if config.device.cuda_graphs:
             raise ConfigError("--cuda-graphs is not available for generation yet")
         try:
@@ -151,7 +184,7 @@ class GenerationJob:
         self.tokenizer.no_padding()
         chat = ChatRenderer(self.info.chat_template, self.info.special_tokens) if self.info.chat_template else None
         defaults = _defaults(config)
-        if config.device.threads:
+        if config.device.threads and len(self.devices) == 1:
             torch.set_num_threads(config.device.threads)
         g = config.generate
         self.engine_config = EngineConfig(
@@ -182,13 +215,14 @@ class GenerationJob:
         self.progress = progress or Progress(config.pipeline.progress)
         self.rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
         self.report = GenerateReport(
-            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
+            device=", ".join(self.labels), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
+        self.by_device = [_DeviceCounts() for _ in self.devices]
         self.windows: deque[_Window] = deque()
         self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
         self.admission = Admission(
             g.window_rows,
-            g.max_num_seqs,
+            g.max_num_seqs * len(self.devices),  # NOTE: a full batch queued per engine
             g.prefix_order,
             config.input.rate,
             config.input.rate_seed,
@@ -228,7 +262,7 @@ class GenerationJob:
         window.rejects.append(item)
         self.rejects.add([item])
 
-    def _finish(self, seq: Sequence) -> None:
+    def _finish(self, seq: Sequence, device: int = 0) -> None:
         window, request = seq.tag
         window.pending -= 1
         window.results.append((request.row, self._answer(seq, request)))
@@ -242,7 +276,11 @@ class GenerationJob:
         r.prompt_tokens += seq.num_prompt
         r.completion_tokens += seq.num_completion
         r.finish_reasons[seq.finish_reason] = r.finish_reasons.get(seq.finish_reason, 0) + 1
-        self.progress.advance(1, seq.num_completion)
+        d = self.by_device[device]
+        d.rows += 1
+        d.prompt_tokens += seq.num_prompt
+        d.completion_tokens += seq.num_completion
+        self.progress.advance(1, seq.num_completion, device=device)
 
     def _answer(self, seq: Sequence, request: Request) -> dict[str, Any]:
         ids = seq.completion
@@ -288,34 +326,20 @@ class GenerationJob:
             self.rejects.check_fraction(self.store.rows_committed)
 
     def run(self, stop: threading.Event, ranges: RangeBackend | None = None) -> GenerateReport:
-        """The engine loop; `ranges` (hpcinfer profile: NVTX) gets one range per engine step."""
+        """The engine loop (or, on several devices, the loop that feeds and drains their engines);
+        `ranges` (hpcinfer profile: NVTX) gets one range per engine step."""
         self._open()
         resumed = self.store.rows_written
         self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
-        model = load_decoder(self.info, self.device, self.dtype)
-        engine = Engine(
-            model,
-            self.engine_config,
-            self.info.eos_token_ids,
-            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            trace_steps=self.config.trace_path is not None,
-        )
+        engines = [self._engine(device) for device in self.devices]
         # NOTE: a KV pool smaller than the model's context bounds the prompts too.
-        self.reader.max_prompt = min(self.reader.max_prompt, engine.max_model_len - 1)
+        self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
         source = self.reader.produce()
-        more = True
         start = time.perf_counter()
-        while not stop.is_set():
-            if more:
-                more = self.admission.feed(source, engine)
-            if engine.has_work:
-                for seq in self._step(engine, ranges):
-                    self._finish(seq)
-            elif more and (at := self.admission.next_at) is not None:  # --rate: idle until the next arrival
-                time.sleep(min(max(0.0, at - time.perf_counter()), 0.05))
-            self._commit_ready()
-            if not more and not engine.has_work:
-                break
+        if len(engines) == 1:
+            self._run_one(engines[0], source, stop, ranges)
+        else:
+            self._run_many(engines, source, stop, ranges)
         if not stop.is_set():
             self.report.accounting = settle(
                 ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
@@ -323,7 +347,65 @@ class GenerationJob:
                 self.rejects.by_source,
             )
             self.store.assemble()
-        return self._summarise(engine, start, resumed)
+        return self._summarise(engines, start, resumed)
+
+    def _engine(self, device: torch.device) -> Engine:
+        model = load_decoder(self.info, device, self.dtype)
+        return Engine(
+            model,
+            self.engine_config,
+            self.info.eos_token_ids,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            trace_steps=self.config.trace_path is not None,
+        )
+
+    def _run_one(self, engine: Engine, source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:
+        sink, hook, more = EngineSink(engine), self.step_hooks.get(self.labels[0]), True
+        while not stop.is_set():
+            if more:
+                more = self.admission.feed(source, sink)
+            if engine.has_work:
+                if hook is not None:
+                    hook()
+                for seq in self._step(engine, ranges):
+                    self._finish(seq)
+                self.by_device[0].last_step_end = time.perf_counter()
+            elif more and (at := self.admission.next_at) is not None:  # --rate: idle until the next arrival
+                time.sleep(min(max(0.0, at - time.perf_counter()), 0.05))
+            self._commit_ready()
+            if not more and not engine.has_work:
+                break
+
+    def _run_many(self, engines: list[Engine], source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:
+        """Feeds the engines' threads and commits what they finish; the first device failure stops the run."""
+        cpus = sum(d.type == "cpu" for d in self.devices)
+        threads = max(1, (self.config.device.threads or torch.get_num_threads()) // cpus) if cpus else None
+        outbox: Any = queue.Queue()
+        workers = [
+            EngineWorker(i, label, engine, outbox, threads, self.step_hooks.get(label), ranges)
+            for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True))
+        ]
+        pool = EnginePool(workers, self.config.device.dispatch)
+        self.progress.set_devices(self.labels)
+        more = True
+        pool.start()
+        try:
+            while not stop.is_set():
+                if more:
+                    more = self.admission.feed(source, pool)
+                wait = 0.05
+                if more and (at := self.admission.next_at) is not None:  # --rate: no later than the next arrival
+                    wait = min(max(0.0, at - time.perf_counter()), wait)
+                for device, seqs in pool.finished(wait):
+                    for seq in seqs:
+                        self._finish(seq, device)
+                self._commit_ready()
+                if not more and not pool.has_work:
+                    break
+        finally:
+            pool.close()
+        for counts, worker in zip(self.by_device, workers, strict=True):
+            counts.last_step_end = worker.stats.last_step_end
 
     @staticmethod
     def _step(engine: Engine, ranges: RangeBackend | None) -> list[Sequence]:
@@ -336,9 +418,10 @@ class GenerationJob:
         finally:
             ranges.pop()
 
-    def _summarise(self, engine: Engine, start: float, resumed: int) -> GenerateReport:
-        r, s = self.report, engine.stats
-        r.wall_s = time.perf_counter() - start
+    def _summarise(self, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
+        r, s = self.report, combined_stats([e.stats for e in engines])
+        end = time.perf_counter()
+        r.wall_s = end - start
         r.rows = self.store.rows_written
         r.rows_resumed = resumed
         r.windows = len(self.store.windows)
@@ -346,7 +429,7 @@ class GenerationJob:
         r.output = self.config.output.path
         r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
         r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
-        r.kv_block_size, r.kv_cache_bytes = self.engine_config.block_size, engine.cache.nbytes
+        r.kv_block_size, r.kv_cache_bytes = self.engine_config.block_size, sum(e.cache.nbytes for e in engines)
         r.mean_occupancy = round(s.mean_occupancy, 4)
         r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
             self.engine_config.prefix_cache,
@@ -364,25 +447,38 @@ class GenerationJob:
                 ("host", s.host_s),
             )
         }
+        r.devices = device_summary(self.labels, engines, self.by_device, start, end)
         r.config = flatten(self.config)
         if self.config.trace_path:
-            spans = [
-                Span("engine_step", int(a * 1e9), int(b * 1e9), "engine", {"prefill_tokens": p, "decode_tokens": d})
-                for a, b, p, d in s.step_trace
+            several = len(engines) > 1
+            spans = [  # NOTE: one track per device
+                Span(
+                    "engine_step",
+                    int(a * 1e9),
+                    int(b * 1e9),
+                    f"{label}/engine" if several else "engine",
+                    {"prefill_tokens": p, "decode_tokens": d},
+                )
+                for label, engine in zip(self.labels, engines, strict=True)
+                for a, b, p, d in engine.stats.step_trace
             ]
-            write_trace(spans, self.config.trace_path)
+            write_trace(sorted(spans, key=lambda span: span.start_ns), self.config.trace_path)
         if self.config.report_path:
             r.write_json(self.config.report_path)
         return r
 
 
 def run_generate(
-    config: RunConfig, *, progress: Progress | None = None, ranges: RangeBackend | None = None
+    config: RunConfig,
+    *,
+    progress: Progress | None = None,
+    ranges: RangeBackend | None = None,
+    step_hooks: dict[str, Callable[[], None]] | None = None,
 ) -> GenerateReport:
-    """Generates an answer for every valid input row; see the module docstring."""
+    """Generates an answer for every valid input row; see the module docstring and GenerationJob."""
     from ..api import Interrupted, _signals_stop
 
-    job = GenerationJob(config, progress)
+    job = GenerationJob(config, progress, step_hooks)
     stop = threading.Event()
     lock = OutputLock(job.store.dir, config.output.path).acquire()  # one run per output, refused up front
     try:

@@ -59,6 +59,7 @@ class GenerateReport:
     tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
     latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
     step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
+    devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
     config: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,4 +115,11 @@ class GenerateReport:
             for p, lat in self.latency_by_priority.items():
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
+        if len(self.devices) > 1:
+            for d in self.devices:
+                table.add_row(
+                    f"device {d['device']}",
+                    f"{d['rows']:,} rows, {d['completion_tokens']:,} tokens ({d['token_share']:.0%}), "
+                    f"busy {d['busy_share']:.0%}, idle tail {d['idle_tail_s']:.2f} s",
+                )
         console.print(table)
