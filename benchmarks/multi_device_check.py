@@ -5,7 +5,13 @@ and through one device, checks the outputs agree (ids equal, embeddings to 1e-3 
 precision), prints the per-device table (token share, busy share, idle tail), and checks that one
 GPU listed twice (`--devices cuda:0,cuda:0`) is refused with a clear error.
 
-    python benchmarks/multi_device_check.py --model DIR [--dry-run] [--rows N]
+Then a short generation run on a tiny random decoder built on the spot (`--gen-rows` prompts,
+greedy, float32): every visible GPU against one, the same tokens row for row, and the per-device
+table (rows, completion tokens, busy share, idle tail). On the CPU (`--dry-run`) every row must
+be equal; on GPUs 95% of them (a batch of another shape may take another kernel, and a near tie
+of two logits can then go the other way).
+
+    python benchmarks/multi_device_check.py --model DIR [--dry-run] [--rows N] [--gen-rows N]
 """
 
 from __future__ import annotations
@@ -29,10 +35,47 @@ def hpcinfer(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpcinfer", "run", *args], capture_output=True, text=True, env=env)
 
 
+def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> bool:
+    """--devices MANY against one device on a tiny decoder: the same greedy answers, row for row."""
+    from hpcinfer.models.tiny_decoder import build_tiny_decoder
+
+    model = build_tiny_decoder(tmp / "decoder", "LlamaForCausalLM", seed=3, max_positions=256)
+    src = tmp / "prompts.jsonl"
+    with open(SAMPLE, encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for _, line in zip(range(rows), fh, strict=False)]
+    src.write_text("".join(json.dumps({"id": i, "prompt": t[:400]}) + "\n" for i, t in enumerate(texts)))
+    common = [str(src), "--model", str(model), "--max-tokens", "32", "--dtype", "float32", "--progress", "off", "-q"]
+    got = {}
+    for spec in (one, many):
+        out, report = tmp / f"gen_{spec.replace(',', '_')}.jsonl", tmp / f"gen_{spec}.json"
+        flag = ["--device", spec] if spec == one else ["--devices", spec]
+        done = hpcinfer(*common, "-o", str(out), *flag, "--report", str(report))
+        if done.returncode != 0:
+            print(f"generation on {spec} failed:\n{done.stderr}")
+            return False
+        got[spec] = ([json.loads(x) for x in out.read_text().splitlines()], json.loads(report.read_text()))
+    (a, ra), (b, rb) = got[one], got[many]
+    same = sum(x == y for x, y in zip(a, b, strict=False))
+    print(
+        f"generation, one device ({one}): {ra['completion_tokens_per_s']:,.1f} tokens/s; "
+        f"--devices {many}: {rb['completion_tokens_per_s']:,.1f} tokens/s"
+    )
+    for d in rb["devices"]:
+        print(
+            f"  {d['device']:<10} rows {d['rows']:>5}  tokens {d['completion_tokens']:>7,} ({d['token_share']:6.1%})  "
+            f"busy share {d['busy_share']:6.1%}  idle tail {d['idle_tail_s']:.3f} s"
+        )
+    total = sum(d["completion_tokens"] for d in rb["devices"])
+    print(f"same answers: {same}/{len(a)} rows; per-device tokens add up: {total == rb['completion_tokens']}")
+    enough = same == rows if exact else same >= 0.95 * rows
+    return len(a) == len(b) == rows and enough and total == rb["completion_tokens"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--rows", type=int, default=3000)
+    p.add_argument("--gen-rows", type=int, default=256, help="prompts of the generation check")
     p.add_argument("--dry-run", action="store_true", help="two CPU replicas instead of every GPU")
     args = p.parse_args(argv)
     many, one = ("cpu,cpu", "cpu") if args.dry_run else ("all", "cuda:0")
@@ -65,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         refused = hpcinfer(*common, "-o", str(Path(tmp) / "twice.parquet"), "--devices", "cuda:0,cuda:0")
         clear = refused.returncode == 2 and "listed 2 times" in refused.stderr and "Traceback" not in refused.stderr
         print(f"--devices cuda:0,cuda:0 refused clearly: {clear} ({refused.stderr.strip()})")
-        return 0 if same_ids and diff <= 1e-3 and clear else 1
+        generated = generation_check(Path(tmp), many, one, args.gen_rows, exact=args.dry_run)
+        return 0 if same_ids and diff <= 1e-3 and clear and generated else 1
 
 
 if __name__ == "__main__":

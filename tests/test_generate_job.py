@@ -16,7 +16,6 @@ import torch
 import transformers
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.errors import ConfigError
 from hpcinfer.generate.job import run_generate, wants_generation
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
@@ -228,15 +227,14 @@ def test_generation_reads_rows_as_embedding_does_and_balances_its_books(tmp_path
     assert report.accounting["rows_read"] == 6 and report.accounting["rows_written"] == 3
 
 
-def test_several_devices_are_refused_for_generation_not_ignored(tmp_path, ckpt):
+def test_one_device_given_as_devices_runs_the_plain_loop(tmp_path, ckpt):
+    """Several devices are tested in test_generate_devices.py; one listed device is the one-device run."""
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "hello"}])
     cfg = config(src, tmp_path / "out.parquet", ckpt)
-    cfg = RunConfig(
-        **{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "device": DeviceConfig(devices="cpu,cpu")}
-    )
-    with pytest.raises(ConfigError, match="generation runs on one device for now"):
-        run_generate(cfg)
-    assert not (tmp_path / "out.parquet").exists()
+    cfg = RunConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "device": DeviceConfig(devices="cpu")})
+    report = run_generate(cfg)
+    assert report.rows == 1 and report.device == "cpu"
+    assert [d["device"] for d in report.devices] == ["cpu"] and report.devices[0]["rows"] == 1
 
 
 def test_profile_ranges_wrap_every_engine_step(tmp_path, ckpt):

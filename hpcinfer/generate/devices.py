@@ -8,7 +8,10 @@ Each worker owns its engine (model copy, KV pool, scheduler, sampler); only its 
 it. A prompt goes to the engine with the fewest outstanding tokens: prompt tokens still to
 compute plus tokens still to generate (`max_tokens` left) of its queued and running sequences,
 divided by the tokens per second that engine has measured (dispatch.py's rule). Finished work
-leaves the count, so a slow device is given less. `round_robin` deals prompts in turn, by rows,
+leaves the count, so a slow device is given less. With prefix caching, the engine that was last
+given a prompt's longest known prefix counts that prefix as work it will not do: prompts that
+share a prefix (admission sends them one after the other) stay together unless the balance
+says otherwise. `round_robin` deals prompts in turn, by rows,
 for comparison. Every request's seed derives from its input row (or its own `seed`), so the
 answers do not depend on which device ran them. Torch releases the GIL in its ops, so the
 threads overlap; CPU engines split the machine's threads between them.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -28,10 +32,12 @@ import torch
 
 from ..errors import HpcinferError, StageError
 from ..profile import RangeBackend
+from .block_manager import prefix_keys
 from .engine import Engine, EngineStats
 from .sequence import SamplingParams, Sequence
 
 POLICIES = ("tokens", "round_robin")
+PREFIX_MEMORY = 1 << 16  # prefix keys remembered for dispatch, least recently given forgotten first
 
 
 @dataclass(slots=True)
@@ -154,10 +160,10 @@ class EngineWorker:
 
     def _step(self) -> None:
         engine, stats = self.engine, self.stats
-        if self.hook is not None:
-            self.hook()
         prefill, decode = engine.stats.prefill_tokens, engine.stats.decode_tokens
         t0 = time.perf_counter()
+        if self.hook is not None:  # NOTE: inside the measured time: a slowed device measures slow
+            self.hook()
         if self.ranges is not None:
             s = engine.scheduler
             self.ranges.push(
@@ -187,13 +193,15 @@ class EngineWorker:
 class EnginePool:
     """What admission feeds with several devices: `add` dispatches, `finished` collects, `queued` bounds."""
 
-    def __init__(self, workers: list[EngineWorker], policy: str = "tokens") -> None:
+    def __init__(self, workers: list[EngineWorker], policy: str = "tokens", prefix_block: int | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.workers = workers
         self.policy = policy
         self.outbox = workers[0].outbox
         self.in_flight = 0  # sequences added and not yet collected
+        self.prefix_block = prefix_block  # the KV block size with prefix caching on, else None
+        self._homes: OrderedDict[bytes, int] = OrderedDict()  # prefix key -> the device last given it
         self._next = 0
 
     def start(self) -> None:
@@ -216,14 +224,30 @@ class EnginePool:
         self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
     ) -> None:
         prompt = _Prompt(list(tokens), params, tag, seq_id, priority)
-        self.workers[self.choose(prompt.charge)].submit(prompt)
+        # NOTE: the last token is always computed, so only blocks before it can be found cached
+        keys = prefix_keys(prompt.tokens, self.prefix_block, len(tokens) - 1) if self.prefix_block else []
+        chosen = self.choose(prompt.charge, self._known_prefix(keys))
+        self.workers[chosen].submit(prompt)
         self.in_flight += 1
+        for key in keys:
+            self._homes[key] = chosen
+            self._homes.move_to_end(key)
+        while len(self._homes) > PREFIX_MEMORY:
+            self._homes.popitem(last=False)
 
-    def choose(self, charge: int) -> int:
-        """The device for a prompt of `charge` tokens (prompt + max_tokens)."""
+    def _known_prefix(self, keys: list[bytes]) -> dict[int, int]:
+        """{device: prompt tokens it was last given with this prompt's longest known prefix}."""
+        for depth in range(len(keys), 0, -1):
+            if (home := self._homes.get(keys[depth - 1])) is not None:
+                return {home: depth * (self.prefix_block or 0)}
+        return {}
+
+    def choose(self, charge: int, cached: dict[int, int] | None = None) -> int:
+        """The device for a prompt of `charge` tokens (prompt + max_tokens); `cached[i]` of them device i may hold."""
         if self.policy == "round_robin":
             chosen, self._next = self._next, (self._next + 1) % len(self.workers)
             return chosen
+        cached = cached or {}
         rates = [w.rate for w in self.workers]
         known = [r for r in rates if r > 0]
         default = sum(known) / len(known) if known else 1.0
@@ -231,7 +255,7 @@ class EnginePool:
         def finish_estimate(i: int) -> tuple[bool, float]:
             # NOTE: a device not yet given work comes first (so each gets measured); ties go to the lowest index
             w = self.workers[i]
-            return w.sent > 0, (w.outstanding + charge) / (rates[i] or default)
+            return w.sent > 0, (w.outstanding + charge - cached.get(i, 0)) / (rates[i] or default)
 
         return min(range(len(self.workers)), key=finish_estimate)
 

@@ -385,7 +385,8 @@ class GenerationJob:
             EngineWorker(i, label, engine, outbox, threads, self.step_hooks.get(label), ranges)
             for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True))
         ]
-        pool = EnginePool(workers, self.config.device.dispatch)
+        prefix_block = self.engine_config.block_size if self.engine_config.prefix_cache else None
+        pool = EnginePool(workers, self.config.device.dispatch, prefix_block)
         self.progress.set_devices(self.labels)
         more = True
         pool.start()

@@ -1,0 +1,210 @@
+"""Generation on several devices: `--devices cpu,cpu` writes what one device writes, byte for byte
+(greedy, seeded and unseeded sampling, priorities, rejects); dispatch by outstanding tokens gives a
+slowed engine less; a failing engine names its device and its committed windows resume; kill -9
+and --resume across two devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.errors import ConfigError, StageError
+from hpcinfer.generate.devices import EnginePool
+from hpcinfer.generate.job import run_generate
+from hpcinfer.generate.sequence import SamplingParams
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.progress import Progress
+
+from .conftest import make_texts, write_jsonl
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+CRASH_RUN = Path(__file__).with_name("crash_run.py")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_tiny_decoder(tmp_path_factory.mktemp("gendev"), "Qwen2ForCausalLM", seed=4, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    rows = []
+    for i, t in enumerate(make_texts(48, seed=21)):
+        row = {"id": f"r{i}", "prompt": t, "max_tokens": 2 + (i * 5) % 11, "priority": i % 3}
+        if i % 3 == 1:
+            row.update(temperature=0.9, top_p=0.9, seed=i)
+        elif i % 3 == 2:
+            row.update(temperature=1.0)  # unseeded: the run seed and the row number decide
+        rows.append(row)
+    rows[7]["top_k"] = -1
+    rows[30]["prompt"] = " ".join(["fox"] * 200)  # too long
+    return write_jsonl(tmp_path_factory.mktemp("gendev_in") / "in.jsonl", rows)
+
+
+def config(src: Path, out: Path, model: Path, devices: str | None = None, **over) -> RunConfig:
+    return RunConfig(
+        input=InputConfig((str(src),)),
+        model=str(model),
+        output=OutputConfig(str(out)),
+        pipeline=PipelineConfig(progress="off"),
+        device=DeviceConfig(devices=devices),
+        generate=GenerateConfig(max_tokens=8, window_rows=5, kv_cache_memory="8MiB", max_num_seqs=4),
+        **over,
+    )
+
+
+def _texts(out: Path) -> tuple[str, str]:
+    return out.read_text(), Path(f"{out}.rejects.jsonl").read_text()
+
+
+@pytest.fixture(scope="module")
+def one_device(rows_file, ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gendev_one") / "out.jsonl"
+    report = run_generate(config(rows_file, out, ckpt))
+    return _texts(out), report
+
+
+@pytest.mark.parametrize("dispatch", ["tokens", "round_robin"])
+def test_two_cpu_engines_write_the_one_device_output_byte_for_byte(rows_file, ckpt, tmp_path, one_device, dispatch):
+    (want, want_rejects), one = one_device
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt, "cpu,cpu")
+    cfg = replace(cfg, device=replace(cfg.device, dispatch=dispatch), trace_path=str(tmp_path / "trace.json"))
+    progress = Progress("off")
+    report = run_generate(cfg, progress=progress)
+    assert _texts(out) == (want, want_rejects)
+    assert report.rejects == one.rejects == {"invalid_sampling": 1, "too_long": 1}
+    assert report.device == "cpu#0, cpu#1"
+    devices = report.devices
+    assert [d["device"] for d in devices] == ["cpu#0", "cpu#1"]
+    assert all(d["rows"] > 0 and d["steps"] > 0 for d in devices), devices
+    assert sum(d["rows"] for d in devices) == report.rows == 46
+    assert sum(d["completion_tokens"] for d in devices) == report.completion_tokens == one.completion_tokens
+    assert sum(d["prompt_tokens"] for d in devices) == report.prompt_tokens == one.prompt_tokens
+    assert report.steps == sum(d["steps"] for d in devices)
+    assert progress.device_rows == [d["rows"] for d in devices]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert tracks == {"cpu#0/engine", "cpu#1/engine"}  # one track per device
+    assert sum(e["ph"] == "X" for e in events) == report.steps
+
+
+def test_arrivals_under_rate_on_two_engines_write_the_one_device_output(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt, "cpu,cpu")
+    run_generate(replace(cfg, input=replace(cfg.input, rate=400.0)))
+    assert _texts(out) == one_device[0]
+
+
+def _sleep(seconds: float):
+    return lambda: time.sleep(seconds)
+
+
+def test_a_slowed_engine_is_given_fewer_tokens(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "out.jsonl"
+    report = run_generate(config(rows_file, out, ckpt, "cpu,cpu"), step_hooks={"cpu#1": _sleep(0.03)})
+    assert _texts(out) == one_device[0]
+    fast, slow = report.devices
+    assert slow["completion_tokens"] < fast["completion_tokens"], report.devices
+    assert slow["rows"] < fast["rows"], report.devices
+
+
+class _LostAfter:
+    """A device that breaks down after a number of engine steps, as a GPU that falls off the bus."""
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def __call__(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError("device lost")
+
+
+def test_an_engine_that_fails_names_its_device_and_committed_windows_resume(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt, "cpu,cpu")
+    with pytest.raises(StageError, match=r"stage 'engine@cpu#1' failed: RuntimeError: device lost"):
+        run_generate(cfg, step_hooks={"cpu#1": _LostAfter(25)})  # about half its steps
+    manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
+    assert 0 < len(manifest["windows"]) < 10, "windows committed before the failure are kept"
+    assert not out.exists()
+    report = run_generate(replace(cfg, output=replace(cfg.output, resume=True)))
+    assert report.rows_resumed == sum(w["rows"] for w in manifest["windows"]) > 0
+    assert _texts(out) == one_device[0]
+
+
+def test_kill_9_and_resume_across_two_devices(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "killed.jsonl"
+    args = [str(rows_file), "-o", str(out), "--model", str(ckpt), "--devices", "cpu,cpu", "--threads", "1"]
+    args += ["--max-tokens", "8", "--window-rows", "5", "--kv-cache-memory", "8MiB", "--max-num-seqs", "4"]
+    args += ["--progress", "off", "-q"]
+    killed = subprocess.run(
+        [sys.executable, str(CRASH_RUN), "manifest_renamed", "4", *args], env=ENV, capture_output=True, timeout=300
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert (
+        len(json.loads((Path(f"{out}.parts") / "manifest.json").read_text())["windows"]) == 3
+    )  # the first manifest is the empty one
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcinfer", "run", *args, "--resume"], env=ENV, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert _texts(out) == one_device[0]
+
+
+def test_devices_of_two_kinds_or_not_cpu_or_cuda_are_refused(rows_file, ckpt, tmp_path):
+    for spec, message in (("cpu,cuda:0", "one kind of device per run"), ("simulated", "runs on cpu or cuda")):
+        with pytest.raises(ConfigError, match=message):
+            run_generate(config(rows_file, tmp_path / "out.jsonl", ckpt, spec))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def _pool(policy: str, *loads: tuple[int, float, int]) -> EnginePool:
+    workers = [SimpleNamespace(outstanding=o, rate=r, sent=s, outbox=None) for o, r, s in loads]
+    return EnginePool(workers, policy)  # type: ignore[arg-type]
+
+
+def test_a_prompt_goes_where_it_would_be_done_soonest():
+    # (outstanding tokens, tokens per second, prompts sent)
+    assert _pool("tokens", (500, 100.0, 3), (100, 100.0, 3)).choose(50) == 1  # fewer outstanding
+    assert _pool("tokens", (500, 1000.0, 3), (100, 100.0, 3)).choose(50) == 0  # 10x faster: done sooner
+    assert _pool("tokens", (0, 0.0, 1), (0, 0.0, 0)).choose(50) == 1  # a device not yet tried comes first
+    assert _pool("tokens", (300, 0.0, 2), (300, 200.0, 2)).choose(50) == 0  # unmeasured: the mean rate, ties low
+    rr = _pool("round_robin", (900, 1.0, 0), (0, 1.0, 0), (0, 1.0, 0))
+    assert [rr.choose(10) for _ in range(4)] == [0, 1, 2, 0]
+
+
+class _Worker(SimpleNamespace):
+    def submit(self, prompt) -> None:
+        self.got.append(prompt.tokens)
+        self.sent += 1
+        self.outstanding += prompt.charge
+
+
+def test_a_prompt_goes_where_its_prefix_was_sent_unless_the_balance_says_otherwise():
+    workers = [_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None) for _ in range(2)]
+    pool = EnginePool(workers, "tokens", prefix_block=4)  # type: ignore[arg-type]
+    params = SamplingParams(max_tokens=2)
+    shared = [5, 6, 7, 8, 9, 10, 11, 12]
+    pool.add([*shared, 1], params)  # 9 + 2 tokens to device 0 (a tie)
+    pool.add([40, 41, 42, 43, 44], params)  # fewer outstanding: device 1
+    pool.add([*shared, 2, 3], params)  # device 0 holds its 8-token prefix: 11 + 12 - 8 < 7 + 12
+    assert [len(w.got) for w in workers] == [2, 1]
+    pool.add([*shared, 4], params)  # the prefix's 8 tokens no longer outweigh 23 against 7 outstanding
+    assert [len(w.got) for w in workers] == [2, 2]
+    without = EnginePool([_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None) for _ in range(2)])
+    for tokens in ([*shared, 1], [40, 41, 42, 43, 44], [*shared, 2, 3]):
+        without.add(tokens, params)
+    assert [len(w.got) for w in without.workers] == [1, 2]  # without prefix caching: 11 + 12 > 7 + 12
