@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -154,9 +155,8 @@ def test_kill_9_and_resume_across_two_devices(rows_file, ckpt, tmp_path, one_dev
         [sys.executable, str(CRASH_RUN), "manifest_renamed", "4", *args], env=ENV, capture_output=True, timeout=300
     )
     assert killed.returncode == -9, killed.stderr
-    assert (
-        len(json.loads((Path(f"{out}.parts") / "manifest.json").read_text())["windows"]) == 3
-    )  # the first manifest is the empty one
+    manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
+    assert len(manifest["windows"]) == 3  # the first manifest written is the empty one
     done = subprocess.run(
         [sys.executable, "-m", "hpcinfer", "run", *args, "--resume"], env=ENV, capture_output=True, timeout=300
     )
@@ -208,3 +208,44 @@ def test_a_prompt_goes_where_its_prefix_was_sent_unless_the_balance_says_otherwi
     for tokens in ([*shared, 1], [40, 41, 42, 43, 44], [*shared, 2, 3]):
         without.add(tokens, params)
     assert [len(w.got) for w in without.workers] == [1, 2]  # without prefix caching: 11 + 12 > 7 + 12
+
+
+def test_profile_ranges_wrap_every_step_of_every_engine_on_its_own_thread(rows_file, ckpt, tmp_path):
+    from hpcinfer.profile import RecordingRanges
+
+    ranges = RecordingRanges()
+    report = run_generate(config(rows_file, tmp_path / "out.jsonl", ckpt, "cpu,cpu"), ranges=ranges)
+    threads = {thread for thread, _, _ in ranges.events}
+    assert threads == {"engine@cpu#0", "engine@cpu#1"}
+    for thread in threads:
+        kinds = [kind for t, kind, _ in ranges.events if t == thread]
+        assert kinds == ["push", "pop"] * (len(kinds) // 2)  # balanced, one at a time on each thread
+        label = thread.removeprefix("engine@")
+        pushes = [name for t, kind, name in ranges.events if t == thread and kind == "push"]
+        assert all(name.startswith(f"hpcinfer/engine_step device={label} step=") for name in pushes)
+    assert sum(kind == "push" for _, kind, _ in ranges.events) == report.steps
+
+
+def test_ctrl_c_on_two_devices_keeps_committed_windows_and_says_how_to_resume(tmp_path, ckpt):
+    rows = [{"id": i, "prompt": t} for i, t in enumerate(make_texts(80, seed=2))]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    args = [str(src), "--model", str(ckpt), "--devices", "cpu,cpu", "--threads", "1", "--window-rows", "2"]
+    args += ["--max-num-seqs", "2", "--progress", "off", "-o", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcinfer", "run", *args], env=ENV, stderr=subprocess.PIPE, text=True
+    )
+    manifest = Path(str(out) + ".parts") / "manifest.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if json.loads(manifest.read_text())["windows"]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "rows are committed" in stderr and "--resume" in stderr
+    assert json.loads(manifest.read_text())["windows"] and not out.exists()

@@ -17,6 +17,7 @@ One device keeps the plain loop: no threads.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shutil
 import threading
@@ -350,14 +351,16 @@ class GenerationJob:
         return self._summarise(engines, start, resumed)
 
     def _engine(self, device: torch.device) -> Engine:
-        model = load_decoder(self.info, device, self.dtype)
-        return Engine(
-            model,
-            self.engine_config,
-            self.info.eos_token_ids,
-            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            trace_steps=self.config.trace_path is not None,
-        )
+        # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            model = load_decoder(self.info, device, self.dtype)
+            return Engine(
+                model,
+                self.engine_config,
+                self.info.eos_token_ids,
+                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                trace_steps=self.config.trace_path is not None,
+            )
 
     def _run_one(self, engine: Engine, source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:
         sink, hook, more = EngineSink(engine), self.step_hooks.get(self.labels[0]), True
