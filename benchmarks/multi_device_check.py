@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,12 @@ def hpcinfer(*args: str) -> subprocess.CompletedProcess:
 
 
 def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> bool:
-    """--devices MANY against one device on a tiny decoder: the same greedy answers, row for row."""
+    """--devices MANY against one device on a tiny decoder: the same greedy answers, row for row.
+
+    NOTE: in this process (torch imported once) rather than two more CLI runs, to keep the step short.
+    """
+    from hpcinfer.api import run
+    from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
     from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
     model = build_tiny_decoder(tmp / "decoder", "LlamaForCausalLM", seed=3, max_positions=256)
@@ -44,16 +50,25 @@ def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> 
     with open(SAMPLE, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for _, line in zip(range(rows), fh, strict=False)]
     src.write_text("".join(json.dumps({"id": i, "prompt": t[:400]}) + "\n" for i, t in enumerate(texts)))
-    common = [str(src), "--model", str(model), "--max-tokens", "32", "--dtype", "float32", "--progress", "off", "-q"]
     got = {}
     for spec in (one, many):
-        out, report = tmp / f"gen_{spec.replace(',', '_')}.jsonl", tmp / f"gen_{spec}.json"
-        flag = ["--device", spec] if spec == one else ["--devices", spec]
-        done = hpcinfer(*common, "-o", str(out), *flag, "--report", str(report))
-        if done.returncode != 0:
-            print(f"generation on {spec} failed:\n{done.stderr}")
+        out = tmp / f"gen_{spec.replace(',', '_')}.jsonl"
+        # NOTE: on the CPU one thread per engine: OpenMP threads on shared cores only wait for each other
+        device = DeviceConfig(device=spec, dtype="float32", threads=1 if exact else None)
+        config = RunConfig(
+            input=InputConfig((str(src),)),
+            model=str(model),
+            output=OutputConfig(str(out)),
+            pipeline=PipelineConfig(progress="off"),
+            device=device if spec == one else replace(device, device="auto", devices=spec),
+            generate=GenerateConfig(max_tokens=32),
+        )
+        try:
+            report = run(config).to_dict()
+        except Exception as exc:
+            print(f"generation on {spec} failed: {type(exc).__name__}: {exc}")
             return False
-        got[spec] = ([json.loads(x) for x in out.read_text().splitlines()], json.loads(report.read_text()))
+        got[spec] = ([json.loads(x) for x in out.read_text().splitlines()], report)
     (a, ra), (b, rb) = got[one], got[many]
     same = sum(x == y for x, y in zip(a, b, strict=False))
     print(
