@@ -60,7 +60,7 @@ def tokens_left(seq: Sequence) -> int:
 
 @dataclass(slots=True)
 class WorkerStats:
-    """One device's figures: written by its thread, read once it has stopped."""
+    """One device's figures, written by its thread only (dispatch reads the rate as it goes)."""
 
     steps: int = 0
     busy_s: float = 0.0  # inside engine.step()
