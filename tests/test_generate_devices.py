@@ -5,17 +5,20 @@ and --resume across two devices."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ConfigError, StageError
@@ -23,6 +26,7 @@ from hpcinfer.generate.devices import EnginePool
 from hpcinfer.generate.job import run_generate
 from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.profile import RecordingRanges
 from hpcinfer.progress import Progress
 
 from .conftest import make_texts, write_jsonl
@@ -95,6 +99,9 @@ def test_two_cpu_engines_write_the_one_device_output_byte_for_byte(rows_file, ck
     assert sum(d["prompt_tokens"] for d in devices) == report.prompt_tokens == one.prompt_tokens
     assert report.steps == sum(d["steps"] for d in devices)
     assert progress.device_rows == [d["rows"] for d in devices]
+    shown = io.StringIO()
+    report.render(Console(file=shown, width=160))
+    assert "device cpu#0" in shown.getvalue() and "device cpu#1" in shown.getvalue()
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert tracks == {"cpu#0/engine", "cpu#1/engine"}  # one track per device
@@ -210,9 +217,13 @@ def test_a_prompt_goes_where_its_prefix_was_sent_unless_the_balance_says_otherwi
     assert [len(w.got) for w in without.workers] == [1, 2]  # without prefix caching: 11 + 12 > 7 + 12
 
 
-def test_profile_ranges_wrap_every_step_of_every_engine_on_its_own_thread(rows_file, ckpt, tmp_path):
-    from hpcinfer.profile import RecordingRanges
+def test_one_device_runs_its_engine_on_the_job_thread(rows_file, ckpt, tmp_path):
+    ranges = RecordingRanges()
+    run_generate(config(rows_file, tmp_path / "out.jsonl", ckpt, "cpu"), ranges=ranges)
+    assert ranges.events and {thread for thread, _, _ in ranges.events} == {threading.current_thread().name}
 
+
+def test_profile_ranges_wrap_every_step_of_every_engine_on_its_own_thread(rows_file, ckpt, tmp_path):
     ranges = RecordingRanges()
     report = run_generate(config(rows_file, tmp_path / "out.jsonl", ckpt, "cpu,cpu"), ranges=ranges)
     threads = {thread for thread, _, _ in ranges.events}

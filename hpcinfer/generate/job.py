@@ -392,8 +392,8 @@ class GenerationJob:
         pool = EnginePool(workers, self.config.device.dispatch, prefix_block)
         self.progress.set_devices(self.labels)
         more = True
-        pool.start()
         try:
+            pool.start()
             while not stop.is_set():
                 if more:
                     more = self.admission.feed(source, pool)
