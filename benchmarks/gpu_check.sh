@@ -44,7 +44,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 if [ "$DRY" = 1 ]; then
   DEVICE=simulated BENCH_DEVICE=cpu CHECK_SIZE=(--rows 48 --max-length 32) BENCH_SIZE=(--rows 48 --st-batch-sizes 32)
-  MULTI=(--rows 200 --gen-rows 24 --dry-run)
+  MULTI=(--rows 200 --gen-rows 16 --dry-run)
 else
   DEVICE=cuda BENCH_DEVICE=cuda CHECK_SIZE=(--rows 300 --max-length 128) BENCH_SIZE=(--st-batch-sizes 32,128,512)
   MULTI=(--rows 3000)
