@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hpcinfer.config import InputConfig, RunConfig
+from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
 from hpcinfer.errors import ConfigError
 from hpcinfer.generate.engine import EngineConfig
 from hpcinfer.generate.requests import RequestReader
@@ -21,7 +21,13 @@ from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tune.command import TuneOptions, tune
 from hpcinfer.tune.gen_command import generation_recipe_values, load_tokenizer
-from hpcinfer.tune.gen_search import GenerationSearch, GenerationSpace, generation_space, keeps_prefix_cache
+from hpcinfer.tune.gen_search import (
+    GenerationSearch,
+    GenerationSpace,
+    NoisyGoal,
+    generation_space,
+    keeps_prefix_cache,
+)
 from hpcinfer.tune.gen_trial import GenerationTrialRunner, draw_requests
 from hpcinfer.tune.search import Goal, Trial
 
@@ -102,6 +108,16 @@ def test_the_search_turns_prefix_caching_off_only_when_that_is_faster(tmp_path):
     assert values["prefix_cache"] is False and values["max_num_seqs"] == 64
     noisy, _ = landscape(best_seqs=64, best_tokens=2048, off_gain=1.25, spread=0.30)
     assert GenerationSearch(noisy, Goal("tokens"), space()).run(DEFAULT).params["prefix_cache"] is True
+
+
+def test_a_step_within_the_repeats_spread_is_not_taken():
+    goal = NoisyGoal("tokens", min_gain=0.05)
+    best = Trial({}, tokens_per_s=1000.0, spread=0.02)
+    assert goal.beats(Trial({}, tokens_per_s=1100.0, spread=0.02), best)
+    assert not goal.beats(Trial({}, tokens_per_s=1100.0, spread=0.20), best)  # 10% inside a 20% spread
+    assert not goal.beats(Trial({}, tokens_per_s=1100.0), Trial({}, tokens_per_s=1000.0, spread=0.2))
+    measure, _ = landscape(best_seqs=32, best_tokens=2048, spread=0.5)  # every step gains 18%: noise here
+    assert GenerationSearch(measure, goal, space()).run(DEFAULT).params == DEFAULT
 
 
 def test_the_space_is_sized_by_the_sample_and_the_kv_pool():
@@ -187,6 +203,21 @@ def test_each_repeat_starts_with_an_empty_prefix_cache(tmp_path, ckpt):
     assert off.cached_tokens == 0
     trial = runner({**params, "prefix_cache": True})
     assert trial.status == "ok" and trial.repeats == 1 and trial.tokens_per_s > 0 and trial.cached_share > 0
+
+
+def test_tune_reports_progress_as_trials_out_of_their_most(tmp_path, ckpt):
+    rows = [{"id": i, "prompt": " ".join(t.split()[:6]), "max_tokens": 2} for i, t in enumerate(make_texts(8))]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    base = RunConfig(input=InputConfig((str(src),)), model=str(ckpt), generate=GenerateConfig(kv_cache_memory="4MiB"))
+    statuses: list[str] = []
+    result = tune(base, TuneOptions(repeats=1, warmup_rows=2), on_trial=lambda s, t, status: statuses.append(status))
+    most = result.search.space.most_trials
+    assert (
+        f"trial 1 (of at most {most}): max-num-batched-tokens=2048, max-num-seqs=128, prefix-cache=on: " in statuses[0]
+    )
+    assert any(s.endswith("warm-up, 2 rows") for s in statuses) and any(s.endswith("repeat 1/1") for s in statuses)
+    assert sum(s == "" for s in statuses) == len(result.search.trials) <= most  # one call per finished trial
+    assert result.goal.objective == "tokens" and result.best.tokens_per_s > 0
 
 
 def test_latency_goals_are_refused_for_generation(tmp_path, ckpt):

@@ -26,6 +26,7 @@ from .gen_command import (
     write_generation_csv,
     write_generation_recipe,
 )
+from .gen_search import NoisyGoal
 from .gen_trial import RequestSample
 from .sample import Sample, draw_sample
 from .search import Goal, Search, Space, Trial
@@ -199,6 +200,7 @@ def _tune_generate(
     on_sample: Callable[[Any], None] | None,
     on_trial: Callable[[Search, Trial | None, str], None] | None,
 ) -> TuneResult:
+    goal = NoisyGoal(goal.objective, goal.max_p99_ms, goal.max_memory_bytes, goal.min_gain)
     sample, search, kind = tune_generate(base, opts, goal, on_sample, on_trial)
     result = TuneResult(sample, search, kind, goal)
     if opts.trials_csv:

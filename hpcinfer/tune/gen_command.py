@@ -221,7 +221,10 @@ def write_generation_recipe(
     assert best is not None and default is not None
     what = "generated tokens/s" if goal.objective == "tokens" else "rows/s"
     if best is default:
-        verdict = f"No setting beat the default by {goal.min_gain:.0%} or more, so these are the defaults."
+        verdict = (
+            f"No setting beat the default by more than the noise ({goal.min_gain:.0%} or the repeats' spread),\n"
+            "so these are the defaults."
+        )
     else:
         verdict = f"{figure(best, goal)} against {figure(default, goal)} for the default."
     comment = (

@@ -176,7 +176,7 @@ class GenerationTrialRunner:
                     self.run_pass(config, self.sample.requests, lambda done, w=what: self._rows(params, w, done))
                 )
                 if i == 0 and self._clearly_worse(passes[0]):
-                    trial.note = "one repeat: clearly slower than the best"
+                    trial.note = "1 repeat: slower"  # NOTE: short, the generation table is wide
                     break
         except (MemoryError, RuntimeError) as exc:
             if not is_out_of_memory(exc):

@@ -17,7 +17,7 @@ _HEADERS = {
     "batch_timeout_ms": "timeout ms",
     "max_num_batched_tokens": "step tokens",
     "max_num_seqs": "seqs",
-    "prefix_cache": "prefix cache",
+    "prefix_cache": "prefix",
 }
 
 
@@ -67,10 +67,15 @@ def _status(t: Trial, chosen: bool, goal: Goal) -> str:
 
 def generation_table(search: GenerationSearch, status: str = "") -> Table:
     """Generation trials: generated tokens/s first, then rows/s, TTFT and TPOT (p50), the repeat spread."""
-    table = Table(title="hpcinfer tune", title_justify="left", caption=status or None, caption_justify="left")
+    table = Table(
+        title="hpcinfer tune (TTFT, TPOT: p50; hits: prompt tokens served by the prefix cache)",
+        title_justify="left",
+        caption=status or None,
+        caption_justify="left",
+    )
     knobs = list(search.trials[0].params) if search.trials else []
-    columns = ["#", *(_HEADERS[k] for k in knobs), "gen tokens/s", "rows/s", "TTFT p50 ms", "TPOT p50 ms"]
-    for col in [*columns, "spread", "prefix hits", "memory MiB", "vs default", "status"]:
+    columns = ["#", *(_HEADERS[k] for k in knobs), "gen tok/s", "rows/s", "TTFT ms", "TPOT ms"]
+    for col in [*columns, "spread", "hits", "MiB", "vs default", "status"]:
         table.add_column(col, justify="left" if col == "status" else "right")
     for t in search.trials:
         chosen = t is search.best
@@ -139,7 +144,10 @@ def generation_verdict(search: GenerationSearch) -> list[str]:
     best, default, goal = search.best, search.default, search.goal
     assert best is not None and default is not None
     if best is default:
-        lines = [f"best: the default configuration; nothing beat it by {goal.min_gain:.0%} or more"]
+        lines = [
+            f"best: the default configuration; nothing beat it by more than the noise "
+            f"({goal.min_gain:.0%}, or the spread its repeats showed)"
+        ]
     else:
         changes = ", ".join(
             f"--{k.replace('_', '-')} {best.params[k]}" if k != "prefix_cache" else "--no-prefix-cache"
