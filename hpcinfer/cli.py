@@ -569,9 +569,9 @@ def tune(**opts: Any) -> None:
     requests (prompt, messages, prompt_token_ids or OpenAI batch rows, per-row max_tokens), the
     decoder is loaded once, and each run goes through a fresh engine. It sweeps --max-num-seqs,
     then --max-num-batched-tokens, then --max-num-seqs again around the best, up to what the
-    sample and the KV pool (--kv-cache-memory) can use, maximising generated tokens/s; last it
-    measures prefix caching off at the best point and turns it off only where that is faster by
-    more than the noise (--min-gain, or the spread the repeats showed). The recipe sets
+    sample and the KV pool (--kv-cache-memory) can use, maximising generated tokens/s; a change
+    is taken only if it wins in every repeat by --min-gain. Last it measures prefix caching off
+    at the best point and turns it off only where that wins so. The recipe sets
     max-num-seqs, max-num-batched-tokens and prefix-cache. Give the sampling options (--max-tokens,
     --temperature, ...) that the real run will use. --rate and --objective latency are refused.
 

@@ -54,7 +54,8 @@ def landscape(best_seqs: int, best_tokens: int, off_gain: float = 0.98, spread: 
         distance = abs(params["max_num_seqs"].bit_length() - best_seqs.bit_length())
         distance += abs(params["max_num_batched_tokens"].bit_length() - best_tokens.bit_length())
         rate = 1000.0 * 0.85**distance * (1.0 if params["prefix_cache"] else off_gain)
-        return Trial(params, tokens_per_s=rate, rows_per_s=rate / 50, spread=spread)
+        low, high = rate * (1 - spread / 2), rate * (1 + spread / 2)
+        return Trial(params, tokens_per_s=rate, rows_per_s=rate / 50, low=low, high=high, spread=spread)
 
     return measure, calls
 
@@ -89,12 +90,13 @@ def test_budgets_that_cannot_bind_on_the_sample_are_not_measured_again():
 
 def test_prefix_cache_rule_on_constructed_trials():
     goal = Goal("tokens", min_gain=0.05)
-    on = Trial({}, tokens_per_s=1000.0, spread=0.02)
-    assert keeps_prefix_cache(on, Trial({}, tokens_per_s=1040.0, spread=0.02), goal)  # 4%: within --min-gain
-    assert not keeps_prefix_cache(on, Trial({}, tokens_per_s=1100.0, spread=0.02), goal)  # 10%: off is faster
-    noisy = Trial({}, tokens_per_s=1000.0, spread=0.15)
-    assert keeps_prefix_cache(noisy, Trial({}, tokens_per_s=1100.0), goal)  # 10% is inside the repeats' spread
-    assert not keeps_prefix_cache(noisy, Trial({}, tokens_per_s=1200.0), goal)
+    on = Trial({}, tokens_per_s=1000.0, low=990.0, high=1010.0)
+    assert keeps_prefix_cache(on, Trial({}, tokens_per_s=1040.0, low=1030.0, high=1050.0), goal)  # within 5%
+    assert not keeps_prefix_cache(on, Trial({}, tokens_per_s=1100.0, low=1090.0, high=1110.0), goal)  # 8% or more
+    noisy = Trial({}, tokens_per_s=1000.0, low=900.0, high=1080.0)
+    assert keeps_prefix_cache(noisy, Trial({}, tokens_per_s=1100.0), goal)  # on's fastest repeat was as fast
+    assert not keeps_prefix_cache(noisy, Trial({}, tokens_per_s=1150.0), goal)  # 6% above on's fastest
+    assert keeps_prefix_cache(on, Trial({}, tokens_per_s=1100.0, low=1000.0, high=1200.0), goal)  # off's slowest
     assert keeps_prefix_cache(on, Trial({}, status="infeasible"), goal)
     assert not keeps_prefix_cache(Trial({}, status="infeasible"), on, goal)
 
@@ -110,14 +112,17 @@ def test_the_search_turns_prefix_caching_off_only_when_that_is_faster(tmp_path):
     assert GenerationSearch(noisy, Goal("tokens"), space()).run(DEFAULT).params["prefix_cache"] is True
 
 
-def test_a_step_within_the_repeats_spread_is_not_taken():
+def test_a_step_must_win_in_every_repeat():
     goal = NoisyGoal("tokens", min_gain=0.05)
-    best = Trial({}, tokens_per_s=1000.0, spread=0.02)
-    assert goal.beats(Trial({}, tokens_per_s=1100.0, spread=0.02), best)
-    assert not goal.beats(Trial({}, tokens_per_s=1100.0, spread=0.20), best)  # 10% inside a 20% spread
-    assert not goal.beats(Trial({}, tokens_per_s=1100.0), Trial({}, tokens_per_s=1000.0, spread=0.2))
+    best = Trial({}, tokens_per_s=1000.0, low=990.0, high=1010.0)
+    assert goal.beats(Trial({}, tokens_per_s=1100.0, low=1090.0, high=1110.0), best)
+    assert not goal.beats(Trial({}, tokens_per_s=1100.0, low=900.0, high=1300.0), best)  # its slowest lost
+    assert not goal.beats(Trial({}, tokens_per_s=1100.0), Trial({}, tokens_per_s=1000.0, low=700.0, high=1100.0))
+    assert goal.beats(Trial({}, tokens_per_s=1100.0), Trial({}, tokens_per_s=1000.0))  # one repeat: --min-gain
     measure, _ = landscape(best_seqs=32, best_tokens=2048, spread=0.5)  # every step gains 18%: noise here
     assert GenerationSearch(measure, goal, space()).run(DEFAULT).params == DEFAULT
+    measure, _ = landscape(best_seqs=32, best_tokens=2048, spread=0.02)
+    assert GenerationSearch(measure, goal, space()).run(DEFAULT).params["max_num_seqs"] == 32
 
 
 def test_the_space_is_sized_by_the_sample_and_the_kv_pool():

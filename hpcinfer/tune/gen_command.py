@@ -222,8 +222,7 @@ def write_generation_recipe(
     what = "generated tokens/s" if goal.objective == "tokens" else "rows/s"
     if best is default:
         verdict = (
-            f"No setting beat the default by more than the noise ({goal.min_gain:.0%} or the repeats' spread),\n"
-            "so these are the defaults."
+            f"No setting beat the default in every repeat by {goal.min_gain:.0%} or more,\nso these are the defaults."
         )
     else:
         verdict = f"{figure(best, goal)} against {figure(default, goal)} for the default."

@@ -266,14 +266,15 @@ class GenerationTrialRunner:
 
 
 def summarise(trial: Trial, passes: list[Pass], objective: str) -> None:
-    """Medians over the passes; `spread` is the noise the repeats showed, relative to the median."""
+    """Medians over the passes, and the slowest and fastest pass: the noise the repeats showed."""
     trial.rows_per_s = statistics.median(p.score("rows") for p in passes)
     trial.tokens_per_s = statistics.median(p.score("tokens") for p in passes)
     trial.ttft_ms = statistics.median(percentiles(p.ttft).get("p50_ms", 0.0) for p in passes)
     trial.tpot_ms = statistics.median(percentiles(p.tpot).get("p50_ms", 0.0) for p in passes)
     scores = [p.score(objective) for p in passes]
     middle = statistics.median(scores)
-    trial.spread = (max(scores) - min(scores)) / middle if middle > 0 else 0.0
+    trial.low, trial.high = min(scores), max(scores)
+    trial.spread = (trial.high - trial.low) / middle if middle > 0 else 0.0
     prompt = sum(p.prompt_tokens for p in passes)
     trial.cached_share = sum(p.cached_tokens for p in passes) / prompt if prompt else 0.0
     trial.memory_bytes = max(p.peak_bytes for p in passes)

@@ -146,7 +146,7 @@ def generation_verdict(search: GenerationSearch) -> list[str]:
     if best is default:
         lines = [
             f"best: the default configuration; nothing beat it by more than the noise "
-            f"({goal.min_gain:.0%}, or the spread its repeats showed)"
+            f"(in every repeat, by {goal.min_gain:.0%} or more)"
         ]
     else:
         changes = ", ".join(
