@@ -125,6 +125,16 @@ def test_a_step_must_win_in_every_repeat():
     assert GenerationSearch(measure, goal, space()).run(DEFAULT).params["max_num_seqs"] == 32
 
 
+def test_a_first_repeat_is_judged_against_the_best_trials_slowest_repeat():
+    from hpcinfer.tune.gen_command import slowest_repeat
+
+    goal = Goal("tokens")
+    assert slowest_repeat(goal, Trial({}, tokens_per_s=100.0, low=70.0, high=120.0)) == 70.0
+    assert slowest_repeat(goal, Trial({}, tokens_per_s=100.0)) == 100.0
+    assert slowest_repeat(goal, Trial({}, tokens_per_s=100.0, status="infeasible")) == 0.0
+    assert slowest_repeat(goal, None) == 0.0
+
+
 def test_the_space_is_sized_by_the_sample_and_the_kv_pool():
     by_pool = generation_space(rows=512, step_tokens=100_000, fit_rows=20, token_lo=256, token_hi=16384)
     assert by_pool.seqs == (4, 8, 16, 32) and "KV pool holds about 20" in by_pool.skipped[0]

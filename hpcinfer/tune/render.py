@@ -86,7 +86,7 @@ def generation_table(search: GenerationSearch, status: str = "") -> Table:
             f"{t.rows_per_s:,.2f}",
             f"{t.ttft_ms:,.1f}",
             f"{t.tpot_ms:,.2f}",
-            f"{t.spread:.0%}",
+            f"{t.spread:.0%}" if t.repeats > 1 else "-",
             f"{t.cached_share:.0%}",
             f"{t.memory_bytes / 2**20:,.0f}",
             "" if t.gain is None else f"{t.gain:.2f}x",
@@ -144,10 +144,7 @@ def generation_verdict(search: GenerationSearch) -> list[str]:
     best, default, goal = search.best, search.default, search.goal
     assert best is not None and default is not None
     if best is default:
-        lines = [
-            f"best: the default configuration; nothing beat it by more than the noise "
-            f"(in every repeat, by {goal.min_gain:.0%} or more)"
-        ]
+        lines = [f"best: the default configuration; nothing beat it in every repeat by {goal.min_gain:.0%} or more"]
     else:
         changes = ", ".join(
             f"--{k.replace('_', '-')} {best.params[k]}" if k != "prefix_cache" else "--no-prefix-cache"
