@@ -166,7 +166,8 @@ def _show(value: Any) -> str:
 
 def write_generation_csv(search: Search, best: Trial, path: str) -> None:
     knobs = list(best.params)
-    fields = ["trial", *knobs, "tokens_per_s", "rows_per_s", "ttft_p50_ms", "tpot_p50_ms", "spread"]
+    fields = ["trial", *knobs, "tokens_per_s", "rows_per_s", "ttft_p50_ms", "tpot_p50_ms"]
+    fields += ["slowest_repeat", "fastest_repeat", "spread"]  # of the objective
     fields += ["prefix_cached_share", "memory_mib", "repeats", "gain_vs_default", "status", "note", "chosen"]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -180,6 +181,8 @@ def write_generation_csv(search: Search, best: Trial, path: str) -> None:
                     round(t.rows_per_s, 3),
                     round(t.ttft_ms, 3),
                     round(t.tpot_ms, 3),
+                    round(t.low, 3),
+                    round(t.high, 3),
                     round(t.spread, 4),
                     round(t.cached_share, 4),
                     round(t.memory_bytes / 2**20, 1),
