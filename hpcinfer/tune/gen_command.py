@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Tokenizer
@@ -25,9 +25,12 @@ from .gen_search import GenerationSearch, generation_space, prefix_line
 from .gen_trial import GenerationTrialRunner, RequestSample, draw_requests
 from .search import Goal, Search, Trial
 
+if TYPE_CHECKING:
+    from .command import TuneOptions
+
 SAMPLE_ROWS = 512  # requests: enough for two rounds at max-num-seqs 256, minutes not hours a trial
 WARMUP_ROWS = 32
-TOKEN_FLOOR = 256  # a smaller step budget starves decodes of the prefill they overlap with
+TOKEN_FLOOR = 256  # below this, prefill goes in chunks too small to keep the device busy
 TOKEN_CEILING = {"cuda": 65_536, "cpu": 16_384}
 
 
@@ -58,7 +61,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
 
 def tune_generate(
     base: RunConfig,
-    opts: Any,
+    opts: TuneOptions,
     goal: Goal,
     on_sample: Callable[[RequestSample], None] | None = None,
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
@@ -73,18 +76,10 @@ def tune_generate(
     tokenizer = load_tokenizer(info.path)
     chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
     model = load_decoder(info, device, dtype)
-    engine = EngineConfig(
-        max_num_seqs=g.max_num_seqs,
-        max_num_batched_tokens=g.max_num_batched_tokens,
-        block_size=g.kv_block_size,
-        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
-        chunked_prefill=g.chunked_prefill,
-        prefix_cache=g.prefix_cache,
-        seed=g.seed or 0,
-    )
-    # NOTE: sized as each trial's engine will size its pool; as in `run`, it bounds the prompts too.
-    kv_tokens = size_pool(KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device)
-    kv_tokens *= g.kv_block_size
+    engine = engine_config(g)
+    # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
+    blocks = size_pool(KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device)
+    kv_tokens = blocks * g.kv_block_size
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader = RequestReader(
         base.input.paths,
@@ -96,6 +91,7 @@ def tune_generate(
         info.config.vocab_size,
         g.priority_column,
     )
+    assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by `command.tune`
     sample = draw_requests(reader, opts.sample_rows, opts.seed, opts.scan_rows, kv_tokens)
     if on_sample is not None:
         on_sample(sample)
@@ -136,6 +132,19 @@ def tune_generate(
     )
     search.run(default_params(g))
     return sample, search, device.type
+
+
+def engine_config(g: GenerateConfig) -> EngineConfig:
+    """The engine `run` would build from these options (trials then vary the budgets)."""
+    return EngineConfig(
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        block_size=g.kv_block_size,
+        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
+        chunked_prefill=g.chunked_prefill,
+        prefix_cache=g.prefix_cache,
+        seed=g.seed or 0,
+    )
 
 
 def slowest_repeat(goal: Goal, best: Trial | None) -> float:
