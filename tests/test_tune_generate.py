@@ -244,6 +244,8 @@ def test_latency_goals_are_refused_for_generation(tmp_path, ckpt):
         tune(RunConfig(input=InputConfig((str(src),), rate=5.0), model=str(ckpt)), TuneOptions())
     with pytest.raises(ConfigError, match="--max-p99-ms"):
         tune(base, TuneOptions(max_p99_ms=100.0))
+    with pytest.raises(ConfigError, match="--sample and --repeats must be at least 1"):
+        tune(base, TuneOptions(sample_rows=0))
 
 
 def test_tune_cli_writes_a_recipe_that_run_applies(tmp_path, ckpt):

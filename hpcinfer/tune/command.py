@@ -125,7 +125,7 @@ def tune(
     generating = wants_generation(base)
     opts = replace(
         opts,
-        sample_rows=opts.sample_rows or (SAMPLE_ROWS if generating else 2000),
+        sample_rows=(SAMPLE_ROWS if generating else 2000) if opts.sample_rows is None else opts.sample_rows,
         warmup_rows=(WARMUP_ROWS if generating else 200) if opts.warmup_rows is None else opts.warmup_rows,
     )
     if opts.sample_rows < 1 or opts.repeats < 1:
