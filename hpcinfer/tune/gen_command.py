@@ -107,8 +107,8 @@ def tune_generate(
 
     def status(params: dict[str, Any], text: str) -> None:
         if on_trial is not None:
-            n = len(search.trials) + 1
-            on_trial(search, None, f"trial {n} (of at most {space.most_trials}): {brief(params)}: {text}")
+            done = f"{len(search.trials)} of at most {space.most_trials} trials done"
+            on_trial(search, None, f"{done}; running {brief(params)}: {text}")
 
     runner = GenerationTrialRunner(
         model,
