@@ -571,9 +571,10 @@ def tune(**opts: Any) -> None:
     then --max-num-batched-tokens, then --max-num-seqs again around the best, up to what the
     sample and the KV pool (--kv-cache-memory) can use, maximising generated tokens/s; a change
     is taken only if it wins in every repeat by --min-gain. Last it measures prefix caching off
-    at the best point and turns it off only where that wins so. The recipe sets
-    max-num-seqs, max-num-batched-tokens and prefix-cache. Give the sampling options (--max-tokens,
-    --temperature, ...) that the real run will use. --rate and --objective latency are refused.
+    at the best point and turns it off only if off wins in every repeat by --min-gain. The recipe
+    sets max-num-seqs, max-num-batched-tokens and prefix-cache. Give the sampling options
+    (--max-tokens, --temperature, ...) that the real run will use. --rate, --objective latency and
+    --max-p99-ms are refused.
 
     \b
     Example:
