@@ -502,7 +502,13 @@ def profile(**opts: Any) -> None:
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--sample", "sample_rows", type=int, default=2000, show_default=True, help="Rows in the tuning sample.")
+@click.option(
+    "--sample",
+    "sample_rows",
+    type=int,
+    default=None,
+    help="Rows in the tuning sample [default: 2000; 512 requests for a causal LM].",
+)
 @click.option(
     "--scan-rows",
     type=int,
@@ -512,14 +518,18 @@ def profile(**opts: Any) -> None:
 )
 @click.option("--repeats", type=int, default=3, show_default=True, help="Measured runs per trial; medians are kept.")
 @click.option(
-    "--warmup-rows", type=int, default=200, show_default=True, help="Rows run before each trial's measured runs."
+    "--warmup-rows",
+    type=int,
+    default=None,
+    help="Rows run before each trial's measured runs [default: 200; 32 for a causal LM, with answers "
+    "cut to 16 tokens].",
 )
 @click.option(
     "--objective",
     type=click.Choice(["rows", "tokens", "latency"]),
     default=None,
     help="Maximise rows/s or tokens/s, or (with --rate) minimise p99 request latency [default: rows; "
-    "latency with --rate].",
+    "latency with --rate; generated tokens/s for a causal LM, where latency is refused].",
 )
 @click.option(
     "--max-p99-ms",
@@ -555,17 +565,29 @@ def tune(**opts: Any) -> None:
     and staging buffers, and with --rate the batch timeout. Each trial has a warm-up and
     --repeats measured runs (medians). A trial that runs out of memory is marked infeasible.
 
+    A causal LM (or --task generate) is tuned as `run` generates: the sample is read as generation
+    requests (prompt, messages, prompt_token_ids or OpenAI batch rows, per-row max_tokens), the
+    decoder is loaded once, and each run goes through a fresh engine. It sweeps --max-num-seqs,
+    then --max-num-batched-tokens, then --max-num-seqs again around the best, up to what the
+    sample and the KV pool (--kv-cache-memory) can use, maximising generated tokens/s; a change
+    is taken only if it wins in every repeat by --min-gain. Last it measures prefix caching off
+    at the best point and turns it off only if off wins in every repeat by --min-gain. The recipe
+    sets max-num-seqs, max-num-batched-tokens and prefix-cache. Give the sampling options
+    (--max-tokens, --temperature, ...) that the real run will use. --rate, --objective latency and
+    --max-p99-ms are refused.
+
     \b
     Example:
       hpcinfer tune sample_data/requests.parquet --sample 2000 --write-recipe best.toml --trials trials.csv
       hpcinfer run sample_data/requests.parquet -o out.parquet --config best.toml
+      hpcinfer tune prompts.jsonl --model my-llama/ --max-tokens 128 --write-recipe gen.toml
     """
     from rich.console import Console
     from rich.live import Live
 
     from .tune.command import TuneOptions
     from .tune.command import tune as run_tune
-    from .tune.render import trial_table, verdict
+    from .tune.render import trial_line, trial_table, verdict
 
     # `run`'s own defaults, parsed as click resolves them, then this command's shared options.
     run_defaults = run.make_context("run", ["INPUT", "-o", "unused.parquet"]).params
@@ -598,7 +620,7 @@ def tune(**opts: Any) -> None:
             if live is not None:
                 live.update(trial_table(search, status), refresh=True)
             elif trial is not None and not opts["quiet"]:
-                console.print(_trial_line(trial), highlight=False)
+                console.print(trial_line(search, trial), highlight=False)
 
         result = run_tune(base.validate(), options, on_sample, on_trial)
         if live is not None:
@@ -613,8 +635,9 @@ def tune(**opts: Any) -> None:
         console.print(f"trials written: {opts['trials_csv']}")
 
 
-# What is tuned (the model, the input's columns, the device, an arrival rate) is given exactly as
-# to `run`: the very same option objects, placed before -q.
+# What is tuned (the model, the input's columns, the device, an arrival rate; for a causal LM the
+# sampling defaults and the KV pool) is given exactly as to `run`: the very same option objects,
+# placed before -q.
 _TUNED_AS_IN_RUN = (
     "model",
     "text_column",
@@ -628,18 +651,22 @@ _TUNED_AS_IN_RUN = (
     "threads",
     "rate",
     "rate_seed",
+    "task",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "ignore_eos",
+    "kv_block_size",
+    "kv_cache_memory",
+    "no_chunked_prefill",
+    "window_rows",
+    "no_prefix_order",
+    "priority_column",
 )
 tune.params[-1:-1] = [p for p in run.params if p.name in _TUNED_AS_IN_RUN]
-
-
-def _trial_line(trial: Any) -> str:
-    params = " ".join(f"{k.replace('_', '-')}={v:g}" for k, v in trial.params.items())
-    gain = "" if trial.gain is None else f" {trial.gain:.2f}x default"
-    extra = f" [{trial.status}{': ' + trial.note if trial.note else ''}]" if trial.status != "ok" or trial.note else ""
-    return (
-        f"trial {trial.index}: {params}: {trial.rows_per_s:,.1f} rows/s, p99 {trial.p99_ms:,.1f} ms, "
-        f"{trial.memory_bytes / 2**20:,.0f} MiB{gain}{extra}"
-    )
 
 
 class _nothing:  # noqa: N801 - a context manager standing in for Live when there is no terminal

@@ -1,7 +1,8 @@
 """Recipes: TOML files of `run` options (`hpcinfer run --config recipe.toml`).
 
 Keys are option names without the leading dashes (`max-batch-tokens` or `max_batch_tokens`);
-flags on the command line override the file; an unknown key is an error naming the key.
+flags on the command line override the file; an unknown key is an error naming the key. A `--no-X`
+flag may also be written positively, `X = true|false` (`prefix-cache = false` is `no-prefix-cache = true`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ else:  # pragma: no cover - Python 3.10
 
 # Options that name files for one job, not a way of running: never taken from a recipe.
 NOT_IN_RECIPES = {"inputs", "output", "config", "resume", "overwrite", "report_path", "trace_path"}
+NEGATED = "no_"
+
+
+def _negated(dest: str, allowed: set[str]) -> str | None:
+    """The `no_X` flag that the positive key `X` stands for, if the command has one."""
+    flag = NEGATED + dest
+    return flag if flag in allowed and dest not in allowed else None
 
 
 def load_recipe(path: str, allowed: set[str]) -> dict[str, Any]:
@@ -30,12 +38,23 @@ def load_recipe(path: str, allowed: set[str]) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML ({exc})", path=path) from None
     flat = _flatten(data)
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in flat.items():
         dest = key.replace("-", "_")
+        if (flag := _negated(dest, allowed)) is not None:
+            if not isinstance(value, bool):
+                raise ConfigError(f"key '{key}': expected true or false, got {value!r}", path=path)
+            if flag in values:
+                raise ConfigError(f"keys '{key}' and '{flag.replace('_', '-')}' say the same thing twice", path=path)
+            values[flag] = not value
+            continue
         if dest not in allowed or dest in NOT_IN_RECIPES:
-            known = ", ".join(sorted(k.replace("_", "-") for k in allowed - NOT_IN_RECIPES))
+            names = allowed - NOT_IN_RECIPES
+            names |= {k.removeprefix(NEGATED) for k in names if _negated(k.removeprefix(NEGATED), allowed)}
+            known = ", ".join(sorted(k.replace("_", "-") for k in names))
             raise ConfigError(f"unknown key '{key}' (known: {known})", path=path)
+        if dest in values:
+            raise ConfigError(f"key '{key}' is given twice (or with its opposite)", path=path)
         values[dest] = value
     return values
 

@@ -18,6 +18,16 @@ from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import resolve_model_path
 from ..plan import round_up
 from ..recipes import dump_recipe
+from .gen_command import (
+    SAMPLE_ROWS,
+    WARMUP_ROWS,
+    check_generation_options,
+    tune_generate,
+    write_generation_csv,
+    write_generation_recipe,
+)
+from .gen_search import NoisyGoal
+from .gen_trial import RequestSample
 from .sample import Sample, draw_sample
 from .search import Goal, Search, Space, Trial
 from .trial import TrialRunner
@@ -36,11 +46,11 @@ def parse_size(text: str) -> int:
 
 @dataclass(slots=True)
 class TuneOptions:
-    sample_rows: int = 2000
+    sample_rows: int | None = None  # None: 2000 rows to embed, 512 requests to generate
     scan_rows: int = 50_000
     repeats: int = 3
-    warmup_rows: int = 200
-    objective: str | None = None  # None: rows, or latency under --rate
+    warmup_rows: int | None = None  # None: 200 rows to embed, 32 (short answers) to generate
+    objective: str | None = None  # None: rows (tokens to generate), or latency under --rate
     max_p99_ms: float | None = None
     max_memory: str | None = None
     min_gain: float = 0.05
@@ -51,8 +61,8 @@ class TuneOptions:
 
 @dataclass(slots=True)
 class TuneResult:
-    sample: Sample
-    search: Search
+    sample: Sample | RequestSample
+    search: Search  # a GenerationSearch for a causal LM
     device: str
     goal: Goal
 
@@ -110,9 +120,20 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
+    from ..generate.job import wants_generation
+
+    generating = wants_generation(base)
+    opts = replace(
+        opts,
+        sample_rows=(SAMPLE_ROWS if generating else 2000) if opts.sample_rows is None else opts.sample_rows,
+        warmup_rows=(WARMUP_ROWS if generating else 200) if opts.warmup_rows is None else opts.warmup_rows,
+    )
     if opts.sample_rows < 1 or opts.repeats < 1:
         raise ConfigError("--sample and --repeats must be at least 1")
-    objective = opts.objective or ("latency" if base.input.rate is not None else "rows")
+    if generating:
+        objective = check_generation_options(base, opts.objective, opts.max_p99_ms)
+    else:
+        objective = opts.objective or ("latency" if base.input.rate is not None else "rows")
     if objective == "latency" and base.input.rate is None:
         raise ConfigError("--objective latency needs --rate (per-request latency only exists under a rate)")
     goal = Goal(
@@ -121,6 +142,8 @@ def tune(
         parse_size(opts.max_memory) if opts.max_memory else None,
         opts.min_gain,
     )
+    if generating:
+        return _tune_generate(base, opts, goal, on_sample, on_trial)
     kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
     info = inspect_checkpoint(resolve_model_path(base.model))
     max_length = base.tokenize.max_length or info.max_seq_length
@@ -167,6 +190,23 @@ def tune(
         write_trials_csv(result, opts.trials_csv)
     if opts.recipe_path:
         write_recipe(result, base, opts.recipe_path)
+    return result
+
+
+def _tune_generate(
+    base: RunConfig,
+    opts: TuneOptions,
+    goal: Goal,
+    on_sample: Callable[[Any], None] | None,
+    on_trial: Callable[[Search, Trial | None, str], None] | None,
+) -> TuneResult:
+    goal = NoisyGoal(goal.objective, goal.max_p99_ms, goal.max_memory_bytes, goal.min_gain)
+    sample, search, kind = tune_generate(base, opts, goal, on_sample, on_trial)
+    result = TuneResult(sample, search, kind, goal)
+    if opts.trials_csv:
+        write_generation_csv(search, result.best, opts.trials_csv)
+    if opts.recipe_path:
+        write_generation_recipe(search, base, sample, kind, opts.recipe_path)
     return result
 
 

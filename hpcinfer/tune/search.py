@@ -32,6 +32,13 @@ class Trial:
     repeats: int = 0
     index: int = 0
     gain: float | None = None  # objective against the default configuration (ratio)
+    # Generation trials only (tokens_per_s is then generated tokens per second):
+    ttft_ms: float = 0.0  # median over repeats of the p50 time to first token
+    tpot_ms: float = 0.0  # likewise, time per output token after the first
+    low: float = 0.0  # the objective of the slowest and the fastest repeat (0: as the median)
+    high: float = 0.0
+    spread: float = 0.0  # (high - low) / median: the noise the repeats showed
+    cached_share: float = 0.0  # share of prompt tokens the prefix cache served
 
 
 @dataclass(slots=True)

@@ -1,0 +1,261 @@
+"""`hpcinfer tune` on a causal LM: sample the requests, load the decoder once, search the engine
+budgets and prefix caching, show every trial, write the winner down as a recipe `run` reads."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tokenizers import Tokenizer
+
+from ..config import GenerateConfig, RunConfig
+from ..errors import ConfigError, ModelError
+from ..generate.chat import ChatRenderer
+from ..generate.engine import EngineConfig
+from ..generate.job import _defaults, _device
+from ..generate.kv_cache import KVLayout, parse_kv_memory, size_pool
+from ..generate.requests import RequestReader
+from ..models.decoder_checkpoint import inspect_decoder, load_decoder
+from ..models.registry import resolve_model_path
+from ..recipes import dump_recipe
+from .gen_search import GenerationSearch, generation_space, prefix_line
+from .gen_trial import GenerationTrialRunner, RequestSample, draw_requests
+from .search import Goal, Search, Trial
+
+if TYPE_CHECKING:
+    from .command import TuneOptions
+
+SAMPLE_ROWS = 512  # requests: enough for two rounds at max-num-seqs 256, minutes not hours a trial
+WARMUP_ROWS = 32
+TOKEN_FLOOR = 256  # below this, prefill goes in chunks too small to keep the device busy
+TOKEN_CEILING = {"cuda": 65_536, "cpu": 16_384}
+
+
+def check_generation_options(base: RunConfig, objective: str | None, max_p99_ms: float | None) -> str:
+    """The objective a generation tune optimises; refuses what it cannot measure."""
+    refused = {
+        "--rate": base.input.rate is not None,
+        "--objective latency": objective == "latency",
+        "--max-p99-ms": max_p99_ms is not None,
+    }
+    for flag in (f for f, given in refused.items() if given):
+        raise ConfigError(
+            f"{flag}: tune on a causal LM measures throughput on the sample run as a batch "
+            "(--objective tokens or rows); per-request latency under --rate is not tuned for generation yet"
+        )
+    return objective or "tokens"
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own exception types
+        raise ModelError(f"cannot load tokenizer ({exc})", path=str(path)) from None
+    tokenizer.no_truncation()  # NOTE: as `run` reads prompts: whole, never cut
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def tune_generate(
+    base: RunConfig,
+    opts: TuneOptions,
+    goal: Goal,
+    on_sample: Callable[[RequestSample], None] | None = None,
+    on_trial: Callable[[Search, Trial | None, str], None] | None = None,
+) -> tuple[RequestSample, GenerationSearch, str]:
+    """Runs the generation search; returns the sample, the search and the device kind."""
+    g = base.generate
+    info = inspect_decoder(resolve_model_path(base.model))
+    device, dtype = _device(base)
+    defaults = _defaults(base)
+    if base.device.threads:
+        torch.set_num_threads(base.device.threads)
+    tokenizer = load_tokenizer(info.path)
+    chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
+    model = load_decoder(info, device, dtype)
+    engine = engine_config(g)
+    # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
+    blocks = size_pool(KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device)
+    kv_tokens = blocks * g.kv_block_size
+    max_prompt = min(info.config.max_model_len, kv_tokens) - 1
+    reader = RequestReader(
+        base.input.paths,
+        base.input.id_column,
+        tokenizer,
+        chat,
+        defaults,
+        max_prompt,
+        info.config.vocab_size,
+        g.priority_column,
+    )
+    assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by `command.tune`
+    sample = draw_requests(reader, opts.sample_rows, opts.seed, opts.scan_rows, kv_tokens)
+    if on_sample is not None:
+        on_sample(sample)
+    lengths = sample.prompt_lengths
+    space = generation_space(
+        sample.rows,
+        int((lengths + sample.max_tokens).sum()),
+        sample.fit_rows,
+        TOKEN_FLOOR if g.chunked_prefill else max(TOKEN_FLOOR, int(lengths.max())),
+        TOKEN_CEILING[device.type],
+    )
+    search: GenerationSearch
+
+    def status(params: dict[str, Any], text: str) -> None:
+        if on_trial is not None:
+            done = f"{len(search.trials)} of at most {space.most_trials} trials done"
+            on_trial(search, None, f"{done}; running {brief(params)}: {text}")
+
+    runner = GenerationTrialRunner(
+        model,
+        engine,
+        sample,
+        info.eos_token_ids,
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        repeats=opts.repeats,
+        warmup_rows=min(opts.warmup_rows, sample.rows),
+        window_rows=g.window_rows,
+        prefix_order=g.prefix_order,
+        objective=goal.objective,
+        best_so_far=lambda: slowest_repeat(goal, search.best),
+        on_status=status,
+    )
+    search = GenerationSearch(
+        runner,
+        goal,
+        space,
+        on_trial=None if on_trial is None else (lambda trial: on_trial(search, trial, "")),
+    )
+    search.run(default_params(g))
+    return sample, search, device.type
+
+
+def engine_config(g: GenerateConfig) -> EngineConfig:
+    """The engine `run` would build from these options (trials then vary the budgets)."""
+    return EngineConfig(
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        block_size=g.kv_block_size,
+        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
+        chunked_prefill=g.chunked_prefill,
+        prefix_cache=g.prefix_cache,
+        seed=g.seed or 0,
+    )
+
+
+def slowest_repeat(goal: Goal, best: Trial | None) -> float:
+    """What a first repeat must come near to be repeated: the best's slowest repeat, not its
+    median, so that one unlucky pass of the best on a shared machine does not settle others."""
+    if best is None or goal.score(best) == -float("inf"):
+        return 0.0
+    return best.low or goal.score(best)
+
+
+def default_params(g: GenerateConfig) -> dict[str, Any]:
+    return {
+        "max_num_batched_tokens": g.max_num_batched_tokens,
+        "max_num_seqs": g.max_num_seqs,
+        "prefix_cache": g.prefix_cache,
+    }
+
+
+def brief(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k.replace('_', '-')}={_show(v)}" for k, v in params.items())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def write_generation_csv(search: Search, best: Trial, path: str) -> None:
+    knobs = list(best.params)
+    fields = ["trial", *knobs, "tokens_per_s", "rows_per_s", "ttft_p50_ms", "tpot_p50_ms"]
+    fields += ["slowest_repeat", "fastest_repeat", "spread"]  # of the objective
+    fields += ["prefix_cached_share", "memory_mib", "repeats", "gain_vs_default", "status", "note", "chosen"]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(fields)
+        for t in search.trials:
+            writer.writerow(
+                [
+                    t.index,
+                    *(t.params[k] for k in knobs),
+                    round(t.tokens_per_s, 1),
+                    round(t.rows_per_s, 3),
+                    round(t.ttft_ms, 3),
+                    round(t.tpot_ms, 3),
+                    round(t.low, 3),
+                    round(t.high, 3),
+                    round(t.spread, 4),
+                    round(t.cached_share, 4),
+                    round(t.memory_bytes / 2**20, 1),
+                    t.repeats,
+                    "" if t.gain is None else round(t.gain, 4),
+                    t.status,
+                    t.note,
+                    t is best,
+                ]
+            )
+
+
+def generation_recipe_values(best: Trial, base: RunConfig, device: str) -> dict[str, Any]:
+    """The `run` options a generation recipe sets: what was tuned, and what it was tuned under."""
+    g, plain = base.generate, GenerateConfig()
+    values: dict[str, Any] = {}
+    if base.model != "default":
+        values["model"] = base.model
+    if base.task != "auto":
+        values["task"] = base.task
+    values["device"] = device
+    values["dtype"] = base.device.dtype
+    if base.device.threads is not None:
+        values["threads"] = base.device.threads
+    # NOTE: the pool, block size, prefill mode and windows shape every step: a recipe tuned
+    # under them holds only under them.
+    if g.kv_cache_memory is not None:
+        values["kv_cache_memory"] = g.kv_cache_memory
+    if g.kv_block_size != plain.kv_block_size:
+        values["kv_block_size"] = g.kv_block_size
+    if not g.chunked_prefill:
+        values["no_chunked_prefill"] = True
+    if g.window_rows != plain.window_rows:
+        values["window_rows"] = g.window_rows
+    if not g.prefix_order:
+        values["no_prefix_order"] = True
+    values["max_num_batched_tokens"] = best.params["max_num_batched_tokens"]
+    values["max_num_seqs"] = best.params["max_num_seqs"]
+    values["prefix_cache"] = best.params["prefix_cache"]  # `run` reads it as --no-prefix-cache
+    return values
+
+
+def write_generation_recipe(
+    search: GenerationSearch, base: RunConfig, sample: RequestSample, device: str, path: str
+) -> None:
+    best, default, goal = search.best, search.default, search.goal
+    assert best is not None and default is not None
+    what = "generated tokens/s" if goal.objective == "tokens" else "rows/s"
+    if best is default:
+        verdict = (
+            f"No setting beat the default in every repeat by {goal.min_gain:.0%} or more,\nso these are the defaults."
+        )
+    else:
+        verdict = f"{figure(best, goal)} against {figure(default, goal)} for the default."
+    comment = (
+        f"Written by `hpcinfer tune` on {', '.join(base.input.paths)} ({sample.rows:,} sampled requests,\n"
+        f"--max-tokens {base.generate.max_tokens} where a row sets none) on {device}, optimising {what}. {verdict}\n"
+        f"{prefix_line(search)}\n"
+        f"Use it for this model on this kind of requests and hardware: hpcinfer run --config {Path(path).name} ..."
+    )
+    Path(path).write_text(dump_recipe(generation_recipe_values(best, base, device), comment), encoding="utf-8")
+
+
+def figure(t: Trial, goal: Goal) -> str:
+    if goal.objective == "rows":
+        return f"{t.rows_per_s:,.2f} rows/s"
+    return f"{t.tokens_per_s:,.1f} tokens/s"

@@ -1,0 +1,280 @@
+"""Generation trials: the user's requests through a fresh `Engine` on the decoder loaded once.
+
+    sample = draw_requests(reader, n, seed, scan_rows)   # Requests, stratified over token work
+    trial = GenerationTrialRunner(...)(params)           # warm-up, then --repeats measured passes
+
+A pass admits the sample as `hpcinfer run` does (`Admission`: windows of --window-rows rows in
+prefix order, the engine's queue kept short) and steps the engine until every sequence has
+finished. Each pass gets an engine of its own, so the prefix cache never serves one repeat from
+the blocks the previous repeat left behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..device.base import is_out_of_memory
+from ..errors import InputError
+from ..generate.admission import Admission
+from ..generate.engine import Engine, EngineConfig
+from ..generate.report import percentiles
+from ..generate.requests import Request, RequestReader
+from ..models.llama import LlamaDecoder
+from .sample import stratified_indices
+from .search import Trial
+from .trial import CLEARLY_WORSE, PeakRss, release_memory
+
+WARMUP_MAX_TOKENS = 16  # a warm-up pass runs prefill and a few decode widths, not whole answers
+PROGRESS_EVERY_S = 1.0
+
+
+@dataclass(slots=True)
+class RequestSample:
+    """Sampled requests, renumbered 0..n-1 in input order so windows hold --window-rows of them."""
+
+    requests: list[Request]
+    scanned: int
+    rejected: int  # scanned rows that `run` would reject: not in the sample
+    kv_tokens: int  # the KV pool's capacity, in tokens
+
+    @property
+    def rows(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.array([len(r.tokens) for r in self.requests], np.int64)
+
+    @property
+    def max_tokens(self) -> np.ndarray:
+        return np.array([r.params.max_tokens for r in self.requests], np.int64)
+
+    @property
+    def fit_rows(self) -> int:
+        """About how many of these rows the KV pool holds at once, each at its longest."""
+        return max(1, int(self.kv_tokens // max(float(np.mean(self.prompt_lengths + self.max_tokens)), 1.0)))
+
+    def describe(self) -> str:
+        def pct(a: np.ndarray) -> str:
+            return "/".join(str(int(v)) for v in np.percentile(a, [10, 50, 90]))
+
+        rejected = f", {self.rejected:,} rejected rows left out" if self.rejected else ""
+        return (
+            f"{self.rows:,} of {self.scanned:,} requests, stratified over prompt + max_tokens{rejected} "
+            f"(prompt p10/p50/p90: {pct(self.prompt_lengths)} tokens; max_tokens: {pct(self.max_tokens)}); "
+            f"the KV pool holds {self.kv_tokens:,} tokens, about {self.fit_rows:,} of these rows at once"
+        )
+
+
+def draw_requests(reader: RequestReader, n: int, seed: int, scan_rows: int, kv_tokens: int) -> RequestSample:
+    """Reads up to `scan_rows` rows as generation requests; keeps n, stratified over token work."""
+    requests: list[Request] = []
+    rejected = 0
+    for item in reader.produce():
+        if isinstance(item, Request):
+            requests.append(item)
+        else:
+            rejected += 1
+        if len(requests) + rejected >= scan_rows:
+            break
+    if not requests:
+        raise InputError("no valid requests to sample", path=", ".join(reader.files))
+    work = np.array([len(r.tokens) + r.params.max_tokens for r in requests], np.int64)
+    keep = stratified_indices(work, n, seed)
+    sample = [replace(requests[int(i)], row=j) for j, i in enumerate(keep)]
+    return RequestSample(sample, len(requests) + rejected, rejected, kv_tokens)
+
+
+@dataclass(slots=True)
+class Pass:
+    """One run of the sample through an engine."""
+
+    rows: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    wall_s: float = 0.0
+    peak_bytes: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+    def score(self, objective: str) -> float:
+        done = self.rows if objective == "rows" else self.completion_tokens
+        return done / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class _Window:  # what `Admission` books rows against; a pass keeps no results
+    window_id: int
+    input_rows: int = 0
+    pending: int = 0
+
+
+class GenerationTrialRunner:
+    """Measures one parameter set: {max_num_batched_tokens, max_num_seqs, prefix_cache}."""
+
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        base: EngineConfig,
+        sample: RequestSample,
+        eos_token_ids: Iterable[int],
+        decode: Callable[[list[int]], str],
+        *,
+        repeats: int,
+        warmup_rows: int,
+        window_rows: int,
+        prefix_order: bool,
+        objective: str = "tokens",
+        best_so_far: Callable[[], float] | None = None,
+        on_status: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.base = base
+        self.sample = sample
+        self.eos = tuple(eos_token_ids)
+        self.decode = decode
+        self.repeats = repeats
+        self.warmup = [
+            replace(r, params=replace(r.params, max_tokens=min(r.params.max_tokens, WARMUP_MAX_TOKENS)))
+            for r in sample.requests[:warmup_rows]
+        ]
+        self.window_rows = window_rows
+        self.prefix_order = prefix_order
+        self.objective = objective
+        self.best_so_far = best_so_far
+        self.on_status = on_status
+
+    def engine_config(self, params: dict[str, Any]) -> EngineConfig:
+        return replace(
+            self.base,
+            max_num_batched_tokens=params["max_num_batched_tokens"],
+            max_num_seqs=params["max_num_seqs"],
+            prefix_cache=params["prefix_cache"],
+        )
+
+    def __call__(self, params: dict[str, Any]) -> Trial:
+        config = self.engine_config(params)
+        trial = Trial(dict(params))
+        passes: list[Pass] = []
+        try:
+            if self.warmup:
+                self._status(params, f"warm-up, {len(self.warmup)} rows")
+                self.run_pass(config, self.warmup)
+            for i in range(self.repeats):
+                what = f"repeat {i + 1}/{self.repeats}"
+                self._status(params, what)
+                passes.append(
+                    self.run_pass(config, self.sample.requests, lambda done, w=what: self._rows(params, w, done))
+                )
+                if i == 0 and self._clearly_worse(passes[0]):
+                    trial.note = "1 repeat: slower"  # NOTE: short, the generation table is wide
+                    break
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            trial.status, trial.note = "infeasible", f"out of memory ({type(exc).__name__})"
+        trial.repeats = len(passes)
+        if passes:
+            summarise(trial, passes, self.objective)
+        return trial
+
+    def _status(self, params: dict[str, Any], text: str) -> None:
+        if self.on_status is not None:
+            self.on_status(params, text)
+
+    def _rows(self, params: dict[str, Any], what: str, done: int) -> None:
+        self._status(params, f"{what}, {done:,}/{self.sample.rows:,} rows")
+
+    def _clearly_worse(self, first: Pass) -> bool:
+        if self.best_so_far is None or self.repeats < 2:
+            return False
+        best = self.best_so_far()
+        return best > 0 and first.score(self.objective) < best * CLEARLY_WORSE
+
+    def run_pass(
+        self, config: EngineConfig, requests: list[Request], on_rows: Callable[[int], None] | None = None
+    ) -> Pass:
+        """The requests through a fresh engine, admitted as `run` admits them; the engine goes at the end."""
+        release_memory()
+        cuda = self.model.norm.device.type == "cuda"
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        result = Pass()
+        engine: Engine | None = None
+        try:
+            with PeakRss() as rss, torch.inference_mode():
+                engine = Engine(self.model, config, self.eos, decode=self.decode)
+                self._drive(engine, requests, result, on_rows)
+                if cuda:
+                    torch.cuda.synchronize()
+            result.peak_bytes = torch.cuda.max_memory_allocated() if cuda else rss.peak
+        finally:
+            del engine  # NOTE: before the next engine is sized, its pool must be free again
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        return result
+
+    def _drive(self, engine: Engine, requests: list[Request], out: Pass, on_rows: Callable[[int], None] | None) -> None:
+        windows: dict[int, _Window] = {}
+
+        def window_for(row: int) -> _Window:
+            wid = row // self.window_rows
+            return windows.setdefault(wid, _Window(wid))
+
+        # NOTE: no rate and no rejects: the sample holds valid requests only, run as a batch job.
+        admission = Admission(
+            self.window_rows,
+            engine.config.max_num_seqs,
+            self.prefix_order,
+            None,
+            0,
+            window_for,
+            lambda: None,
+            lambda window, item: None,
+        )
+        source = iter(requests)
+        more, shown = True, time.perf_counter()
+        start = time.perf_counter()
+        while more or engine.has_work:
+            if more:
+                more = admission.feed(source, engine)
+            if not engine.has_work:
+                continue
+            for seq in engine.step():
+                out.rows += 1
+                out.completion_tokens += seq.num_completion
+                out.prompt_tokens += seq.num_prompt
+                out.cached_tokens += seq.num_cached
+                out.ttft.append(seq.first_token_s - seq.arrival_s)
+                if seq.num_completion > 1:
+                    out.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
+            if on_rows is not None and time.perf_counter() - shown >= PROGRESS_EVERY_S:
+                on_rows(out.rows)
+                shown = time.perf_counter()
+        out.wall_s = time.perf_counter() - start
+
+
+def summarise(trial: Trial, passes: list[Pass], objective: str) -> None:
+    """Medians over the passes, and the slowest and fastest pass: the noise the repeats showed."""
+    trial.rows_per_s = statistics.median(p.score("rows") for p in passes)
+    trial.tokens_per_s = statistics.median(p.score("tokens") for p in passes)
+    trial.ttft_ms = statistics.median(percentiles(p.ttft).get("p50_ms", 0.0) for p in passes)
+    trial.tpot_ms = statistics.median(percentiles(p.tpot).get("p50_ms", 0.0) for p in passes)
+    scores = [p.score(objective) for p in passes]
+    middle = statistics.median(scores)
+    trial.low, trial.high = min(scores), max(scores)
+    trial.spread = (trial.high - trial.low) / middle if middle > 0 else 0.0
+    prompt = sum(p.prompt_tokens for p in passes)
+    trial.cached_share = sum(p.cached_tokens for p in passes) / prompt if prompt else 0.0
+    trial.memory_bytes = max(p.peak_bytes for p in passes)
