@@ -107,6 +107,13 @@ def _devices(config: RunConfig) -> tuple[list[torch.device], torch.dtype]:
     return devices, _DTYPES[config.device.dtype]
 
 
+def _device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
+    """The one device a single engine runs on: a tune trial or a Ray actor takes the first of --devices,
+    since every device gets the same per-device budgets."""
+    devices, dtype = _devices(config)
+    return devices[0], dtype
+
+
 def _defaults(config: RunConfig) -> SamplingParams:
     g = config.generate
     params = SamplingParams(

@@ -23,7 +23,7 @@ import torch
 
 from ..device.base import is_out_of_memory
 from ..errors import InputError
-from ..generate.admission import Admission
+from ..generate.admission import Admission, EngineSink
 from ..generate.engine import Engine, EngineConfig
 from ..generate.report import percentiles
 from ..generate.requests import Request, RequestReader
@@ -243,12 +243,12 @@ class GenerationTrialRunner:
             lambda: None,
             lambda window, item: None,
         )
-        source = iter(requests)
+        source, sink = iter(requests), EngineSink(engine)
         more, shown = True, time.perf_counter()
         start = time.perf_counter()
         while more or engine.has_work:
             if more:
-                more = admission.feed(source, engine)
+                more = admission.feed(source, sink)
             if not engine.has_work:
                 continue
             for seq in engine.step():
