@@ -411,6 +411,21 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
     )
 
 
+def engine_config(config: RunConfig) -> EngineConfig:
+    """The engine's budgets and switches of a run (`GenerationJob` builds the same)."""
+    g = config.generate
+    return EngineConfig(
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        block_size=g.kv_block_size,
+        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
+        chunked_prefill=g.chunked_prefill,
+        prefix_cache=g.prefix_cache,
+        seed=g.seed or 0,
+        timed=True,
+    )
+
+
 def run_generate(
     config: RunConfig, *, progress: Progress | None = None, ranges: RangeBackend | None = None
 ) -> GenerateReport:
