@@ -8,6 +8,7 @@ request reader directly.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -15,7 +16,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 
 from hpcinfer.api import run
 from hpcinfer.config import (
@@ -27,7 +30,7 @@ from hpcinfer.config import (
     PipelineConfig,
     RunConfig,
 )
-from hpcinfer.errors import OutputError
+from hpcinfer.errors import ConfigError, OutputError
 from hpcinfer.generate.job import load_tokenizer, request_reader
 from hpcinfer.models.decoder_checkpoint import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
@@ -35,6 +38,7 @@ from hpcinfer.progress import Progress
 from hpcinfer.ray_engine.generate_driver import _source
 from hpcinfer.ray_engine.generate_replica import RangeRequestReader
 from hpcinfer.ray_engine.units import plan_units
+from hpcinfer.report.render import render
 
 from .conftest import REPO, make_texts, write_parquet
 from .ray_helpers import local_ray
@@ -157,6 +161,11 @@ def test_ray_answers_and_rejects_equal_the_local_engine(tmp_path, ckpt, ray_addr
     assert report.completion_tokens > local.completion_tokens
     assert report.cluster["replicas"] == 2 and report.cluster["slowest_actor"]
     assert sum(d["units"] for d in report.devices) == 7 and all(d["busy_s"] > 0 for d in report.devices)
+    console = Console(file=io.StringIO(), width=200)
+    render(report, console)
+    shown = console.file.getvalue()
+    assert "per actor" in shown and f"slowest actor {report.cluster['slowest_actor']}" in shown
+    assert report.to_dict()["cluster"]["replicas"] == 2 and report.to_dict()["devices"] == report.devices
 
 
 def test_openai_batch_answers_equal_the_local_engine(tmp_path, ckpt, ray_address):
@@ -180,18 +189,23 @@ def test_openai_batch_answers_equal_the_local_engine(tmp_path, ckpt, ray_address
     assert got[3]["response"]["body"]["object"] == "chat.completion"
 
 
-def test_an_actor_killed_mid_run_is_restarted_and_the_answers_are_identical(tmp_path, ckpt, ray_address):
+def test_an_actor_killed_mid_run_is_restarted_and_the_parquet_answers_are_identical(tmp_path, ckpt, ray_address):
     from hpcinfer.ray_engine.generate_driver import run_generate_on_ray
 
     from .ray_helpers import DiesOnceActor
 
     inputs = _inputs(tmp_path)
-    run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
-    cfg = _config(inputs, tmp_path / "ray.jsonl", ckpt, replicas=1)
+    run(_config(inputs, tmp_path / "local.parquet", ckpt), progress=Progress("off"))
+    cfg = _config(inputs, tmp_path / "ray.parquet", ckpt, replicas=1)
     report = run_generate_on_ray(cfg, progress=Progress("off"), replica_cls=DiesOnceActor)
-    assert (tmp_path / "ray.jsonl.died").exists()  # the actor did die, on its second window
+    assert (tmp_path / "ray.parquet.died").exists()  # the actor did die, on its second window
     assert report.cluster["actor_restarts_seen"] >= 1
-    _same_output(tmp_path / "local.jsonl", tmp_path / "ray.jsonl")
+    local, ray = pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet")
+    assert ray.num_rows == 20 and ray.equals(local)
+    assert (
+        Path(f"{tmp_path}/ray.parquet.rejects.jsonl").read_text()
+        == Path(f"{tmp_path}/local.parquet.rejects.jsonl").read_text()
+    )
     assert report.rows == 20 and report.accounting["balanced"]
 
 
@@ -228,3 +242,13 @@ def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, r
     assert report.rows_resumed == 7 and report.rows == 20  # windows 0-2: 12 rows less 5 rejects
     assert report.accounting["rows_resumed"] == 12 and report.accounting["balanced"]
     _same_output(tmp_path / "local.jsonl", out)
+
+
+def test_ray_generation_refuses_what_it_cannot_do(tmp_path, ckpt):
+    inputs = _inputs(tmp_path)
+    cfg = _config(inputs, tmp_path / "o.jsonl", ckpt, replicas=1)
+    with pytest.raises(ConfigError, match="--rate is not available with --engine ray"):
+        run(replace(cfg, input=replace(cfg.input, rate=10.0)), progress=Progress("off"))
+    with pytest.raises(ConfigError, match="--cuda-graphs is not available for generation"):
+        run(replace(cfg, device=replace(cfg.device, cuda_graphs=True)), progress=Progress("off"))
+    assert not (tmp_path / "o.jsonl.parts").exists()
