@@ -47,9 +47,8 @@ class ClusterGenerateReport(GenerateReport):
 
     def render(self, console: Console) -> None:
         GenerateReport.render(self, console)
-        table = Table(title="per actor", title_justify="left")
-        columns = ("actor", "windows", "rows", "generated tokens", "token share", "busy s", "busy share")
-        for col in (*columns, "tokens/busy s", "idle tail s"):
+        table = Table(title="per actor (tokens generated; tok/s of busy time)", title_justify="left")
+        for col in ("actor", "windows", "rows", "tokens", "share", "busy s", "busy", "tok/s", "idle s"):
             table.add_column(col, justify="left" if col == "actor" else "right")
         for d in self.devices:
             table.add_row(
