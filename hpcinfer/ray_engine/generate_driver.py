@@ -91,7 +91,9 @@ class _CommittedIds:
 class _GenerateJob:
     """One cluster generation run holding the output's lock: the units, the actor pool, the ordered commit."""
 
-    def __init__(self, config: RunConfig, store: _GenerationStore, reader: RequestReader, pool: Pool, dtype: str):
+    def __init__(
+        self, config: RunConfig, store: _GenerationStore, reader: RequestReader, pool: Pool, dtype: str
+    ) -> None:
         self.config, self.store, self.reader, self.pool = config, store, reader, pool
         self.dtype = dtype.removeprefix("torch.")
         self.rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
