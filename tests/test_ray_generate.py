@@ -209,25 +209,31 @@ def test_an_actor_killed_mid_run_is_restarted_and_the_parquet_answers_are_identi
     assert report.rows == 20 and report.accounting["balanced"]
 
 
+def _cli_args(inputs: list[Path], out: Path, ckpt: Path) -> list[str]:
+    """`hpcinfer run` arguments equal to `_config`'s."""
+    args = [*map(str, inputs), "-o", str(out), "--model", str(ckpt), "--window-rows", str(WINDOW)]
+    args += ["--max-tokens", "4", "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--device", "cpu"]
+    return [*args, "--threads", "1", "--progress", "off", "-q"]
+
+
+def _env() -> dict[str, str]:
+    """The environment of a CLI run, read when it starts (Ray adds what a client of its instance needs)."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+
+
 def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, ray_address):
     inputs = _inputs(tmp_path)
     run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
     out = tmp_path / "ray.jsonl"
-    args = [*map(str, inputs), "-o", str(out), "--model", str(ckpt), "--window-rows", str(WINDOW)]
-    args += ["--max-tokens", "4", "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--device", "cpu"]
-    args += ["--threads", "1", "--progress", "off", "-q"]
+    args = _cli_args(inputs, out, ckpt)
     ray_args = ["--engine", "ray", "--replicas", "1", "--ray-address", ray_address]
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
     # NOTE: the fourth manifest write is the third window's commit: SIGKILL there, no cleanup.
     killed = subprocess.run(
         [sys.executable, str(CRASH_RUN), "manifest_renamed", "4", *args, *ray_args],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(),
         timeout=240,
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -241,6 +247,25 @@ def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, r
     report = run(replace(_config(inputs, out, ckpt, replicas=1), **resume), progress=Progress("off"))
     assert report.rows_resumed == 7 and report.rows == 20  # windows 0-2: 12 rows less 5 rejects
     assert report.accounting["rows_resumed"] == 12 and report.accounting["balanced"]
+    _same_output(tmp_path / "local.jsonl", out)
+
+
+def test_a_local_run_killed_9_resumes_on_ray_identically(tmp_path, ckpt, ray_address):
+    inputs = _inputs(tmp_path)
+    run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+    out = tmp_path / "moved.jsonl"
+    killed = subprocess.run(
+        [sys.executable, str(CRASH_RUN), "manifest_renamed", "3", *_cli_args(inputs, out, ckpt)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=240,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert len(json.loads((tmp_path / "moved.jsonl.parts" / "manifest.json").read_text())["windows"]) == 2
+    resume = {"output": replace(OutputConfig(str(out)), resume=True)}
+    report = run(replace(_config(inputs, out, ckpt, replicas=1), **resume), progress=Progress("off"))
+    assert report.accounting["rows_resumed"] == 8 and report.accounting["balanced"]
     _same_output(tmp_path / "local.jsonl", out)
 
 
