@@ -64,8 +64,10 @@ def run(
         from .generate.job import run_generate, wants_generation
 
         if wants_generation(config):
-            if config.cluster.engine == "ray":
-                raise ConfigError("--engine ray embeds; generation runs on one machine (--engine local) for now")
+            if config.cluster.engine == "ray":  # NOTE: imports Ray only here, as for embedding
+                from .ray_engine.generate_driver import run_generate_on_ray
+
+                return run_generate_on_ray(config, progress=progress)  # type: ignore[return-value]
             if batch_profiler is not None:
                 raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
             return run_generate(config, progress=progress, ranges=ranges)  # type: ignore[return-value]

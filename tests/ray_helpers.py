@@ -1,4 +1,5 @@
-"""Test-only actors for the Ray engine: one that dies once, on purpose, in the middle of a run.
+"""Test-only pieces of the Ray engine's tests: a local Ray instance per module, and an actor that
+dies once, on purpose, in the middle of a run.
 
 Kept out of the product: the engine takes its actor class as an argument (`run_on_ray(...,
 replica_cls=...)`), and only tests pass these.
@@ -7,10 +8,32 @@ replica_cls=...)`), and only tests pass these.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hpcinfer.ray_engine.actor import ReplicaActor
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def local_ray() -> Iterator[str]:
+    """A module fixture's body: one local Ray instance (2 CPUs, a small object store); yields its address."""
+    import ray
+
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=300 * 2**20,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}},
+    )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 class DiesOnceActor(ReplicaActor):

@@ -25,6 +25,7 @@ from hpcinfer.ray_engine.units import plan_units
 from hpcinfer.read import Reader
 
 from .conftest import REPO, make_texts, read_output, run_job, small_config, write_parquet
+from .ray_helpers import local_ray
 
 CRASH_RUN = Path(__file__).with_name("crash_run.py")
 
@@ -75,22 +76,8 @@ def test_units_and_range_reader_match_the_whole_input_reader(tmp_path, tiny_mode
 
 
 @pytest.fixture(scope="module")
-def ray_address():
-    import ray
-
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(
-        num_cpus=2,
-        object_store_memory=300 * 2**20,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}},
-    )
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+def ray_address():  # noqa: ANN201
+    yield from local_ray()
 
 
 def _ray(cfg, replicas: int = 2):  # noqa: ANN001, ANN202

@@ -291,45 +291,15 @@ class GenerationJob:
         self.progress.advance(1, seq.num_completion, device=device)
 
     def _answer(self, seq: Sequence, request: Request) -> dict[str, Any]:
-        ids = seq.completion
-        if seq.finish_reason == "stop" and seq.stop_text_cut is None:
-            ids = ids[:-1]  # the EOS or stop token ends the answer; it is not part of the text
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if seq.stop_text_cut is not None:
-            text = text[: seq.stop_text_cut]
-        usage = {"prompt_tokens": seq.num_prompt, "completion_tokens": seq.num_completion}
-        if not request.openai:
-            row_id = None if request.id is None else str(request.id)
-            return {"id": row_id, "text": text, "finish_reason": seq.finish_reason, **usage}
-        chat = request.kind == "chat"
-        choice: dict[str, Any] = {"index": 0, "finish_reason": seq.finish_reason, "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        body = {
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
-            "object": "chat.completion" if chat else "text_completion",
-            "model": self.config.model,
-            "choices": [choice],
-            "usage": {**usage, "total_tokens": seq.num_prompt + seq.num_completion},
-        }
-        return {
-            "id": f"batch_req_{request.row}",
-            "custom_id": request.id,
-            "response": {"status_code": 200, "request_id": f"req_{request.row}", "body": body},
-            "error": None,
-        }
+        return answer_row(seq, request, self.tokenizer, self.config.model)
 
     def _commit_ready(self) -> None:
         while self.windows and self.windows[0].closed and self.windows[0].pending == 0:
             w = self.windows.popleft()
             w.results.sort(key=lambda item: item[0])
-            rows = [answer for _, answer in w.results]
-            if rows and "custom_id" in rows[0]:
-                if self.fmt == "parquet":
-                    raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
+            table = answers_table([answer for _, answer in w.results], self.fmt)
+            if "custom_id" in table.column_names:
                 self.store.id_column = "custom_id"
-                table = pa.Table.from_pylist(rows)
-            else:
-                table = pa.Table.from_pylist(rows, schema=SCHEMA)
             self.store.commit_table(w.window_id, w.first_row, w.input_rows, table, [r.to_json() for r in w.rejects])
             self.rejects.check_fraction(self.store.rows_committed)
 
@@ -477,6 +447,86 @@ class GenerationJob:
         if self.config.report_path:
             r.write_json(self.config.report_path)
         return r
+
+
+def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str) -> dict[str, Any]:
+    """The output row of a finished sequence: ours, or an OpenAI batch answer for an OpenAI request."""
+    ids = seq.completion
+    if seq.finish_reason == "stop" and seq.stop_text_cut is None:
+        ids = ids[:-1]  # the EOS or stop token ends the answer; it is not part of the text
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if seq.stop_text_cut is not None:
+        text = text[: seq.stop_text_cut]
+    usage = {"prompt_tokens": seq.num_prompt, "completion_tokens": seq.num_completion}
+    if not request.openai:
+        row_id = None if request.id is None else str(request.id)
+        return {"id": row_id, "text": text, "finish_reason": seq.finish_reason, **usage}
+    chat = request.kind == "chat"
+    choice: dict[str, Any] = {"index": 0, "finish_reason": seq.finish_reason, "logprobs": None}
+    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    body = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
+        "object": "chat.completion" if chat else "text_completion",
+        "model": model,
+        "choices": [choice],
+        "usage": {**usage, "total_tokens": seq.num_prompt + seq.num_completion},
+    }
+    return {
+        "id": f"batch_req_{request.row}",
+        "custom_id": request.id,
+        "response": {"status_code": 200, "request_id": f"req_{request.row}", "body": body},
+        "error": None,
+    }
+
+
+def answers_table(rows: list[dict[str, Any]], fmt: str) -> pa.Table:
+    """One window's answer rows (input order) as the table of its part (OpenAI answers: by custom_id)."""
+    if rows and "custom_id" in rows[0]:
+        if fmt == "parquet":
+            raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
+        return pa.Table.from_pylist(rows)
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def load_tokenizer(info: DecoderInfo) -> Tokenizer:
+    """The checkpoint's tokenizer, with no truncation or padding (prompts are checked, not cut)."""
+    try:
+        tokenizer = Tokenizer.from_file(str(info.path / "tokenizer.json"))
+    except Exception as exc:
+        raise ModelError(f"cannot load tokenizer ({exc})", path=str(info.path)) from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -> RequestReader:
+    """The run's reader of requests: the checkpoint's chat template, the run's sampling defaults."""
+    chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
+    return RequestReader(
+        config.input.paths,
+        config.input.id_column,
+        tokenizer,
+        chat,
+        _defaults(config),
+        info.config.max_model_len - 1,
+        info.config.vocab_size,
+        config.generate.priority_column,
+    )
+
+
+def engine_config(config: RunConfig) -> EngineConfig:
+    """The engine's budgets and switches of a run (`GenerationJob` builds the same)."""
+    g = config.generate
+    return EngineConfig(
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        block_size=g.kv_block_size,
+        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
+        chunked_prefill=g.chunked_prefill,
+        prefix_cache=g.prefix_cache,
+        seed=g.seed or 0,
+        timed=True,
+    )
 
 
 def run_generate(

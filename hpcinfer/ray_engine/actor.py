@@ -8,29 +8,39 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import RunConfig
 from .replica import EmbedReplica
 
+if TYPE_CHECKING:
+    from .generate_replica import GenerateReplica
+
 
 class ReplicaActor:
-    """Ray Data callable class: loads the model once (in `__init__`), then embeds the units it receives.
+    """Ray Data callable class: loads the model once (in `__init__`), then runs the units it receives.
+
+    `task` is the replica's: "embed" (`EmbedReplica`) or "generate" (`GenerateReplica`).
 
     `workdir` is the driver's working directory: relative input and model paths mean what they
     meant to the driver (on a cluster, inputs and model sit on a filesystem every node mounts).
     """
 
-    def __init__(self, config: RunConfig, workdir: str, threads: int | None) -> None:
+    def __init__(self, config: RunConfig, workdir: str, threads: int | None, task: str = "embed") -> None:
         if os.path.isdir(workdir):
             os.chdir(workdir)
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.replica = EmbedReplica(config)
+        if task == "generate":
+            from .generate_replica import GenerateReplica  # NOTE: the decoder's modules, only where they run
+
+            self.replica: EmbedReplica | GenerateReplica = GenerateReplica(config)
+        else:
+            self.replica = EmbedReplica(config)
         self.calls = 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:

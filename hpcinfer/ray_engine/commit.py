@@ -58,3 +58,35 @@ def drop_repeated_ids(
     rejects.sort(key=lambda r: r["row"])
     ids = [i for i, k in zip(window.ids, keep, strict=True) if k]
     return Committed(window.window_id, window.first_row, window.input_rows, ids, window.values[keep], rejects), moved
+
+
+def drop_repeated_requests(
+    seen: IdSet,
+    answers: list[tuple[int, dict[str, Any]]],
+    rejects: list[dict[str, Any]],
+    admitted: list[tuple[int, Any, int | None, str, int]],
+) -> tuple[list[tuple[int, dict[str, Any]]], list[dict[str, Any]], dict[str, int]]:
+    """A generation window less its answers to requests whose id an earlier window had.
+
+    `admitted` is every request of the window that carries an id, in row order: (row, id, line,
+    source, row in file). Unlike embedding's, the local request reader checks ids last (after the
+    prompt and sampling checks), so only requests, never rows rejected otherwise, can be repeats.
+    Returns the answers and rejects the local run commits for this window, and, per source, how
+    many answers became rejects.
+    """
+    keys = np.fromiter((id_key(a[1]) for a in admitted), np.uint64, len(admitted))
+    repeated = seen.contains_many(keys)
+    seen.add_many(keys[~repeated])  # NOTE: the replica already rejected ids repeated within the window
+    if not repeated.any():
+        return answers, rejects, {}
+    duplicates = {admitted[k][0]: admitted[k] for k in np.flatnonzero(repeated).tolist()}
+    moved: dict[str, int] = {}
+    added = []
+    for row, row_id, line, source, row_in_file in duplicates.values():
+        moved[source] = moved.get(source, 0) + 1
+        added.append(
+            Reject(row, source, line, row_id, "duplicate_id", f"id {row_id!r} appeared before", row_in_file).to_json()
+        )
+    kept = [(row, answer) for row, answer in answers if row not in duplicates]
+    assert len(kept) == len(answers) - len(duplicates), "every admitted request was answered"
+    return kept, sorted(rejects + added, key=lambda r: r["row"]), moved

@@ -18,7 +18,8 @@ import os
 import pickle
 import signal
 import time
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import api
@@ -163,6 +164,7 @@ class _Job:
         self.written: dict[str, int] = {}
         self.results: list[UnitResult] = []
         self.rows_written_now = 0  # rows this run committed (the rows_resumed of the report are the others)
+        self.ray_stats: dict[str, Any] = {}
 
     def run(self, ray: Any, replica_cls: type, progress: Progress, model: str) -> RunReport:
         config, store, window = self.config, self.store, self.config.plan.sort_window
@@ -177,28 +179,17 @@ class _Job:
         units, totals = plan_units(self.reader.sources, window, first_window)
         progress.set_total(sum(u.input_rows for u in units))
         start = time.perf_counter()
-        pending: dict[int, UnitResult] = {}
+        pool = Pool(self.replicas, self.cpus, self.gpus, self.kind)
+        stream = run_units(ray, replica_cls, units, config, pool, "embed", self.ray_stats)
         expected = {u.window_id: u for u in units}
-        next_window = first_window
         try:
-            for result in self._dataset(ray, replica_cls, units):
-                if result.error is not None:
-                    raise RayUnitError(*result.error)
-                pending[result.window_id] = result
-                while next_window in pending:
-                    self._commit(pending.pop(next_window), expected[next_window], progress)
-                    next_window += 1
+            commit_in_order(
+                stream, first_window, len(units), lambda r: self._commit(r, expected[r.window_id], progress)
+            )
         except KeyboardInterrupt:  # the committed windows stay: say so, and how to resume
             raise Interrupted(signal.SIGINT, store.rows_written, config.output.path) from None
-        except HpcinferError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Ray's own failure (an actor that cannot start, ...): one line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise RayUnitError(f"the Ray job failed: {type(exc).__name__}: {first}", 1) from exc
         finally:
             progress.close()
-        if next_window != first_window + len(units):
-            raise AccountingError(f"windows {next_window}-{first_window + len(units) - 1} never came back from Ray")
         wall = time.perf_counter() - start
         report = self._report(_resumed_by_file(self.reader.sources, totals, resumed_rows), wall, model)
         store.assemble()
@@ -212,31 +203,6 @@ class _Job:
 
         ids = [i for i in self.store.committed_ids() if i is not None]
         return np.unique(np.fromiter((id_key(i) for i in ids), np.uint64, len(ids)))
-
-    def _dataset(self, ray: Any, replica_cls: type, units: list) -> Any:
-        """Every unit through the actor pool; yields each unit's result as it comes back (any order)."""
-        if not units:
-            return
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        ctx.print_on_execution_start = False
-        items = [{"unit": pickle.dumps(u, protocol=pickle.HIGHEST_PROTOCOL)} for u in units]
-        threads = self.config.device.threads or (self.cpus if self.kind == "cpu" else None)
-        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            replica_cls,
-            fn_constructor_kwargs={"config": self.config, "workdir": os.getcwd(), "threads": threads},
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=self.replicas),
-            num_cpus=self.cpus,
-            num_gpus=self.gpus or None,
-            # NOTE: Ray Data restarts a dead actor and redoes its unit on it (max_restarts and
-            # max_task_retries default to -1 for actor pools); the driver commits each window
-            # once, whichever attempt delivered it.
-        )
-        for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=self.replicas):
-            for blob in batch["result"]:
-                yield pickle.loads(blob)
-        self.ray_stats = _ray_stats(ds)
 
     def _commit(self, result: UnitResult, unit: Any, progress: Progress) -> None:
         assert [w.window_id for w in result.windows] == [unit.window_id], "a unit is one window"
@@ -272,9 +238,75 @@ class _Job:
         report.device = f"ray: {self.replicas} replica{'s' if self.replicas > 1 else ''} ({self.kind})"
         report.dtype, report.model, report.output = self.dtype, model, self.config.output.path
         report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=self.kind == "cpu")
-        report.cluster.update(getattr(self, "ray_stats", {}))
+        report.cluster.update(self.ray_stats)
         report.config = flatten(self.config)
         return report
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """The actor pool of a run: how many replicas, and what each one gets from Ray."""
+
+    replicas: int
+    cpus: int
+    gpus: float
+    kind: str  # cpu | cuda
+
+
+def run_units(
+    ray: Any, replica_cls: type, units: list, config: RunConfig, pool: Pool, task: str, stats: dict[str, Any]
+) -> Iterator[Any]:
+    """Every unit through the actor pool; yields each unit's result as it comes back (any order).
+
+    Ray Data's own figures for the dataset land in `stats` once every result is back.
+    """
+    if not units:
+        return
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    items = [{"unit": pickle.dumps(u, protocol=pickle.HIGHEST_PROTOCOL)} for u in units]
+    threads = config.device.threads or (pool.cpus if pool.kind == "cpu" else None)
+    ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        replica_cls,
+        fn_constructor_kwargs={"config": config, "workdir": os.getcwd(), "threads": threads, "task": task},
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(size=pool.replicas),
+        num_cpus=pool.cpus,
+        num_gpus=pool.gpus or None,
+        # NOTE: Ray Data restarts a dead actor and redoes its unit on it (max_restarts and
+        # max_task_retries default to -1 for actor pools); the driver commits each window
+        # once, whichever attempt delivered it.
+    )
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=pool.replicas):
+        for blob in batch["result"]:
+            yield pickle.loads(blob)
+    stats.update(_ray_stats(ds))
+
+
+def commit_in_order(results: Iterator[Any], first_window: int, count: int, commit: Callable[[Any], None]) -> None:
+    """Commits units' results in window order, whatever order they come back in; all `count` must come.
+
+    A result with an `error` (a user's problem, found by a replica) stops the run with that message;
+    a failure of Ray itself (an actor that cannot start, ...) becomes one line.
+    """
+    pending: dict[int, Any] = {}
+    next_window = first_window
+    try:
+        for result in results:
+            if result.error is not None:
+                raise RayUnitError(*result.error)
+            pending[result.window_id] = result
+            while next_window in pending:
+                commit(pending.pop(next_window))
+                next_window += 1
+    except (HpcinferError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray's own failure: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RayUnitError(f"the Ray job failed: {type(exc).__name__}: {first}", 1) from exc
+    if next_window != first_window + count:
+        raise AccountingError(f"windows {next_window}-{first_window + count - 1} never came back from Ray")
 
 
 def _resumed_by_file(sources: list, totals: dict[str, int], resumed_rows: int) -> dict[str, int]:

@@ -79,29 +79,9 @@ class RangeReader(Reader):
                     return
 
     def _parquet_range(self, src: Source, seg: Segment) -> Iterator[_Rows]:
-        """Only the row groups holding the segment are decoded; the first and last are trimmed."""
-        file = pq.ParquetFile(src.path)
-        groups, skip, first = [], 0, 0
-        for g in range(file.metadata.num_row_groups):
-            n = file.metadata.row_group(g).num_rows
-            if first + n > seg.start and first < seg.start + seg.rows:
-                if not groups:
-                    skip = seg.start - first
-                groups.append(g)
-            first += n
-        left = seg.rows
-        batches = file.iter_batches(
-            batch_size=self.cfg.read_block_rows, row_groups=groups, columns=self._parquet_columns(src)
-        )
+        batches = parquet_range(src.path, seg, self.cfg.read_block_rows, self._parquet_columns(src))
         for batch in batches:
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            batch, skip = batch.slice(skip, left), 0
-            left -= batch.num_rows
             yield self._parquet_rows(src, batch)
-            if not left:
-                return
 
     def _block(self, src: Source, rows: _Rows, start: int, end: int, file_first_row: int) -> RowBlock:
         block = super()._block(src, rows, start, end, file_first_row)
@@ -111,6 +91,32 @@ class RangeReader(Reader):
                 for row, row_id, line in zip(block.rows, block.ids, block.lines, strict=True)
             )
         return block
+
+
+def parquet_range(
+    path: str, seg: Segment, batch_rows: int, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The segment's rows of a Parquet file, in record batches: only the row groups holding them are
+    decoded, the first and last trimmed."""
+    file = pq.ParquetFile(path)
+    groups, skip, first = [], 0, 0
+    for g in range(file.metadata.num_row_groups):
+        n = file.metadata.row_group(g).num_rows
+        if first + n > seg.start and first < seg.start + seg.rows:
+            if not groups:
+                skip = seg.start - first
+            groups.append(g)
+        first += n
+    left = seg.rows
+    for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch, skip = batch.slice(skip, left), 0
+        left -= batch.num_rows
+        yield batch
+        if not left:
+            return
 
 
 @dataclass(slots=True)

@@ -1,0 +1,250 @@
+"""One generation replica of a cluster run: the local generation engine over the windows it is handed.
+
+A replica loads the decoder and builds its engine (KV pool, sampler) once, then for each unit (one
+window of `--window-rows` global input rows) reads the unit's rows with generation's own request
+parsing (`RangeRequestReader`: the same row numbers, ids, lines, prompts, sampling parameters and
+rejects as a reader of the whole input), admits them as a local run admits a window (`Admission`:
+prefix and priority order), runs the engine until the window's last sequence has finished and
+hands back its answer rows (`answer_row`, the local output's columns) and rejects. Sampling seeds
+come from the row number or the row's own `seed`, never from the batch, so the answers are the
+local run's whichever replica ran the window. No Ray here: `actor.py` wraps this.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from ..config import RunConfig
+from ..errors import HpcinferError, InputError
+from ..generate.admission import Admission
+from ..generate.engine import Engine
+from ..generate.job import _device, answer_row, engine_config, load_tokenizer, request_reader
+from ..generate.requests import Request, RequestReader, _parse
+from ..generate.sequence import Sequence
+from ..ids import IdSet
+from ..lines import LineSplitter
+from ..models.decoder_checkpoint import inspect_decoder, load_decoder
+from ..models.registry import resolve_model_path
+from ..types import Reject
+from .replica import parquet_range
+from .units import Segment, Unit
+
+_BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
+
+
+@dataclass(slots=True)
+class GenerateWindow:
+    """A unit's window as `Admission` books it, and what the engine made of it."""
+
+    window_id: int
+    first_row: int
+    input_rows: int = 0
+    pending: int = 0
+    closed: bool = False
+    answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (row, answer row)
+    rejects: list[Reject] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerateUnitResult:
+    """One unit's answers, rejects and figures; `error` set instead when it failed for the user's reason."""
+
+    window_id: int
+    replica: str = ""
+    answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # in row order
+    rejects: list[dict[str, Any]] = field(default_factory=list)  # Reject.to_json, in row order
+    input_rows: int = 0
+    admitted: list[tuple[int, Any, int | None, str, int]] = field(default_factory=list)  # requests with an id
+    read_by_source: dict[str, int] = field(default_factory=dict)
+    written_by_source: dict[str, int] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)  # tokens, steps, KV and timing of this unit
+    ttft: list[float] = field(default_factory=list)  # seconds, per answer
+    tpot: list[float] = field(default_factory=list)
+    latency: dict[int, list[float]] = field(default_factory=dict)  # per priority, read -> finished
+    started: float = 0.0  # wall clock (time.time), to place the unit on the job's timeline
+    finished: float = 0.0
+    error: tuple[str, int] | None = None  # (message, exit code)
+
+
+class RangeRequestReader(RequestReader):
+    """Yields the Requests and Rejects of one unit's rows, numbered as a reader of the whole input numbers them.
+
+    Parsing is the whole-input reader's own (`RequestReader._request`); only which rows are read
+    differs. `admitted` lists the requests that carry an id, so the driver can find ids repeated
+    across windows, which no replica can see.
+    """
+
+    def __init__(self, whole: RequestReader, unit: Unit) -> None:
+        # NOTE: not RequestReader.__init__: the whole input's settings and per-file facts (which
+        # files carry ids) are taken as they are, without scanning the files again for each unit.
+        vars(self).update(vars(whole))
+        self.skip_rows = self.rows_read = 0
+        self.openai = False
+        self.counts = {s.path: [0, 0] for s in unit.segments}
+        self._seen = IdSet()  # ids repeated within the unit; the driver checks across units
+        self.unit = unit
+        self.admitted: list[tuple[int, Any, int | None, str, int]] = []
+
+    def produce(self) -> Iterator[Request | Reject]:
+        for seg in self.unit.segments:
+            self._file_first_row = seg.file_first_row
+            self.rows_read = seg.file_first_row + seg.start  # NOTE: global numbering
+            for line, obj in self._segment_objects(seg):
+                row = self.rows_read
+                self.rows_read += 1
+                self.counts[seg.path][0] += 1
+                item = self._request(seg.path, row, line, obj)
+                if isinstance(item, Request) and item.id is not None:
+                    self.admitted.append((row, item.id, line, seg.path, row - seg.file_first_row))
+                yield item
+            got = self.rows_read - seg.file_first_row - seg.start
+            if got != seg.rows:
+                raise InputError(
+                    f"read {got:,} of the {seg.rows:,} rows expected from row {seg.start:,} (did the file change?)",
+                    path=seg.path,
+                )
+
+    def _segment_objects(self, seg: Segment) -> Iterator[tuple[int | None, Any]]:
+        try:
+            if Path(seg.path).suffix.lower() in (".parquet", ".pq"):
+                for batch in parquet_range(seg.path, seg, _BATCH_ROWS):
+                    for obj in batch.to_pylist():
+                        yield None, obj
+                return
+            with open(seg.path, "rb") as fh:
+                fh.seek(seg.offset)
+                left = seg.rows
+                for numbered in LineSplitter(fh, first_line=seg.line).chunks():
+                    for n, raw in numbered[:left]:
+                        yield n, _parse(raw)
+                    left -= min(left, len(numbered))
+                    if not left:
+                        return
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read ({exc})", path=seg.path) from None
+
+
+class GenerateReplica:
+    """Loads the decoder and builds the engine once; `run(unit)` answers one unit's requests."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = replace(config, report_path=None, trace_path=None)
+        self.info = inspect_decoder(resolve_model_path(config.model))
+        device, dtype = _device(config)
+        self.tokenizer = load_tokenizer(self.info)
+        self.whole = request_reader(config, self.info, self.tokenizer)
+        with torch.inference_mode():
+            model = load_decoder(self.info, device, dtype)
+        # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one
+        # window serves the next, as in a local run.
+        self.engine = Engine(
+            model,
+            engine_config(config),
+            self.info.eos_token_ids,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def run(self, unit: Unit) -> GenerateUnitResult:
+        result = GenerateUnitResult(unit.window_id, self.name, started=time.time())
+        try:
+            with torch.inference_mode():
+                self._run(unit, result)
+        except HpcinferError as exc:  # a user's problem: the driver reports it as one line
+            result.error = (str(exc), exc.exit_code)
+            return result
+        result.finished = time.time()
+        return result
+
+    def _run(self, unit: Unit, result: GenerateUnitResult) -> None:
+        g, engine = self.config.generate, self.engine
+        window = GenerateWindow(unit.window_id, unit.first_row)
+        reader = RangeRequestReader(self.whole, unit)
+
+        def window_for(row: int) -> GenerateWindow:
+            assert row // g.window_rows == unit.window_id, "a unit is one window"
+            return window
+
+        def close() -> None:
+            window.closed = True
+
+        admission = Admission(g.window_rows, g.max_num_seqs, g.prefix_order, None, 0, window_for, close, _book_reject)
+        before = _engine_figures(engine)
+        source = reader.produce()
+        more = True
+        while more or engine.has_work:
+            if more:
+                more = admission.feed(source, engine)
+            if engine.has_work:
+                for seq in engine.step():
+                    _, request = seq.tag
+                    window.pending -= 1
+                    window.answers.append((request.row, answer_row(seq, request, self.tokenizer, self.config.model)))
+                    _count(result, seq, request)
+        assert window.closed and window.pending == 0, "the unit's every row was read and answered"
+        result.answers = sorted(window.answers, key=lambda item: item[0])
+        result.rejects = [r.to_json() for r in window.rejects]
+        result.input_rows = window.input_rows
+        result.admitted = reader.admitted
+        result.read_by_source = {path: read for path, (read, _) in reader.counts.items()}
+        result.figures.update(_difference(_engine_figures(engine), before))
+        result.figures.update(
+            kv_blocks=engine.stats.num_blocks,
+            kv_block_size=engine.config.block_size,
+            kv_cache_bytes=engine.cache.nbytes,
+            peak_kv_blocks=engine.stats.peak_blocks,
+        )
+
+
+def _book_reject(window: GenerateWindow, item: Reject) -> None:
+    window.rejects.append(item)
+
+
+def _count(result: GenerateUnitResult, seq: Sequence, request: Request) -> None:
+    """A finished sequence's tokens, finish reason and timings, added to its unit's figures."""
+    figures = result.figures
+    figures["rows"] = figures.get("rows", 0) + 1
+    figures["prompt_tokens"] = figures.get("prompt_tokens", 0) + seq.num_prompt
+    figures["completion_tokens"] = figures.get("completion_tokens", 0) + seq.num_completion
+    figures["prompt_tokens_cached"] = figures.get("prompt_tokens_cached", 0) + seq.num_cached
+    reasons = figures.setdefault("finish_reasons", {})
+    reasons[seq.finish_reason] = reasons.get(seq.finish_reason, 0) + 1
+    result.written_by_source[request.source] = result.written_by_source.get(request.source, 0) + 1
+    result.ttft.append(seq.first_token_s - seq.arrival_s)
+    if seq.num_completion > 1:
+        result.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
+    result.latency.setdefault(seq.priority, []).append(seq.finish_s - request.read_s)
+
+
+_ENGINE_FIGURES = (
+    ("steps", "steps"),
+    ("prefill_tokens", "prefill_tokens"),
+    ("decode_tokens", "decode_tokens"),
+    ("preemptions", "preemptions"),
+    ("prefill_tokens_saved", "cached_tokens"),
+    ("kv_evictions", "evictions"),
+    ("occupancy_sum", "occupancy_sum"),
+    ("model_s", "model_s"),
+    ("attention_gather_s", "gather_s"),
+    ("sampling_s", "sample_s"),
+    ("host_s", "host_s"),
+)
+
+
+def _engine_figures(engine: Any) -> dict[str, float]:
+    """The engine's running totals (they count from its start, over every unit it ran)."""
+    return {name: getattr(engine.stats, attr) for name, attr in _ENGINE_FIGURES}
+
+
+def _difference(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after}
