@@ -184,38 +184,13 @@ class GenerationJob:
         self.step_hooks = step_hooks or {}
         if config.device.cuda_graphs:
             raise ConfigError("--cuda-graphs is not available for generation yet")
-        try:
-            self.tokenizer = Tokenizer.from_file(str(self.info.path / "tokenizer.json"))
-        except Exception as exc:
-            raise ModelError(f"cannot load tokenizer ({exc})", path=str(self.info.path)) from None
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
-        chat = ChatRenderer(self.info.chat_template, self.info.special_tokens) if self.info.chat_template else None
-        defaults = _defaults(config)
+        self.tokenizer = load_tokenizer(self.info)
         if config.device.threads and len(self.devices) == 1:
             torch.set_num_threads(config.device.threads)
         g = config.generate
-        self.engine_config = EngineConfig(
-            max_num_seqs=g.max_num_seqs,
-            max_num_batched_tokens=g.max_num_batched_tokens,
-            block_size=g.kv_block_size,
-            kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
-            chunked_prefill=g.chunked_prefill,
-            prefix_cache=g.prefix_cache,
-            seed=g.seed or 0,
-            timed=True,
-        )
+        self.engine_config = engine_config(config)
         self.max_prompt = self.info.config.max_model_len - 1
-        self.reader = RequestReader(
-            config.input.paths,
-            config.input.id_column,
-            self.tokenizer,
-            chat,
-            defaults,
-            self.max_prompt,
-            self.info.config.vocab_size,
-            g.priority_column,
-        )
+        self.reader = request_reader(config, self.info, self.tokenizer)
         files = self.reader.files
         self.store = _GenerationStore(
             config.output.path, self.fmt, 0, _fingerprint(config, self.info, files, self.dtype)
@@ -515,7 +490,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
 
 
 def engine_config(config: RunConfig) -> EngineConfig:
-    """The engine's budgets and switches of a run (`GenerationJob` builds the same)."""
+    """The engine's budgets and switches of a run."""
     g = config.generate
     return EngineConfig(
         max_num_seqs=g.max_num_seqs,

@@ -25,7 +25,7 @@ import torch
 
 from ..config import RunConfig
 from ..errors import HpcinferError, InputError
-from ..generate.admission import Admission
+from ..generate.admission import Admission, EngineSink
 from ..generate.engine import Engine
 from ..generate.job import _device, answer_row, engine_config, load_tokenizer, request_reader
 from ..generate.requests import Request, RequestReader, _parse
@@ -180,11 +180,11 @@ class GenerateReplica:
 
         admission = Admission(g.window_rows, g.max_num_seqs, g.prefix_order, None, 0, window_for, close, _book_reject)
         before = _engine_figures(engine)
-        source = reader.produce()
+        source, sink = reader.produce(), EngineSink(engine)
         more = True
         while more or engine.has_work:
             if more:
-                more = admission.feed(source, engine)
+                more = admission.feed(source, sink)
             if engine.has_work:
                 for seq in engine.step():
                     _, request = seq.tag
