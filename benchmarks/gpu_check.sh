@@ -56,8 +56,9 @@ T0=$SECONDS
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
-  # NOTE: the dry run's CPU (2 shared cores in CI) is slower than the GPU machine: more room there.
-  [ "$DRY" = 1 ] && limit=$((limit * 3 / 2))
+  # NOTE: the dry run's CPU (2 shared cores in CI) is far slower than the GPU machine, and it
+  # checks that every step still runs, not how fast: three times the room there.
+  [ "$DRY" = 1 ] && limit=$((limit * 3))
   echo "=== $name (limit ${limit}s): $*"
   timeout "$limit" "$@"
   rc=$?
