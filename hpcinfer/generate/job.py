@@ -140,8 +140,8 @@ class GenerationJob:
         check_output(config.output.path)
         self.info = inspect_decoder(resolve_model_path(config.model))
         self.device, self.dtype = _device(config)
-        if config.device.cuda_graphs:
-            raise ConfigError("--cuda-graphs is not available for generation yet")
+        if config.device.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
         try:
             self.tokenizer = Tokenizer.from_file(str(self.info.path / "tokenizer.json"))
         except Exception as exc:
@@ -162,6 +162,7 @@ class GenerationJob:
             prefix_cache=g.prefix_cache,
             seed=g.seed or 0,
             timed=True,
+            cuda_graphs=config.device.cuda_graphs,
         )
         self.max_prompt = self.info.config.max_model_len - 1
         self.reader = RequestReader(

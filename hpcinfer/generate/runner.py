@@ -13,6 +13,7 @@ import torch
 from ..models.llama import LlamaDecoder
 from .attention import DecodeGroup, PagedBatch, PrefillSegment, choose_attention
 from .block_manager import blocks_for
+from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
 from .scheduler import StepPlan
 
@@ -33,7 +34,10 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         timed: bool = False,
+        scratch_block: int | None = None,
     ) -> None:
+        """`scratch_block` (a block no sequence owns) turns on the static-shape decode path
+        (`decode_graphs.py`): captured as CUDA graphs on CUDA, run eagerly elsewhere."""
         self.model = model
         self.cache = cache
         self.device = cache.k.device
@@ -51,6 +55,12 @@ class ModelRunner:
         self._widths = np.zeros(max_num_seqs, dtype=np.int64)
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
         self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
+        self.graphs = None
+        if scratch_block is not None:
+            capture = self.device.type == "cuda"
+            self.graphs = DecodeGraphs(
+                model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture
+            )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)
@@ -127,6 +137,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Runs one step; returns float32 logits [S, vocab] for the sampling chunks."""
+        if self.graphs is not None and not plan.prefills:
+            logits = self.graphs.run(plan.decodes)  # every decode samples, in plan order
+            if logits is not None:
+                return logits
         ids, positions, batch, sample_at = self.prepare(plan)
         hidden = self.model(ids, positions, self.attention.bind(batch))
         return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
