@@ -112,22 +112,31 @@ class TorchPagedAttention:
     def _prefill(
         self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
+        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too.
+
+        NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones
+        go to the math path, which materialises the scores and runs about half as fast.
+        """
         if seg.start == 0:
             out = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+                _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, enable_gqa=True
             )
-            return out.transpose(0, 1)
+            return out[0].transpose(0, 1)
         kk, vv = self._gather(layer, seg.blocks)
         total = seg.start + seg.length
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            kk[:total].transpose(0, 1),
-            vv[:total].transpose(0, 1),
+            _heads_first(q),
+            _heads_first(kk[:total]),
+            _heads_first(vv[:total]),
             attn_mask=seg.mask,
             enable_gqa=True,
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[n, heads, D] -> a [1, heads, n, D] view."""
+    return x.transpose(0, 1).unsqueeze(0)
 
 
 def choose_attention(cache: KVCache, device: torch.device, timed: bool = False) -> TorchPagedAttention:
