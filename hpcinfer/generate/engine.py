@@ -36,6 +36,7 @@ class EngineConfig:
     # Pure-decode steps in static shapes (decode_graphs.py): CUDA graphs on CUDA, the same path run
     # eagerly on CPU. NOTE: it reserves the pool's last block as the padding rows' scratch block.
     cuda_graphs: bool = False
+    attention: str = "auto"  # auto | torch | flash-attn (attention.py, chosen once at start-up)
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ class Engine:
             self.max_model_len,
             config.timed,
             scratch,
+            config.attention,
         )
         self.sampler = Sampler(device, config.seed)
         self.eos = frozenset(eos_token_ids)

@@ -163,6 +163,7 @@ class GenerationJob:
             seed=g.seed or 0,
             timed=True,
             cuda_graphs=config.device.cuda_graphs,
+            attention=g.attention,
         )
         self.max_prompt = self.info.config.max_model_len - 1
         self.reader = RequestReader(

@@ -35,6 +35,7 @@ class ModelRunner:
         max_model_len: int,
         timed: bool = False,
         scratch_block: int | None = None,
+        attention: str = "auto",
     ) -> None:
         """`scratch_block` (a block no sequence owns) turns on the static-shape decode path
         (`decode_graphs.py`): captured as CUDA graphs on CUDA, run eagerly elsewhere."""
@@ -42,7 +43,7 @@ class ModelRunner:
         self.cache = cache
         self.device = cache.k.device
         self.block_size = cache.layout.block_size
-        self.attention = choose_attention(cache, self.device, timed=timed)
+        self.attention = choose_attention(cache, self.device, attention, timed)
         tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
         self.max_blocks = blocks_for(max_model_len, self.block_size)
         # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.
@@ -122,14 +123,14 @@ class ModelRunner:
             mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
             mask.masked_fill_(beyond, -torch.inf)
             blocks = self._tensor(self._tables[start:end, :width])
-            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys)))
+            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end]))
         return groups
 
     def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
-        if start == 0:
-            return PrefillSegment(offset, n, 0, torch.empty(0, dtype=torch.int64))
         total = start + n
         blocks = self._tensor(table[: blocks_for(total, self.block_size)].copy())
+        if start == 0:
+            return PrefillSegment(offset, n, 0, blocks)
         keys = torch.arange(total, device=self.device)
         queries = torch.arange(start, total, device=self.device)
         return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
