@@ -81,6 +81,15 @@ def test_padding_rows_write_only_the_scratch_block(tiny):
     assert graphs.eager_runs == 4 and graphs.bucket(3, 1) == (4, 1)
 
 
+def test_buckets_never_gather_more_blocks_than_the_pool_holds(tiny):
+    model, _ = tiny
+    engine = Engine(model, EngineConfig(max_num_seqs=64, block_size=8, kv_cache_memory=256 << 10, cuda_graphs=True))
+    graphs, blocks = engine.runner.graphs, engine.cache.num_blocks
+    assert graphs.grid and all(r * w <= blocks for r, w in graphs.grid)
+    assert graphs.bucket(1, graphs.width_buckets[-1]) is not None  # one longest sequence always fits
+    assert graphs.bucket(64, graphs.width_buckets[-1]) is None  # that step runs on the normal path
+
+
 def test_cuda_graphs_are_refused_on_cpu_by_the_job(tmp_path):
     from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
     from hpcinfer.generate.job import run_generate

@@ -14,7 +14,9 @@ NOTE: the invariants that keep padding harmless:
   that one slot (never an empty context, whose softmax would be NaN);
 - a real row's table is padded with the scratch block too, and the mask drops every key at or
   beyond its context length, so what the scratch block holds never reaches a real row;
-- all graphs share one memory pool: they replay one after another, never concurrently.
+- all graphs share one memory pool: they replay one after another, never concurrently;
+- a bucket gathers rows x width blocks per layer, so buckets are kept to at most the pool's own
+  number of blocks: one layer's gathered K/V never outgrow one layer's pools.
 Mixed steps (any prefill), and decode steps larger than every bucket, run on the normal path.
 """
 
@@ -98,6 +100,7 @@ class DecodeGraphs:
         self.block_size = cache.layout.block_size
         self.scratch_block = scratch_block
         self.row_buckets, self.width_buckets = buckets(max_rows), buckets(max_blocks)
+        self.grid = [(r, w) for r in self.row_buckets for w in self.width_buckets if r * w <= cache.num_blocks]
         rows, width = self.row_buckets[-1], self.width_buckets[-1]
         # Host staging (pinned on CUDA) and the static device buffers every graph reads.
         pin = device.type == "cuda"
@@ -130,9 +133,7 @@ class DecodeGraphs:
 
     def bucket(self, n: int, width: int) -> tuple[int, int] | None:
         """The (rows, width) bucket of a decode step, or None when it is larger than all of them."""
-        rows = next((r for r in self.row_buckets if r >= n), None)
-        blocks = next((w for w in self.width_buckets if w >= width), None)
-        return None if rows is None or blocks is None else (rows, blocks)
+        return next(((r, w) for r, w in self.grid if r >= n and w >= width), None)
 
     @torch.inference_mode()
     def forward(self, rows: int, width: int) -> torch.Tensor:
@@ -147,16 +148,16 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        largest = sorted(self.grid, key=lambda b: (b[0] * b[1], b), reverse=True)
         with torch.cuda.stream(side):
             for _ in range(2):  # NOTE: lazy initialisation (cuBLAS handles, autotuning) stays out of the graphs
-                self.forward(self.row_buckets[-1], self.width_buckets[-1])
+                self.forward(*largest[0])
         torch.cuda.current_stream().wait_stream(side)
-        for rows in reversed(self.row_buckets):
-            for width in reversed(self.width_buckets):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self.forward(rows, width)
-                self.graphs[(rows, width)] = graph
+        for rows, width in largest:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.forward(rows, width)
+            self.graphs[(rows, width)] = graph
         torch.cuda.synchronize()
 
     def run(self, decodes: list[Chunk]) -> torch.Tensor | None:
