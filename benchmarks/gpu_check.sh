@@ -8,7 +8,8 @@
 #      tokenizer in benchmarks/minilm_tokenizer (same speed as the real weights);
 #   3. the GPU checks (tests/gpu_checks.py, also run by tests/test_gpu.py under pytest): CUDA equals
 #      CPU, staging slots never written mid-copy, graphs equal eager and were really captured, the
-#      default half dtype close to float32 (and really used);
+#      default half dtype close to float32 (and really used), generation with and without
+#      --cuda-graphs giving the CPU's greedy tokens (decode graphs really captured and replayed);
 #   4. the multi-device path on every visible GPU (--devices all) against one GPU (embedding, and a short
 #      generation: the same greedy answers), one GPU listed twice refused (benchmarks/multi_device_check.py);
 #   5. bench_embed.py on the GPU: hpcinfer against sentence-transformers on the same GPU with the

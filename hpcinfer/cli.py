@@ -339,6 +339,13 @@ def _generate_options() -> list[Callable[..., Any]]:
             show_default=True,
             help="Optional integer column; rows with a higher value are admitted first.",
         ),
+        click.option(
+            "--attention",
+            type=click.Choice(["auto", "torch", "flash-attn"]),
+            default=g.attention,
+            show_default=True,
+            help="Paged attention kernel; auto: flash-attn on CUDA where it can run (--kv-block-size 256), else torch.",
+        ),
     ]
 
 
@@ -365,6 +372,7 @@ def _generate_config(o: dict[str, Any]) -> Any:
         not o["no_prefix_cache"],
         not o["no_prefix_order"],
         o["priority_column"],
+        o["attention"],
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from ..models.llama import LlamaDecoder
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVLayout, size_pool
@@ -32,6 +33,10 @@ class EngineConfig:
     prefix_cache: bool = True  # full blocks shared by key across sequences (block_manager.py)
     seed: int = 0
     timed: bool = False  # split step time into model / attention gather / sampling / host
+    # Pure-decode steps in static shapes (decode_graphs.py): CUDA graphs on CUDA, the same path run
+    # eagerly on CPU. NOTE: it reserves the pool's last block as the padding rows' scratch block.
+    cuda_graphs: bool = False
+    attention: str = "auto"  # auto | torch | flash-attn (attention.py, chosen once at start-up)
 
 
 @dataclass(slots=True)
@@ -73,21 +78,34 @@ class Engine:
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
         num_blocks = size_pool(layout, config.kv_cache_memory, device)
         self.cache = KVCache(layout, num_blocks, device)
+        scratch = None
+        if config.cuda_graphs:
+            if num_blocks < 2:
+                raise ConfigError("--cuda-graphs needs a KV cache of at least 2 blocks (one is the scratch block)")
+            scratch = num_blocks - 1  # never handed out: padding rows of a static decode write here
+        usable = num_blocks - (scratch is not None)
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
-        self.max_model_len = min(model.cfg.max_model_len, self.cache.capacity_tokens)
-        self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_cache)
+        self.max_model_len = min(model.cfg.max_model_len, usable * config.block_size)
+        self.blocks = BlockManager(usable, config.block_size, config.prefix_cache)
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill
         )
         self.runner = ModelRunner(
-            model, self.cache, config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len, config.timed
+            model,
+            self.cache,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            self.max_model_len,
+            config.timed,
+            scratch,
+            config.attention,
         )
         self.sampler = Sampler(device, config.seed)
         self.eos = frozenset(eos_token_ids)
         self.decode = decode
         self.trace_steps = trace_steps
-        self.stats = EngineStats(num_blocks=num_blocks)
+        self.stats = EngineStats(num_blocks=usable)
         self._next_id = 0
 
     def add(

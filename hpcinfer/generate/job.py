@@ -182,8 +182,8 @@ class GenerationJob:
         self.device = self.devices[0]
         self.labels = device_labels([str(d) for d in self.devices])
         self.step_hooks = step_hooks or {}
-        if config.device.cuda_graphs:
-            raise ConfigError("--cuda-graphs is not available for generation yet")
+        if config.device.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
         self.tokenizer = load_tokenizer(self.info)
         if config.device.threads and len(self.devices) == 1:
             torch.set_num_threads(config.device.threads)
@@ -501,6 +501,8 @@ def engine_config(config: RunConfig) -> EngineConfig:
         prefix_cache=g.prefix_cache,
         seed=g.seed or 0,
         timed=True,
+        cuda_graphs=config.device.cuda_graphs,
+        attention=g.attention,
     )
 
 

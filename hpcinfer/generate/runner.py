@@ -13,11 +13,16 @@ import torch
 from ..models.llama import LlamaDecoder
 from .attention import DecodeGroup, PagedBatch, PrefillSegment, choose_attention
 from .block_manager import blocks_for
+from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
 from .scheduler import StepPlan
 
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
 MIN_GROUP = 16
+# NOTE: on CPU, MKL runs the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
+# when the whole vocabulary is one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
+# rows, one core, S = 64-128); the logits are bit for bit the same.
+CPU_VOCAB_CHUNK = 512
 
 
 class ModelRunner:
@@ -29,12 +34,16 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         timed: bool = False,
+        scratch_block: int | None = None,
+        attention: str = "auto",
     ) -> None:
+        """`scratch_block` (a block no sequence owns) turns on the static-shape decode path
+        (`decode_graphs.py`): captured as CUDA graphs on CUDA, run eagerly elsewhere."""
         self.model = model
         self.cache = cache
         self.device = cache.k.device
         self.block_size = cache.layout.block_size
-        self.attention = choose_attention(cache, self.device, timed=timed)
+        self.attention = choose_attention(cache, self.device, attention, timed)
         tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
         self.max_blocks = blocks_for(max_model_len, self.block_size)
         # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.
@@ -46,6 +55,13 @@ class ModelRunner:
         self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
         self._widths = np.zeros(max_num_seqs, dtype=np.int64)
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
+        self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
+        self.graphs = None
+        if scratch_block is not None:
+            capture = self.device.type == "cuda"
+            self.graphs = DecodeGraphs(
+                model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture
+            )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(array)
@@ -107,14 +123,14 @@ class ModelRunner:
             mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
             mask.masked_fill_(beyond, -torch.inf)
             blocks = self._tensor(self._tables[start:end, :width])
-            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys)))
+            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end]))
         return groups
 
     def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
-        if start == 0:
-            return PrefillSegment(offset, n, 0, torch.empty(0, dtype=torch.int64))
         total = start + n
         blocks = self._tensor(table[: blocks_for(total, self.block_size)].copy())
+        if start == 0:
+            return PrefillSegment(offset, n, 0, blocks)
         keys = torch.arange(total, device=self.device)
         queries = torch.arange(start, total, device=self.device)
         return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
@@ -122,6 +138,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Runs one step; returns float32 logits [S, vocab] for the sampling chunks."""
+        if self.graphs is not None and not plan.prefills:
+            logits = self.graphs.run(plan.decodes)  # every decode samples, in plan order
+            if logits is not None:
+                return logits
         ids, positions, batch, sample_at = self.prepare(plan)
         hidden = self.model(ids, positions, self.attention.bind(batch))
-        return self.model.logits(hidden.index_select(0, sample_at))
+        return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)

@@ -198,8 +198,18 @@ class LlamaDecoder(nn.Module):
             x = layer(x, cos, sin, attn)
         return x
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] -> float32 logits [S, vocab]."""
+    def logits(self, hidden: torch.Tensor, vocab_chunk: int = 0) -> torch.Tensor:
+        """hidden [S, hidden] -> float32 logits [S, vocab]; `vocab_chunk` > 0: that many vocabulary rows per matmul.
+
+        NOTE: each logit is the same dot product either way (bit for bit); chunks only change which
+        part of the weight a matmul streams through the cache at once.
+        """
         h = rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
-        out = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
-        return out.float()
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        vocab = weight.shape[0]
+        if vocab_chunk <= 0 or vocab_chunk >= vocab:
+            return F.linear(h, weight).float()
+        out = h.new_empty(h.shape[0], vocab, dtype=torch.float32)
+        for start in range(0, vocab, vocab_chunk):
+            out[:, start : start + vocab_chunk] = F.linear(h, weight[start : start + vocab_chunk])
+        return out

@@ -1,0 +1,67 @@
+"""The attention seam: the choice at start-up, and the flash-attn path's plumbing against a CPU stand-in.
+
+The stand-in implements `flash_attn_with_kvcache`'s documented contract in plain torch (paged
+pools [num_blocks, block_size, Hkv, D], int32 block tables and context lengths, a causal mask
+aligned to the bottom right), so the tables, lengths and chunk layout the engine hands the real
+kernel are checked here; the kernel itself needs CUDA and the package.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hpcinfer.errors import ConfigError
+from hpcinfer.generate.attention import FlashAttnPagedAttention, TorchPagedAttention, choose_attention
+from hpcinfer.generate.engine import Engine, EngineConfig
+from hpcinfer.generate.kv_cache import KVCache, KVLayout
+from hpcinfer.generate.sequence import SamplingParams
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.registry import load_tokenizer
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+
+from .conftest import make_texts
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def stand_in_kernel(q, k_cache, v_cache, *, cache_seqlens, block_table, causal):  # noqa: ANN001, ANN201
+    """q [B, Sq, H, D] -> [B, Sq, H, D]: row b attends its first cache_seqlens[b] keys through block_table[b]."""
+    assert causal and block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        n, sq = int(cache_seqlens[b]), q.shape[1]
+        kk = k_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
+        vv = v_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
+        visible = torch.arange(n)[None, :] <= torch.arange(n - sq, n)[:, None]
+        got = F.scaled_dot_product_attention(q[b].transpose(0, 1)[None], kk, vv, attn_mask=visible, enable_gqa=True)
+        out[b] = got[0].transpose(0, 1)
+    return out
+
+
+def test_the_choice_is_made_once_with_clear_errors():
+    cache = KVCache(KVLayout(1, 2, 8, 16, torch.float32), 4, torch.device("cpu"))
+    assert isinstance(choose_attention(cache, torch.device("cpu")), TorchPagedAttention)  # auto on CPU
+    assert isinstance(choose_attention(cache, torch.device("cpu"), "torch"), TorchPagedAttention)
+    with pytest.raises(ConfigError, match="flash-attn needs a CUDA device"):
+        choose_attention(cache, torch.device("cpu"), "flash-attn")
+    with pytest.raises(ConfigError, match="--attention must be one of"):
+        choose_attention(cache, torch.device("cpu"), "flashinfer")
+
+
+def test_the_flash_attn_path_gives_the_torch_paths_tokens(tmp_path):
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=8)
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(path, 256)
+    prompts = [tokenizer.encode(t).ids for t in make_texts(16, seed=9)]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    # a small step budget: chunked prefills (start > 0) next to decodes
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=40, kv_cache_memory=8 << 20, block_size=8)
+    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    engine = Engine(model, config)
+    engine.runner.attention = FlashAttnPagedAttention(engine.cache, stand_in_kernel)
+    got = [s.completion for s in engine.generate(prompts, params)]
+    assert engine.stats.continued_chunks > 0
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= len(prompts) - 1

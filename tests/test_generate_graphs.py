@@ -1,0 +1,114 @@
+"""The static-shape decode path (decode_graphs.py), run eagerly on CPU: the twin of the CUDA graphs.
+
+It must give the normal path's tokens, and its padding rows must write nowhere but the scratch
+block. Capture itself needs CUDA: tests/gpu_checks.py checks it on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpcinfer.errors import ConfigError
+from hpcinfer.generate.decode_graphs import buckets
+from hpcinfer.generate.engine import Engine, EngineConfig
+from hpcinfer.generate.sequence import SamplingParams
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.registry import load_tokenizer
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+
+from .conftest import make_texts
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, one_torch_thread):
+    path = build_tiny_decoder(tmp_path_factory.mktemp("graphs"), "LlamaForCausalLM", seed=21)
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(path, 256)
+    return model, [tokenizer.encode(t).ids for t in make_texts(24, seed=3)]
+
+
+def test_buckets_are_powers_of_two_then_the_limit():
+    assert buckets(1) == [1]
+    assert buckets(8) == [1, 2, 4, 8]
+    assert buckets(12) == [1, 2, 4, 8, 12]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory=16 << 20),
+        # chunked prefill and preemption: mixed steps run on the normal path, decodes between them static
+        EngineConfig(max_num_seqs=12, max_num_batched_tokens=48, kv_cache_memory=96 << 10, block_size=8),
+    ],
+    ids=["plain", "preempting"],
+)
+def test_static_decode_gives_the_normal_paths_tokens(tiny, config):
+    model, prompts = tiny
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    normal = Engine(model, config)
+    static = Engine(model, EngineConfig(**{**_fields(config), "cuda_graphs": True}))
+    want = [s.completion for s in normal.generate(prompts, params)]
+    got = [s.completion for s in static.generate(prompts, params)]
+    assert got == want
+    graphs = static.runner.graphs
+    assert graphs is not None and graphs.eager_runs > 0 and graphs.captured == 0
+    assert static.blocks.num_blocks == static.cache.num_blocks - 1  # the scratch block is reserved
+    if config.max_num_batched_tokens == 48:
+        assert static.stats.preemptions > 0 and static.stats.continued_chunks > 0
+
+
+def test_padding_rows_write_only_the_scratch_block(tiny):
+    model, prompts = tiny
+    engine = Engine(model, EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, cuda_graphs=True))
+    graphs, cache, bs = engine.runner.graphs, engine.cache, engine.cache.layout.block_size
+    seqs = [engine.add(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in prompts[:3]]
+    engine.step()  # the three prompts' prefill, on the normal path
+    assert all(s.num_computed == s.num_tokens - 1 for s in seqs)
+    scratch = range(graphs.scratch_block * bs, (graphs.scratch_block + 1) * bs)
+    for _ in range(4):  # 3 rows in the bucket of 4: one padding row per step
+        writes = {s.block_table[p // bs] * bs + p % bs for s in seqs for p in [s.num_tokens - 1]}
+        before_k, before_v = cache.k_slots.clone(), cache.v_slots.clone()
+        engine.step()
+        changed = (cache.k_slots != before_k).flatten(2).any(-1).any(0)
+        changed |= (cache.v_slots != before_v).flatten(2).any(-1).any(0)
+        written = set(changed.nonzero().flatten().tolist())
+        assert written - set(scratch) == writes  # each real row its own slot, padding the scratch block
+        assert all(graphs.scratch_block not in s.block_table for s in seqs)
+    assert graphs.eager_runs == 4 and graphs.bucket(3, 1) == (4, 1)
+
+
+def test_buckets_never_gather_more_blocks_than_the_pool_holds(tiny):
+    model, _ = tiny
+    engine = Engine(model, EngineConfig(max_num_seqs=64, block_size=8, kv_cache_memory=256 << 10, cuda_graphs=True))
+    graphs, blocks = engine.runner.graphs, engine.cache.num_blocks
+    assert graphs.grid and all(r * w <= blocks for r, w in graphs.grid)
+    assert graphs.bucket(1, graphs.width_buckets[-1]) is not None  # one longest sequence always fits
+    assert graphs.bucket(64, graphs.width_buckets[-1]) is None  # that step runs on the normal path
+
+
+def test_cuda_graphs_are_refused_on_cpu_by_the_job(tmp_path):
+    from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+    from hpcinfer.generate.job import run_generate
+
+    from .conftest import write_jsonl
+
+    ckpt = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=2, max_positions=64)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "hello"}])
+    cfg = RunConfig(
+        input=InputConfig((str(src),)),
+        model=str(ckpt),
+        output=OutputConfig(str(tmp_path / "out.parquet")),
+        pipeline=PipelineConfig(progress="off"),
+        generate=GenerateConfig(max_tokens=4, kv_cache_memory="8MiB"),
+        device=DeviceConfig(device="cpu", cuda_graphs=True),
+    )
+    with pytest.raises(ConfigError, match="--cuda-graphs needs a CUDA device"):
+        run_generate(cfg)
+
+
+def _fields(config: EngineConfig) -> dict:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}
