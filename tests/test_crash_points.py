@@ -113,8 +113,8 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_finishes(job, 
     write_jsonl(src, [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(6000, seed=9))])
     big = [str(src), *args[1:]]
     out = tmp / "shared.parquet"
-    first = subprocess.Popen(  # requests replayed at 300/s: a run of about 20 s
-        [sys.executable, "-m", "hpcinfer", "run", *big, "-o", str(out), "--rate", "300"],
+    first = subprocess.Popen(  # requests replayed at 150/s: a run of about 40 s, room for three refusals
+        [sys.executable, "-m", "hpcinfer", "run", *big, "-o", str(out), "--rate", "150"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
