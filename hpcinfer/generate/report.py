@@ -115,6 +115,11 @@ class GenerateReport:
             for p, lat in self.latency_by_priority.items():
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
+        self._device_rows(table)
+        console.print(table)
+
+    def _device_rows(self, table: Table) -> None:
+        """A row per device of a several-device run (a cluster report prints its actors instead)."""
         if len(self.devices) > 1:
             for d in self.devices:
                 table.add_row(
@@ -122,4 +127,3 @@ class GenerateReport:
                     f"{d['rows']:,} rows, {d['completion_tokens']:,} tokens ({d['token_share']:.0%}), "
                     f"busy {d['busy_share']:.0%}, idle tail {d['idle_tail_s']:.2f} s",
                 )
-        console.print(table)

@@ -45,6 +45,9 @@ class ClusterGenerateReport(GenerateReport):
     devices: list[dict[str, Any]] = field(default_factory=list)
     cluster: dict[str, Any] = field(default_factory=dict)
 
+    def _device_rows(self, table: Table) -> None:
+        """The actors get a table of their own (below), not the several-device rows."""
+
     def render(self, console: Console) -> None:
         GenerateReport.render(self, console)
         table = Table(title="per actor (tokens generated; tok/s of busy time)", title_justify="left")
