@@ -14,13 +14,14 @@ import pytest
 from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
 from hpcinfer.errors import ConfigError
 from hpcinfer.generate.engine import EngineConfig
+from hpcinfer.generate.job import load_tokenizer
 from hpcinfer.generate.requests import RequestReader
 from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tune.command import TuneOptions, tune
-from hpcinfer.tune.gen_command import generation_recipe_values, load_tokenizer
+from hpcinfer.tune.gen_command import generation_recipe_values
 from hpcinfer.tune.gen_search import (
     GenerationSearch,
     GenerationSpace,
@@ -168,12 +169,12 @@ def test_the_sample_reads_every_request_shape_and_leaves_rejects_out(tmp_path, c
     from hpcinfer.generate.chat import ChatRenderer
 
     chat = ChatRenderer(info.chat_template, info.special_tokens)
-    reader = RequestReader((str(src),), "id", load_tokenizer(ckpt), chat, SamplingParams(max_tokens=5), 100, 30522)
+    reader = RequestReader((str(src),), "id", load_tokenizer(info), chat, SamplingParams(max_tokens=5), 100, 30522)
     sample = draw_requests(reader, 6, seed=0, scan_rows=1000, kv_tokens=4096)
     assert sample.scanned == 11 and sample.rejected == 1 and sample.rows == 6
     assert [r.row for r in sample.requests] == list(range(6))  # renumbered: windows of the sample's own rows
     everything = draw_requests(
-        RequestReader((str(src),), "id", load_tokenizer(ckpt), chat, SamplingParams(max_tokens=5), 100, 30522),
+        RequestReader((str(src),), "id", load_tokenizer(info), chat, SamplingParams(max_tokens=5), 100, 30522),
         100,
         seed=0,
         scan_rows=1000,
@@ -191,7 +192,7 @@ def test_each_repeat_starts_with_an_empty_prefix_cache(tmp_path, ckpt):
     rows = [{"id": i, "prompt": shared + t, "max_tokens": 2} for i, t in enumerate(texts)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     info = inspect_decoder(ckpt)
-    tokenizer = load_tokenizer(ckpt)
+    tokenizer = load_tokenizer(inspect_decoder(ckpt))
     reader = RequestReader((str(src),), "id", tokenizer, None, SamplingParams(max_tokens=2), 100, 30522)
     sample = draw_requests(reader, 6, seed=0, scan_rows=100, kv_tokens=4096)
     import torch

@@ -18,6 +18,7 @@ from rich.table import Table
 from ..generate.report import GenerateReport, percentiles
 from ..report.render import cluster_line
 from .generate_replica import GenerateUnitResult
+from .merge import cluster_figures
 
 _ADDED = (
     "prompt_tokens",
@@ -101,14 +102,7 @@ def merge_generate_reports(results: list[GenerateUnitResult], wall_s: float, rep
     report.ttft, report.tpot = percentiles(ttft), percentiles(tpot)
     report.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(latency.items(), reverse=True)}
     report.devices = per_actor(results, wall_s)
-    slowest = min(report.devices, key=lambda d: d["tokens_per_busy_s"], default=None)
-    report.cluster = {
-        "replicas": replicas,
-        "actors_seen": len(report.devices),
-        "actor_restarts_seen": max(0, len(report.devices) - replicas),
-        "slowest_actor": slowest["device"] if slowest else None,
-        "busy_s_total": round(sum(d["busy_s"] for d in report.devices), 4),
-    }
+    report.cluster = cluster_figures(report.devices, replicas, "tokens_per_busy_s")
     return report
 
 

@@ -101,12 +101,17 @@ def merge_reports(results: list[UnitResult], wall_s: float, replicas: int) -> Ru
     report.final_max_batch_tokens = min((r.final_max_batch_tokens for r in reports), default=0)
     report.stages = merge_stages(reports, wall_s, replicas)
     report.devices = per_actor(results, wall_s)
-    slowest = min(report.devices, key=lambda d: d["rows_per_busy_s"], default=None)
-    report.cluster = {
-        "replicas": replicas,
-        "actors_seen": len(report.devices),
-        "actor_restarts_seen": max(0, len(report.devices) - replicas),
-        "slowest_actor": slowest["device"] if slowest else None,
-        "busy_s_total": round(sum(d["busy_s"] for d in report.devices), 4),
-    }
+    report.cluster = cluster_figures(report.devices, replicas, "rows_per_busy_s")
     return report
+
+
+def cluster_figures(actors: list[dict[str, Any]], replicas: int, speed: str) -> dict[str, Any]:
+    """The cluster's line of a report: actors seen (restarts), and the slowest by `speed` per busy second."""
+    slowest = min(actors, key=lambda d: d[speed], default=None)
+    return {
+        "replicas": replicas,
+        "actors_seen": len(actors),
+        "actor_restarts_seen": max(0, len(actors) - replicas),
+        "slowest_actor": slowest["device"] if slowest else None,
+        "busy_s_total": round(sum(d["busy_s"] for d in actors), 4),
+    }

@@ -9,15 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tokenizers import Tokenizer
 
 from ..config import GenerateConfig, RunConfig
-from ..errors import ConfigError, ModelError
-from ..generate.chat import ChatRenderer
-from ..generate.engine import EngineConfig
-from ..generate.job import _defaults, _device
-from ..generate.kv_cache import KVLayout, parse_kv_memory, size_pool
-from ..generate.requests import RequestReader
+from ..errors import ConfigError
+from ..generate.job import _device, engine_config, load_tokenizer, request_reader
+from ..generate.kv_cache import KVLayout, size_pool
 from ..models.decoder_checkpoint import inspect_decoder, load_decoder
 from ..models.registry import resolve_model_path
 from ..recipes import dump_recipe
@@ -49,16 +45,6 @@ def check_generation_options(base: RunConfig, objective: str | None, max_p99_ms:
     return objective or "tokens"
 
 
-def load_tokenizer(path: Path) -> Tokenizer:
-    try:
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own exception types
-        raise ModelError(f"cannot load tokenizer ({exc})", path=str(path)) from None
-    tokenizer.no_truncation()  # NOTE: as `run` reads prompts: whole, never cut
-    tokenizer.no_padding()
-    return tokenizer
-
-
 def tune_generate(
     base: RunConfig,
     opts: TuneOptions,
@@ -70,27 +56,17 @@ def tune_generate(
     g = base.generate
     info = inspect_decoder(resolve_model_path(base.model))
     device, dtype = _device(base)
-    defaults = _defaults(base)
     if base.device.threads:
         torch.set_num_threads(base.device.threads)
-    tokenizer = load_tokenizer(info.path)
-    chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
+    tokenizer = load_tokenizer(info)
+    reader = request_reader(base, info, tokenizer)  # NOTE: refuses bad sampling defaults before the model loads
     model = load_decoder(info, device, dtype)
-    engine = engine_config(g)
+    engine = engine_config(base)
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
     blocks = size_pool(KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device)
     kv_tokens = blocks * g.kv_block_size
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
-    reader = RequestReader(
-        base.input.paths,
-        base.input.id_column,
-        tokenizer,
-        chat,
-        defaults,
-        max_prompt,
-        info.config.vocab_size,
-        g.priority_column,
-    )
+    reader.max_prompt = max_prompt
     assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by `command.tune`
     sample = draw_requests(reader, opts.sample_rows, opts.seed, opts.scan_rows, kv_tokens)
     if on_sample is not None:
@@ -132,19 +108,6 @@ def tune_generate(
     )
     search.run(default_params(g))
     return sample, search, device.type
-
-
-def engine_config(g: GenerateConfig) -> EngineConfig:
-    """The engine `run` would build from these options (trials then vary the budgets)."""
-    return EngineConfig(
-        max_num_seqs=g.max_num_seqs,
-        max_num_batched_tokens=g.max_num_batched_tokens,
-        block_size=g.kv_block_size,
-        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
-        chunked_prefill=g.chunked_prefill,
-        prefix_cache=g.prefix_cache,
-        seed=g.seed or 0,
-    )
 
 
 def slowest_repeat(goal: Goal, best: Trial | None) -> float:
