@@ -131,20 +131,28 @@ def test_a_slowed_engine_is_given_fewer_tokens(rows_file, ckpt, tmp_path, one_de
 class _LostAfter:
     """A device that breaks down after a number of engine steps, as a GPU that falls off the bus."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, once_committed: Path | None = None) -> None:
         self.left = steps
+        self.once_committed = once_committed  # a manifest: break only after it lists a window
 
     def __call__(self) -> None:
         self.left -= 1
-        if self.left < 0:
+        if self.left < 0 and (self.once_committed is None or _committed_windows(self.once_committed)):
             raise RuntimeError("device lost")
+
+
+def _committed_windows(manifest: Path) -> int:
+    # NOTE: the other engine's speed decides when the first window commits; reading the manifest
+    # keeps the failure after it on any machine load (a partly written file is never read: renamed in)
+    return len(json.loads(manifest.read_text())["windows"]) if manifest.exists() else 0
 
 
 def test_an_engine_that_fails_names_its_device_and_committed_windows_resume(rows_file, ckpt, tmp_path, one_device):
     out = tmp_path / "out.jsonl"
     cfg = config(rows_file, out, ckpt, "cpu,cpu")
     with pytest.raises(StageError, match=r"stage 'engine@cpu#1' failed: RuntimeError: device lost"):
-        run_generate(cfg, step_hooks={"cpu#1": _LostAfter(25)})  # about half its steps
+        lost = _LostAfter(25, once_committed=Path(f"{out}.parts") / "manifest.json")  # about half its steps
+        run_generate(cfg, step_hooks={"cpu#1": lost})
     manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
     assert 0 < len(manifest["windows"]) < 10, "windows committed before the failure are kept"
     assert not out.exists()
