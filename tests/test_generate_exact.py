@@ -90,3 +90,23 @@ def test_preemption_keeps_tokens(case):
     engine = check(case, EngineConfig(max_num_seqs=64, max_num_batched_tokens=256, kv_cache_memory=24 * block))
     assert engine.blocks.num_blocks == 24 and engine.stats.preemptions > 0
     assert engine.blocks.num_used == 0
+
+
+def test_small_decode_groups_keep_tokens(case, monkeypatch):
+    """On CPU decodes are grouped so each group's gathered K/V stay in cache; tiny groups of a few
+    rows (and so many attention calls per layer, each padded to its own width) change no token."""
+    from hpcinfer.generate import runner
+
+    block = KVLayout.of(case[0].cfg, 16, torch.float32).bytes_per_block // case[0].cfg.num_layers
+    monkeypatch.setattr(runner, "CPU_DECODE_GROUP_BYTES", 8 * block)
+    sizes: list[int] = []
+    bounds = runner.ModelRunner._group_bounds
+
+    def recording(self, nd):
+        got = bounds(self, nd)
+        sizes.extend(end - start for start, end in got)
+        return got
+
+    monkeypatch.setattr(runner.ModelRunner, "_group_bounds", recording)
+    check(case, EngineConfig(max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory=64 << 20))
+    assert max(sizes) <= 8 and sizes.count(1) > 0 and len(sizes) > 200

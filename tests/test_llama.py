@@ -91,3 +91,25 @@ def test_legacy_rope_scaling_keys(tmp_path):
     (path / "config.json").write_text(json.dumps(raw))
     cfg = inspect_decoder(path).config
     assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == {"type": "linear", "factor": 4.0, "rope_type": "linear"}
+
+
+@pytest.mark.parametrize("extra", [{}, {"mlp_bias": True}], ids=["plain", "mlp-bias"])
+def test_the_mlp_in_column_slices_equals_transformers(tmp_path, monkeypatch, extra):
+    """On CPU gate and up run in column slices: 48 columns of 128 leaves a ragged last slice."""
+    from hpcinfer.models import llama
+
+    monkeypatch.setattr(llama, "CPU_MLP_SLICE", 48)
+    calls = []
+    sliced = llama.DecoderLayer._sliced_act
+    monkeypatch.setattr(llama.DecoderLayer, "_sliced_act", lambda self, h, w: calls.append(w) or sliced(self, h, w))
+    path = build_tiny_decoder(tmp_path / "ckpt", "LlamaForCausalLM", seed=4, **extra)
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, info.config.vocab_size, (200,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = model.logits(model(ids, torch.arange(len(ids)), DenseCausalAttention()))
+        theirs = ref(ids[None]).logits[0]
+    assert calls == [48] * info.config.num_layers  # every layer took the sliced path
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
