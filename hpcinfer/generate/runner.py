@@ -23,7 +23,7 @@ MIN_GROUP = 16
 # a group whose gathered K/V fit in about this many bytes is still in cache when SDPA reads it.
 # Measured on one core (32 sequences of 192-320 keys, 8 heads): 1.6-1.8x faster per layer than
 # four groups of 32, though it makes more, smaller attention calls.
-CPU_DECODE_GROUP_BYTES = 2 << 20
+CPU_DECODE_GROUP_BYTES = 4 << 20
 # NOTE: on CPU, MKL runs the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
 # when the whole vocabulary is one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
 # rows, one core, S = 64-128); the logits are bit for bit the same.
