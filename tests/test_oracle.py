@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from sentence_transformers import SentenceTransformer  # the oracle: in the test extra, never skipped
 
 from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.models.registry import resolve_model_path
 
 from .conftest import SAMPLE_PARQUET, run_job
-
-
-def _sentence_transformers():
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("sentence-transformers (the oracle) must be installed in CI: pip install -e '.[test]'")
-        pytest.skip("sentence-transformers is not installed")
-    return SentenceTransformer
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +25,9 @@ def default_run(tmp_path_factory):
 
 
 def test_embeddings_equal_sentence_transformers(default_run):
-    sentence_transformer = _sentence_transformers()
     _, table = default_run
     texts = pq.read_table(SAMPLE_PARQUET, columns=["text"]).column("text").to_pylist()
-    oracle = sentence_transformer(str(resolve_model_path("default")), device="cpu")
+    oracle = SentenceTransformer(str(resolve_model_path("default")), device="cpu")
     expected = oracle.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
     ours = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
     cos = (ours * expected).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(expected, axis=1))

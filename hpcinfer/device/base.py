@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import ConfigError
+
 
 class Cancelled(Exception):
     """Raised in a stage blocked on a resource when the run is stopping."""
@@ -124,7 +126,7 @@ class Device(ABC):
 
     def graph_pool(self) -> object:
         """A memory pool graphs can be captured into and share (see graphs.py)."""
-        raise NotImplementedError(f"the {self.kind} device cannot capture graphs")
+        raise ConfigError(f"--cuda-graphs needs a CUDA device (the {self.kind} device captures no graphs)")
 
     def warm_up(self, fn: Callable[[], object]) -> None:
         """Runs `fn` eagerly, outside any capture, so one-off lazy setup does not land in a graph."""
@@ -132,7 +134,7 @@ class Device(ABC):
 
     def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
         """Captures the device work `fn` issues into a graph; returns it and fn's (static) output."""
-        raise NotImplementedError(f"the {self.kind} device cannot capture graphs")
+        raise ConfigError(f"--cuda-graphs needs a CUDA device (the {self.kind} device captures no graphs)")
 
     def release_cached_memory(self) -> None:
         """Returns cached device memory (freed graphs, for one) to the driver."""
