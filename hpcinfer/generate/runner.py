@@ -21,7 +21,7 @@ MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few mo
 MIN_GROUP = 16
 # NOTE: on CPU the torch path gathers each decode group's K/V into a buffer that SDPA then reads;
 # a group whose gathered K/V fit in about this many bytes is still in cache when SDPA reads it.
-# Measured on one core (32 sequences of 192-320 keys, 8 heads): 1.6-1.8x faster per layer than
+# Measured on one core (32 sequences of 192-320 keys, 8 heads): 1.5-1.8x faster per layer than
 # four groups of 32, though it makes more, smaller attention calls.
 CPU_DECODE_GROUP_BYTES = 4 << 20
 # NOTE: on CPU, MKL runs the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
