@@ -25,7 +25,7 @@ from hpcinfer.api import run
 from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
 from hpcinfer.device.simulated import SimulatedDevice
 from hpcinfer.models.tiny import build_tiny_bert
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
 
 WORDS = [
     *("the", "quick", "brown", "fox", "measures", "latency", "and", "throughput"),

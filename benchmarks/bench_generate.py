@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from hpcinfer.generate.engine import Engine, EngineConfig
-from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.sequence import SamplingParams
 
 
 def workload(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from hpcinfer.api import run
 from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "requests.parquet"
 

@@ -42,7 +42,7 @@ from hpcinfer.config import (
     PlanConfig,
     RunConfig,
 )
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "requests.parquet"
 

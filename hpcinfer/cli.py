@@ -387,7 +387,7 @@ def run(**opts: Any) -> None:
       hpcinfer run sample_data/requests.jsonl -o out.parquet --report report.json
     """
     from .api import run as api_run
-    from .report.render import render
+    from .obs.render import render
 
     config = build_run_config(apply_recipe(click.get_current_context(), opts))
     report = api_run(config)
@@ -490,8 +490,9 @@ def profile(**opts: Any) -> None:
     """
     import tempfile
 
-    from .profile import run_profiled
-    from .report.render import render
+    from .api import run
+    from .obs.profile import run_profiled
+    from .obs.render import render
 
     opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
     console = _stderr_console()
@@ -500,7 +501,7 @@ def profile(**opts: Any) -> None:
             opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
         config = build_run_config(apply_recipe(click.get_current_context(), opts))
         config = replace(config, input=replace(config.input, limit=opts["limit"]))
-        report, notes = run_profiled(config, sys.argv[2:], opts["torch_profile"])
+        report, notes = run_profiled(run, config, sys.argv[2:], opts["torch_profile"])
 
     if not opts["quiet"]:
         render(report, console)

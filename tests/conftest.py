@@ -15,7 +15,7 @@ import pytest
 from hpcinfer.api import run
 from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
 from hpcinfer.models.tiny import build_tiny_bert
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

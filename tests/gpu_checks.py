@@ -36,7 +36,7 @@ from hpcinfer.config import (
 )
 from hpcinfer.device import Device, StagingRing, make_device
 from hpcinfer.device.graphs import GraphRunner
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_data" / "requests.parquet"
@@ -105,10 +105,10 @@ def check_device_equals_cpu(s: Setup) -> str:
 @contextlib.contextmanager
 def _slot_written_after_its_copy(seen: list[bool]) -> Iterator[None]:
     """Records, at the moment the stage step writes into a staging slot, whether its last copy is done."""
-    import hpcinfer.stage
+    import hpcinfer.tasks.embed.stage
 
     local = threading.local()
-    acquire, scatter = StagingRing.acquire, hpcinfer.stage.scatter_rows
+    acquire, scatter = StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows
 
     def acquire_and_remember(self: StagingRing):  # noqa: ANN202
         local.slot = acquire(self)
@@ -119,11 +119,11 @@ def _slot_written_after_its_copy(seen: list[bool]) -> Iterator[None]:
         seen.append(done is None or done.query())  # queried before the write, not after a wait
         scatter(*args, **kwargs)
 
-    StagingRing.acquire, hpcinfer.stage.scatter_rows = acquire_and_remember, checked_scatter
+    StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows = acquire_and_remember, checked_scatter
     try:
         yield
     finally:
-        StagingRing.acquire, hpcinfer.stage.scatter_rows = acquire, scatter
+        StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows = acquire, scatter
 
 
 def _slow_copies(device: Device) -> None:
@@ -228,8 +228,8 @@ def check_generation_graphs(s: Setup) -> str:
     The graphs must really be captured and replayed on CUDA; on the simulated device (the dry run)
     the static-shape decode path runs eagerly on the CPU instead.
     """
-    from hpcinfer.generate.engine import Engine, EngineConfig
-    from hpcinfer.generate.sequence import SamplingParams
+    from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+    from hpcinfer.tasks.generate.sequence import SamplingParams
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 512, int(n)).tolist() for n in rng.integers(4, 60, 40)]

@@ -16,10 +16,10 @@ import pytest
 
 from hpcinfer.device.base import DeviceOutOfMemory
 from hpcinfer.device.simulated import SimulatedDevice
-from hpcinfer.dispatch import Dispatcher
 from hpcinfer.errors import ConfigError, StageError
-from hpcinfer.progress import Progress
-from hpcinfer.replicas import device_labels, parse_devices
+from hpcinfer.obs.progress import Progress
+from hpcinfer.place.devices import device_labels, parse_devices
+from hpcinfer.place.dispatch import Dispatcher
 
 from .conftest import make_texts, run_job, small_config, write_jsonl
 

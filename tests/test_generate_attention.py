@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from hpcinfer.errors import ConfigError
-from hpcinfer.generate.attention import FlashAttnPagedAttention, TorchPagedAttention, choose_attention
-from hpcinfer.generate.engine import Engine, EngineConfig
-from hpcinfer.generate.kv_cache import KVCache, KVLayout
-from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.attention import FlashAttnPagedAttention, TorchPagedAttention, choose_attention
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.kv_cache import KVCache, KVLayout
+from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from hpcinfer.generate.chat import ChatError, ChatRenderer
 from hpcinfer.models.decoder_checkpoint import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.chat import ChatError, ChatRenderer
 
 CHATML = (
     "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"

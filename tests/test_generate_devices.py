@@ -22,12 +22,12 @@ from rich.console import Console
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ConfigError, StageError
-from hpcinfer.generate.devices import EnginePool
-from hpcinfer.generate.job import run_generate
-from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.profile import RecordingRanges
-from hpcinfer.progress import Progress
+from hpcinfer.obs.profile import RecordingRanges
+from hpcinfer.obs.progress import Progress
+from hpcinfer.tasks.generate.devices import EnginePool
+from hpcinfer.tasks.generate.job import run_generate
+from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts, write_jsonl
 

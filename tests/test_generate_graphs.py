@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from hpcinfer.errors import ConfigError
-from hpcinfer.generate.decode_graphs import buckets
-from hpcinfer.generate.engine import Engine, EngineConfig
-from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.decode_graphs import buckets
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
 
@@ -92,7 +92,7 @@ def test_buckets_never_gather_more_blocks_than_the_pool_holds(tiny):
 
 def test_cuda_graphs_are_refused_on_cpu_by_the_job(tmp_path):
     from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-    from hpcinfer.generate.job import run_generate
+    from hpcinfer.tasks.generate.job import run_generate
 
     from .conftest import write_jsonl
 

@@ -16,8 +16,8 @@ import torch
 import transformers
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.generate.job import run_generate, wants_generation
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.job import run_generate, wants_generation
 
 from .conftest import make_texts, read_output, write_jsonl, write_parquet
 
@@ -238,7 +238,7 @@ def test_one_device_given_as_devices_runs_the_plain_loop(tmp_path, ckpt):
 
 
 def test_profile_ranges_wrap_every_engine_step(tmp_path, ckpt):
-    from hpcinfer.profile import RecordingRanges
+    from hpcinfer.obs.profile import RecordingRanges
 
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": t} for i, t in enumerate(make_texts(9))])
     ranges = RecordingRanges()

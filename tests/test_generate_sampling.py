@@ -11,12 +11,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from hpcinfer.generate.engine import Engine, EngineConfig
-from hpcinfer.generate.sampling import Sampler, candidates, filtered_probs
-from hpcinfer.generate.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.sampling import Sampler, candidates, filtered_probs
+from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence
 
 from .conftest import make_texts
 

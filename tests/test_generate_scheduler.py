@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcinfer.generate.block_manager import BlockManager
-from hpcinfer.generate.scheduler import Scheduler
-from hpcinfer.generate.sequence import SamplingParams, Sequence, Status
+from hpcinfer.tasks.generate.block_manager import BlockManager
+from hpcinfer.tasks.generate.scheduler import Scheduler
+from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence, Status
 
 
 def seqs(*lengths: int) -> list[Sequence]:

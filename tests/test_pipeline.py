@@ -13,8 +13,8 @@ from hpcinfer.api import run
 from hpcinfer.device import StagingRing
 from hpcinfer.device.simulated import CudaRuleBroken, SimulatedDevice
 from hpcinfer.errors import StageError
-from hpcinfer.progress import Progress
-from hpcinfer.write import Writer
+from hpcinfer.obs.progress import Progress
+from hpcinfer.tasks.embed.write import Writer
 
 from .conftest import run_job, small_config
 

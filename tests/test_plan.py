@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcinfer.config import PlanConfig
-from hpcinfer.plan import Planner, cut_batches
-from hpcinfer.stage import scatter_rows
+from hpcinfer.tasks.embed.plan import Planner, cut_batches
+from hpcinfer.tasks.embed.stage import scatter_rows
 from hpcinfer.types import TokenBlock
 
 

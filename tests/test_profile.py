@@ -12,8 +12,8 @@ import pytest
 
 from hpcinfer.api import run
 from hpcinfer.errors import StageError
-from hpcinfer.profile import RecordingRanges
-from hpcinfer.progress import Progress
+from hpcinfer.obs.profile import RecordingRanges
+from hpcinfer.obs.progress import Progress
 
 from .conftest import small_config
 

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from hpcinfer.arrivals import ArrivalReplay, slice_block
 from hpcinfer.config import PlanConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.plan import Planner, TokenBudget
-from hpcinfer.report.latency import LatencyLog
+from hpcinfer.files.arrivals import ArrivalReplay, slice_block
+from hpcinfer.obs.latency import LatencyLog
+from hpcinfer.tasks.embed.plan import Planner, TokenBudget
 from hpcinfer.types import Reject, RowBlock, TokenBlock
 
 from .conftest import run_job, small_config

@@ -19,10 +19,10 @@ import pytest
 
 from hpcinfer.config import ClusterConfig
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.progress import Progress
+from hpcinfer.files.read import Reader
+from hpcinfer.obs.progress import Progress
 from hpcinfer.ray_engine.replica import RangeReader
 from hpcinfer.ray_engine.units import plan_units
-from hpcinfer.read import Reader
 
 from .conftest import REPO, make_texts, read_output, run_job, small_config, write_parquet
 from .ray_helpers import local_ray
@@ -182,7 +182,7 @@ def test_without_ray_installed_the_engine_says_how_to_get_it(tmp_path, tiny_mode
 
 
 def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_rejected_it_otherwise():
-    from hpcinfer.ids import IdSet
+    from hpcinfer.files.ids import IdSet
     from hpcinfer.ray_engine.commit import drop_repeated_ids
     from hpcinfer.ray_engine.replica import Committed
 

@@ -31,14 +31,14 @@ from hpcinfer.config import (
     RunConfig,
 )
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.generate.job import load_tokenizer, request_reader
 from hpcinfer.models.decoder_checkpoint import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.progress import Progress
+from hpcinfer.obs.progress import Progress
+from hpcinfer.obs.render import render
 from hpcinfer.ray_engine.generate_driver import _source
 from hpcinfer.ray_engine.generate_replica import RangeRequestReader
 from hpcinfer.ray_engine.units import plan_units
-from hpcinfer.report.render import render
+from hpcinfer.tasks.generate.job import load_tokenizer, request_reader
 
 from .conftest import REPO, make_texts, write_parquet
 from .ray_helpers import local_ray

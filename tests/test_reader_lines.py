@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcinfer.config import InputConfig
-from hpcinfer.lines import BOM
-from hpcinfer.read import Reader
+from hpcinfer.files.lines import BOM
+from hpcinfer.files.read import Reader
 
 CHUNK = 64  # the reader's chunk size in these tests: lines are drawn around it
 

@@ -165,12 +165,12 @@ def test_a_row_that_never_fits_becomes_an_oom_reject(tmp_path, tiny_model):
 def test_a_full_disk_is_a_clear_error_and_leaves_no_output(tmp_path, tiny_model, requests_jsonl, monkeypatch):
     import errno
 
-    import hpcinfer.output
+    import hpcinfer.files.parts
 
     def no_space(*_args, **_kwargs):  # noqa: ANN202
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hpcinfer.output.pq, "write_table", no_space)
+    monkeypatch.setattr(hpcinfer.files.parts.pq, "write_table", no_space)
     out = tmp_path / "out.parquet"
     with pytest.raises(HpcinferError, match="No space left on device"):
         run_job(small_config(requests_jsonl, out, tiny_model))
@@ -179,7 +179,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_output(tmp_path, tiny_model,
 
 
 def test_the_seen_id_set_answers_the_same_across_bulk_merges(monkeypatch):
-    from hpcinfer.read import IdSet, id_key
+    from hpcinfer.files.read import IdSet, id_key
 
     monkeypatch.setattr(IdSet, "_MERGE_AT", 7)
     seen, keys = IdSet(), [id_key(v) for v in [*range(300), *(f"s{i}" for i in range(300)), -1, 2**62]]

@@ -14,7 +14,7 @@ import pytest
 from hpcinfer.config import RunConfig
 from hpcinfer.device.base import DeviceOutOfMemory
 from hpcinfer.recipes import load_recipe
-from hpcinfer.report.summary import RunReport
+from hpcinfer.tasks.embed.report import RunReport
 from hpcinfer.tune.command import parse_size
 from hpcinfer.tune.sample import stratified_indices
 from hpcinfer.tune.search import Goal, Search, Space, Trial

@@ -13,13 +13,13 @@ import pytest
 
 from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.generate.engine import EngineConfig
-from hpcinfer.generate.job import load_tokenizer
-from hpcinfer.generate.requests import RequestReader
-from hpcinfer.generate.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
+from hpcinfer.tasks.generate.engine import EngineConfig
+from hpcinfer.tasks.generate.job import load_tokenizer
+from hpcinfer.tasks.generate.requests import RequestReader
+from hpcinfer.tasks.generate.sequence import SamplingParams
 from hpcinfer.tune.command import TuneOptions, tune
 from hpcinfer.tune.gen_command import generation_recipe_values
 from hpcinfer.tune.gen_search import (
@@ -166,7 +166,7 @@ def test_the_sample_reads_every_request_shape_and_leaves_rejects_out(tmp_path, c
     rows += [{"id": "ids", "prompt_token_ids": [101, 2000, 2001, 2002]}, {"id": "bad", "prompt": ""}]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     info = inspect_decoder(ckpt)
-    from hpcinfer.generate.chat import ChatRenderer
+    from hpcinfer.tasks.generate.chat import ChatRenderer
 
     chat = ChatRenderer(info.chat_template, info.special_tokens)
     reader = RequestReader((str(src),), "id", load_tokenizer(info), chat, SamplingParams(max_tokens=5), 100, 30522)

@@ -17,6 +17,7 @@ __all__ = [
     "StagingRing",
     "StagingSlot",
     "Stream",
+    "dtype_for",
     "make_device",
     "resolve_dtype",
 ]
@@ -45,12 +46,18 @@ def make_device(spec: str, streams: int) -> Device:
 
 
 def resolve_dtype(spec: str, device: Device) -> torch.dtype:
-    """'auto' is float32 on CPU and bfloat16 (float16 where unsupported) on CUDA."""
+    """`--dtype` for a device of the device layer (the simulated device computes on the CPU)."""
+    return dtype_for(spec, device.torch_device)
+
+
+def dtype_for(spec: str, device: torch.device) -> torch.dtype:
+    """The one `--dtype` rule of every task and engine: 'auto' is float32 on CPU, and on CUDA
+    bfloat16, or float16 on a GPU without bfloat16."""
     if spec == "auto":
-        if device.kind == "cuda":
+        if device.type == "cuda":
             from .cuda import best_half_dtype
 
-            return best_half_dtype(device.torch_device)
+            return best_half_dtype(device)
         return torch.float32
     if spec not in _DTYPES:
         raise ConfigError(f"--dtype {spec!r}: expected auto, float32, bfloat16 or float16")

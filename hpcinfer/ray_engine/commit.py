@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ids import IdSet, id_key
+from ..files.ids import IdSet, id_key
 from ..types import Reject
 from .replica import Committed
 

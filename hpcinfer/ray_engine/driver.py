@@ -1,4 +1,4 @@
-"""`--engine ray`: the job of `api.run`, its windows embedded by replicas in Ray Data actors.
+"""`--engine ray`: the embedding job of `api.run`, its windows embedded by replicas in Ray Data actors.
 
 What runs where. The driver (this process) checks the inputs, output and model as a local run
 does, takes the output's lock, cuts the input into the local engine's windows (`units.py`) and
@@ -22,19 +22,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import api
-from ..accounting import AccountingError, settle
 from ..config import RunConfig, flatten, resolve_plan
 from ..errors import ConfigError, HpcinferError, Interrupted, OutputError
-from ..ids import IdSet, id_key
+from ..files.ids import IdSet, id_key
+from ..files.parts import PartStore
+from ..files.read import Reader
+from ..job.accounting import AccountingError, settle
+from ..job.claim import claimed, open_store
+from ..job.output_checks import check_output, output_format
+from ..job.rejects import RejectCounter
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import resolve_model_path
-from ..output import PartStore
-from ..progress import Progress
-from ..read import Reader
-from ..report.summary import RunReport
-from ..report.timing import bottleneck
-from ..write import RejectCounter, check_output, output_format
+from ..obs.progress import Progress
+from ..obs.timing import bottleneck
+from ..tasks.embed.job import check_lengths, embed_fingerprint
+from ..tasks.embed.report import RunReport
 from .actor import ReplicaActor
 from .commit import drop_repeated_ids, reject_from_json
 from .merge import merge_reports
@@ -64,12 +66,12 @@ def run_on_ray(config: RunConfig, *, progress: Progress | None = None, replica_c
     try:
         replicas, cpus, gpus, kind = _resources(ray, config)
         config = replace(config, plan=resolve_plan(config.plan, kind, None))
-        max_length = api._check_lengths(config, info)
+        max_length = check_lengths(config, info)
         reader = Reader(config.input, config.plan.sort_window)
         dtype = _dtype(ray, config, kind, gpus)
-        fp = api._fingerprint(config, info, reader, max_length, dtype)
+        fp = embed_fingerprint(config, info, reader, max_length, dtype)
         store = PartStore(config.output.path, fmt, info.config.hidden_size, fp)
-        with api._claimed(store, config.output.path):
+        with claimed(store, config.output.path):
             job = _Job(config, store, reader, replicas, cpus, gpus, kind, str(dtype).removeprefix("torch."))
             return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress), str(info.path))
     finally:
@@ -136,12 +138,10 @@ def _dtype(ray: Any, config: RunConfig, kind: str, gpus: float) -> Any:
     """The dtype the replicas will use, for the fingerprint; `auto` on CUDA is asked of a GPU worker."""
     import torch
 
-    from ..device import _DTYPES
+    from ..device import dtype_for
 
-    if config.device.dtype != "auto":
-        return _DTYPES[config.device.dtype]
-    if kind == "cpu":
-        return torch.float32
+    if config.device.dtype != "auto" or kind == "cpu":
+        return dtype_for(config.device.dtype, torch.device(kind))
 
     @ray.remote(num_gpus=gpus)
     def half() -> str:
@@ -168,7 +168,7 @@ class _Job:
 
     def run(self, ray: Any, replica_cls: type, progress: Progress, model: str) -> RunReport:
         config, store, window = self.config, self.store, self.config.plan.sort_window
-        first_window = api._open_store(store, self.reader, config.output)
+        first_window = open_store(store, self.reader, config.output)
         if any(w["first_row"] != k * window for k, w in enumerate(store.windows)):
             raise OutputError(
                 "cannot resume on Ray: the committed windows are not --sort-window rows each", path=config.output.path

@@ -17,24 +17,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import api
-from ..accounting import AccountingError, settle
 from ..config import RunConfig, flatten
 from ..errors import ConfigError, Interrupted, OutputError
-from ..generate.job import _device, _fingerprint, _GenerationStore, answers_table, load_tokenizer, request_reader
-from ..generate.report import GenerateReport
-from ..generate.requests import RequestReader
-from ..ids import IdSet, id_key
+from ..files.ids import IdSet, id_key
+from ..files.read import Source
+from ..job.accounting import AccountingError, settle
+from ..job.claim import claimed, open_store
+from ..job.output_checks import check_output, output_format
+from ..job.rejects import RejectCounter
 from ..models.decoder_checkpoint import inspect_decoder
 from ..models.registry import resolve_model_path
-from ..progress import Progress
-from ..read import Source
-from ..write import RejectCounter, check_output, output_format
+from ..obs.progress import Progress
+from ..tasks.generate.job import _fingerprint, _GenerationStore, answers_table, load_tokenizer, request_reader
+from ..tasks.generate.report import GenerateReport
+from ..tasks.generate.requests import RequestReader
 from .actor import ReplicaActor
 from .commit import drop_repeated_requests, reject_from_json
 from .driver import (
     Pool,
     _connect,
+    _dtype,
     _import_ray,
     _refuse_unsupported,
     _resources,
@@ -67,9 +69,9 @@ def run_generate_on_ray(
         replicas, cpus, gpus, kind = _resources(ray, config)
         # NOTE: the replicas run on what Ray hands out, not on what the driver's machine has.
         config = replace(config, device=replace(config.device, device=kind))
-        _, dtype = _device(config)
+        dtype = _dtype(ray, config, kind, gpus)
         store = _GenerationStore(config.output.path, fmt, 0, _fingerprint(config, info, reader.files, dtype))
-        with api._claimed(store, config.output.path):
+        with claimed(store, config.output.path):
             job = _GenerateJob(config, store, reader, Pool(replicas, cpus, gpus, kind), str(dtype))
             return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress), str(info.path))
     finally:
@@ -78,7 +80,7 @@ def run_generate_on_ray(
 
 
 class _CommittedIds:
-    """What `api._open_store` tells a reader on resume (rows to skip, ids written), kept for the driver."""
+    """What `open_store` tells a reader on resume (rows to skip, ids written), kept for the driver."""
 
     def __init__(self, seen: IdSet) -> None:
         self.seen = seen
@@ -105,7 +107,7 @@ class _GenerateJob:
 
     def run(self, ray: Any, replica_cls: type, progress: Progress, model: str) -> GenerateReport:
         config, store, window = self.config, self.store, self.config.generate.window_rows
-        first_window = api._open_store(store, _CommittedIds(self.seen), config.output)  # type: ignore[arg-type]
+        first_window = open_store(store, _CommittedIds(self.seen), config.output)  # type: ignore[arg-type]
         if any(w["first_row"] != k * window for k, w in enumerate(store.windows)):
             raise OutputError(
                 "cannot resume on Ray: the committed windows are not --window-rows rows each", path=config.output.path

@@ -15,8 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..generate.report import GenerateReport, percentiles
-from ..report.render import cluster_line
+from ..obs.render import cluster_line
+from ..tasks.generate.report import GenerateReport, percentiles
 from .generate_replica import GenerateUnitResult
 from .merge import cluster_figures
 

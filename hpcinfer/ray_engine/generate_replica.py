@@ -25,15 +25,15 @@ import torch
 
 from ..config import RunConfig
 from ..errors import HpcinferError, InputError
-from ..generate.admission import Admission, EngineSink
-from ..generate.engine import Engine
-from ..generate.job import _device, answer_row, engine_config, load_tokenizer, request_reader
-from ..generate.requests import Request, RequestReader, _parse
-from ..generate.sequence import Sequence
-from ..ids import IdSet
-from ..lines import LineSplitter
+from ..files.ids import IdSet
+from ..files.lines import LineSplitter
 from ..models.decoder_checkpoint import inspect_decoder, load_decoder
 from ..models.registry import resolve_model_path
+from ..tasks.generate.admission import Admission, EngineSink
+from ..tasks.generate.engine import Engine
+from ..tasks.generate.job import _device, answer_row, engine_config, load_tokenizer, request_reader
+from ..tasks.generate.requests import Request, RequestReader, _parse
+from ..tasks.generate.sequence import Sequence
 from ..types import Reject
 from .replica import parquet_range
 from .units import Segment, Unit

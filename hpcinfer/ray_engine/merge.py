@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..report.summary import RunReport
+from ..tasks.embed.report import RunReport
 from .replica import UnitResult
 
 _ADDED = ("items", "busy_s", "starved_s", "backpressured_s")

@@ -25,10 +25,10 @@ import pyarrow.parquet as pq
 
 from ..config import RunConfig
 from ..errors import HpcinferError, InputError, StageError
-from ..lines import LineSplitter
-from ..progress import Progress
-from ..read import Reader, Source, _Rows
-from ..report.summary import RunReport
+from ..files.lines import LineSplitter
+from ..files.read import Reader, Source, _Rows
+from ..obs.progress import Progress
+from ..tasks.embed.report import RunReport
 from ..types import RowBlock
 from .units import Segment, Unit
 
@@ -177,17 +177,18 @@ class EmbedReplica:
     """
 
     def __init__(self, config: RunConfig) -> None:
-        from .. import api
         from ..device import resolve_dtype
         from ..models.checkpoint import inspect_checkpoint
         from ..models.registry import load_model, resolve_model_path
+        from ..place.devices import make_run_devices
+        from ..tasks.embed import job
 
-        self._api = api
+        self._job = job
         # NOTE: the driver resolved the plan; inside the actor the run is one local run per unit.
         self.config = replace(config, report_path=None, trace_path=None)
-        self.devices = api._make_devices(self.config)
+        self.devices = make_run_devices(self.config)
         self.info = inspect_checkpoint(resolve_model_path(self.config.model))
-        self.max_length = api._check_lengths(self.config, self.info)
+        self.max_length = job.check_lengths(self.config, self.info)
         self.dtype = resolve_dtype(self.config.device.dtype, self.devices[0])
         self.model = load_model(self.info, self.devices[0].torch_device, self.dtype)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -197,10 +198,10 @@ class EmbedReplica:
         try:
             reader = RangeReader(self.config.input, self.config.plan.sort_window, unit)
             store = CollectedStore(self.info.config.hidden_size)
-            job = self._api._Job(
+            job = self._job.EmbedJob(
                 self.config, self.devices, store, reader, self.info, self.max_length, self.dtype, unit.window_id
             )
-            report = _off_main_thread(lambda: self._api._execute(job, Progress("off"), None, None, None, self.model))
+            report = _off_main_thread(lambda: self._job.execute_job(job, Progress("off"), None, None, None, self.model))
         except (HpcinferError, StageError) as exc:  # a user's problem: the driver reports it as one line
             result.error = (str(exc), exc.exit_code)
             return result

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..lines import BOM
-from ..read import Source
+from ..files.lines import BOM
+from ..files.read import Source
 
 
 @dataclass(frozen=True, slots=True)

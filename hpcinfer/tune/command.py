@@ -6,7 +6,7 @@ import csv
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,8 @@ from ..config import InputConfig, PlanConfig, RunConfig, resolve_plan
 from ..errors import ConfigError
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import resolve_model_path
-from ..plan import round_up
 from ..recipes import dump_recipe
+from ..tasks.embed.plan import round_up
 from .gen_command import (
     SAMPLE_ROWS,
     WARMUP_ROWS,
@@ -27,12 +27,15 @@ from .gen_command import (
     write_generation_recipe,
 )
 from .gen_search import NoisyGoal
-from .gen_trial import RequestSample
+from .options import TuneOptions, TuneResult
 from .sample import Sample, draw_sample
 from .search import Goal, Search, Space, Trial
 from .trial import TrialRunner
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+__all__ = ["TuneOptions", "TuneResult", "parse_size", "tune"]
 
 
 def parse_size(text: str) -> int:
@@ -42,39 +45,6 @@ def parse_size(text: str) -> int:
         raise ConfigError(f"--max-memory {text!r}: expected a size like 800MB or 4GiB")
     value, unit = float(match.group(1)), match.group(2).lower()
     return int(value * 1024 ** "_kmgt".index(unit or "_"))
-
-
-@dataclass(slots=True)
-class TuneOptions:
-    sample_rows: int | None = None  # None: 2000 rows to embed, 512 requests to generate
-    scan_rows: int = 50_000
-    repeats: int = 3
-    warmup_rows: int | None = None  # None: 200 rows to embed, 32 (short answers) to generate
-    objective: str | None = None  # None: rows (tokens to generate), or latency under --rate
-    max_p99_ms: float | None = None
-    max_memory: str | None = None
-    min_gain: float = 0.05
-    seed: int = 0
-    trials_csv: str | None = None
-    recipe_path: str | None = None
-
-
-@dataclass(slots=True)
-class TuneResult:
-    sample: Sample | RequestSample
-    search: Search  # a GenerationSearch for a causal LM
-    device: str
-    goal: Goal
-
-    @property
-    def best(self) -> Trial:
-        assert self.search.best is not None
-        return self.search.best
-
-    @property
-    def default(self) -> Trial:
-        assert self.search.default is not None
-        return self.search.default
 
 
 def device_kind(spec: str) -> str:
@@ -120,7 +90,7 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
-    from ..generate.job import wants_generation
+    from ..tasks.generate.job import wants_generation
 
     generating = wants_generation(base)
     opts = replace(

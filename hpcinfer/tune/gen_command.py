@@ -12,17 +12,17 @@ import torch
 
 from ..config import GenerateConfig, RunConfig
 from ..errors import ConfigError
-from ..generate.job import _device, engine_config, load_tokenizer, request_reader
-from ..generate.kv_cache import KVLayout, size_pool
 from ..models.decoder_checkpoint import inspect_decoder, load_decoder
 from ..models.registry import resolve_model_path
 from ..recipes import dump_recipe
+from ..tasks.generate.job import _device, engine_config, load_tokenizer, request_reader
+from ..tasks.generate.kv_cache import KVLayout, size_pool
 from .gen_search import GenerationSearch, generation_space, prefix_line
 from .gen_trial import GenerationTrialRunner, RequestSample, draw_requests
 from .search import Goal, Search, Trial
 
 if TYPE_CHECKING:
-    from .command import TuneOptions
+    from .options import TuneOptions
 
 SAMPLE_ROWS = 512  # requests: enough for two rounds at max-num-seqs 256, minutes not hours a trial
 WARMUP_ROWS = 32

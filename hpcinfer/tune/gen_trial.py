@@ -23,11 +23,11 @@ import torch
 
 from ..device.base import is_out_of_memory
 from ..errors import InputError
-from ..generate.admission import Admission, EngineSink
-from ..generate.engine import Engine, EngineConfig
-from ..generate.report import percentiles
-from ..generate.requests import Request, RequestReader
 from ..models.llama import LlamaDecoder
+from ..tasks.generate.admission import Admission, EngineSink
+from ..tasks.generate.engine import Engine, EngineConfig
+from ..tasks.generate.report import percentiles
+from ..tasks.generate.requests import Request, RequestReader
 from .sample import stratified_indices
 from .search import Trial
 from .trial import CLEARLY_WORSE, PeakRss, release_memory

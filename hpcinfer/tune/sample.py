@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 
 from ..config import RunConfig
 from ..errors import InputError
+from ..files.parts import id_array
+from ..files.read import Reader
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import load_tokenizer, resolve_model_path
-from ..output import id_array
-from ..read import Reader
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ from ..device.base import is_out_of_memory
 from ..errors import StageError
 from ..models.checkpoint import inspect_checkpoint
 from ..models.registry import LoadedModel, load_model, resolve_model_path
-from ..progress import Progress
-from ..report.summary import RunReport
+from ..obs.progress import Progress
+from ..tasks.embed.report import RunReport
 from .search import Trial
 
 # A first repeat under this share of the best so far settles the trial: with --min-gain 5% the
@@ -105,9 +105,9 @@ class TrialRunner:
         self.on_repeat = on_repeat
 
     def _run_quietly(self, config: RunConfig) -> RunReport:
-        from ..api import run
+        from ..tasks.embed.job import run_embed
 
-        return run(config, progress=Progress("off"), model=self._model(config))
+        return run_embed(config, progress=Progress("off"), model=self._model(config))
 
     def _model(self, config: RunConfig) -> LoadedModel:
         """Loaded once for all trials: loading it per run would cost time and, held by the

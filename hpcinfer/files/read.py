@@ -1,0 +1,475 @@
+"""Stage 1, read: input files -> RowBlocks, streamed.
+
+Accepts JSONL, Parquet and OpenAI-style batch JSONL (`custom_id`, `body.input`); one file, several,
+a directory or a glob of shards. Whole-input problems (missing file, unknown column, unreadable
+file) are raised up front as InputError. A bad row becomes a Reject and the run goes on.
+
+Blocks never straddle a window boundary (a multiple of `window_rows` input rows), so windows are
+the same in every run over the same input, which is what makes resume exact.
+
+Every input row is counted per file (`Reader.counts`): JSONL lines that are not blank, Parquet rows
+(checked against the footer). A file read to its end must have given all of its bytes (JSONL) or
+all of its rows (Parquet) to the reader, or the run fails naming it: a row is never lost unseen.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+
+from ..config import InputConfig
+from ..errors import InputError
+from ..types import Reject, RowBlock
+from .ids import IdSet, check_id, id_key, is_unicode
+from .lines import BOM, LineSplitter
+
+_SUFFIX_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+TOKENS_COLUMN = "input_ids"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    path: str
+    fmt: str  # jsonl | parquet | openai
+    payload: str  # "text" or "tokens"
+    has_ids: bool
+
+
+def expand_paths(specs: tuple[str, ...]) -> list[str]:
+    """Files, directories (their data files, sorted) and globs -> a list of files, in order."""
+    files: list[str] = []
+    for spec in specs:
+        if any(ch in spec for ch in "*?["):
+            matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise InputError("no file matches this pattern", path=spec)
+            files.extend(matches)
+        elif os.path.isdir(spec):
+            found = sorted(str(p) for p in Path(spec).iterdir() if p.suffix.lower() in _SUFFIX_FORMATS)
+            if not found:
+                raise InputError("directory holds no .jsonl or .parquet file", path=spec)
+            files.extend(found)
+        elif os.path.isfile(spec):
+            files.append(spec)
+        else:
+            raise InputError("no such file or directory", path=spec)
+    return files
+
+
+def _json_objects(path: str, limit: int = 1000) -> list[dict]:
+    """The JSON objects among the first `limit` lines (bad lines are the rows' problem, not the file's)."""
+    found = []
+    try:
+        with open(path, "rb") as fh:
+            for n, line in enumerate(fh):
+                if n >= limit:
+                    break
+                if n == 0 and line.startswith(BOM):
+                    line = line[len(BOM) :]
+                try:
+                    obj = json.loads(line) if line.strip() else None
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    found.append(obj)
+    except OSError as exc:
+        raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
+    return found
+
+
+def is_text_type(kind: pa.DataType) -> bool:
+    """Text as Parquet writers store it: plain, large, view, or dictionary-encoded (pandas 'category')."""
+    if pa.types.is_dictionary(kind):
+        return is_text_type(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _is_id_type(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        return _is_id_type(kind.value_type)
+    return is_text_type(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind)
+
+
+def open_source(path: str, cfg: InputConfig) -> Source:
+    """Detects the format and checks the columns of one file."""
+    fmt = cfg.input_format
+    if fmt == "auto":
+        fmt = _SUFFIX_FORMATS.get(Path(path).suffix.lower(), "")
+        if not fmt:
+            raise InputError("unknown file type (expected .jsonl or .parquet; see --input-format)", path=path)
+    objects = _json_objects(path) if fmt in ("jsonl", "openai") else []
+    if fmt == "jsonl" and objects and "custom_id" in objects[0] and isinstance(objects[0].get("body"), dict):
+        fmt = "openai"
+    if fmt == "openai":
+        return Source(path, "openai", "text", True)
+    if fmt == "parquet":
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
+        columns = set(schema.names)
+        if cfg.id_column in columns and not _is_id_type(kind := schema.field(cfg.id_column).type):
+            raise InputError(f"id column '{cfg.id_column}' holds {kind}; ids must be strings or integers", path=path)
+    else:
+        columns = {key for obj in objects for key in obj}
+    if fmt == "jsonl" and (not objects or cfg.text_column in columns):
+        return Source(path, fmt, "text", cfg.id_column in columns)  # a row lacking text becomes a reject
+    if cfg.text_column in columns:
+        kind = schema.field(cfg.text_column).type if fmt == "parquet" else pa.string()
+        if not is_text_type(kind):
+            raise InputError(f"column '{cfg.text_column}' holds {kind}, not text", path=path)
+        return Source(path, fmt, "text", cfg.id_column in columns)
+    if TOKENS_COLUMN in columns:
+        return Source(path, fmt, "tokens", cfg.id_column in columns)
+    shown = ", ".join(sorted(columns)[:8])
+    raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
+
+
+def _check_id_columns(sources: list[Source], id_column: str) -> None:
+    """Ids come from every file or from none: row numbers of one file would pass for ids of another."""
+    with_ids = [s.path for s in sources if s.has_ids]
+    without = [s.path for s in sources if not s.has_ids]
+    if with_ids and without:
+        raise InputError(
+            f"has no id column '{id_column}' but {with_ids[0]} has one: give every input file ids, or none",
+            path=without[0],
+        )
+
+
+class _Rows:
+    """Parsed rows of one chunk: per-row payload or reject, plus ids and line numbers."""
+
+    def __init__(self) -> None:
+        self.payloads: list[Any] = []  # str, list[int] or a (reason, message) reject
+        self.ids: list[Any] = []
+        self.lines: list[int | None] = []
+
+
+def _check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | None:
+    if value is None:
+        return "missing_text", "no text"
+    if not isinstance(value, str):
+        return "wrong_type", f"text is a {type(value).__name__}, not a string"
+    if not value or value.isspace():
+        return "empty_text", "text is empty or whitespace"
+    if not from_arrow and not is_unicode(value):  # NOTE: Arrow strings are UTF-8: no surrogates there
+        return "invalid_unicode", "text holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode"
+    return None
+
+
+def _check_tokens(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return "missing_text", "no input_ids"
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "wrong_type", "input_ids must be a list of integers"
+    if not value:
+        return "empty_text", "input_ids is empty"
+    return None
+
+
+@dataclass(slots=True)
+class SourceRows:
+    """What the reader saw of one input file."""
+
+    path: str
+    read: int = 0  # input rows taken from the file (blank JSONL lines are not rows), resumed ones included
+    resumed: int = 0  # of which committed by an interrupted run, so skipped
+
+
+class Reader:
+    """Produces RowBlocks of at most `read_block_rows` input rows, never crossing a window edge.
+
+    `skip_rows` input rows are skipped (resume). Without an id column, ids are the global input row
+    numbers; with one, a row's id is a string, an integer or null (absent), and a repeated id is a
+    reject (`remember_ids` adds the ids already written, on resume). Null ids are never repeats.
+    """
+
+    name = "read"
+
+    def __init__(self, cfg: InputConfig, window_rows: int, skip_rows: int = 0) -> None:
+        self.cfg = cfg
+        self.window_rows = window_rows
+        self.sources = [open_source(p, cfg) for p in expand_paths(cfg.paths)]
+        _check_id_columns(self.sources, cfg.id_column)
+        self.skip_rows = skip_rows
+        self.skip_done = 0
+        self.rows_read = 0  # input rows consumed, rejects and skipped rows included
+        self.counts: dict[str, SourceRows] = {s.path: SourceRows(s.path) for s in self.sources}
+        self._block_id = 0
+        self._seen = IdSet()
+
+    def remember_ids(self, ids: Iterable[Any]) -> None:
+        """Ids already written by an interrupted run: a repeat of one is a duplicate."""
+        self._seen.update(id_key(i) for i in ids if i is not None)
+
+    def produce(self) -> Iterator[RowBlock]:
+        limit = self.cfg.limit
+        for src in self.sources:
+            file_first_row = self.rows_read
+            for rows in self._chunks(src):
+                for block in self._blocks(src, rows, file_first_row):
+                    yield block
+                    if limit is not None and self.rows_read >= self.skip_done + limit:
+                        return
+
+    # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
+
+    def _chunks(self, src: Source) -> Iterator[_Rows]:
+        try:
+            if src.fmt == "parquet":
+                yield from self._parquet_chunks(src)
+            else:
+                yield from self._jsonl_chunks(src)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"cannot read ({exc})", path=src.path) from None
+
+    def _parquet_chunks(self, src: Source) -> Iterator[_Rows]:
+        file = pq.ParquetFile(src.path)
+        seen = 0
+        for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=self._parquet_columns(src)):
+            seen += batch.num_rows
+            yield self._parquet_rows(src, batch)
+        if seen != file.metadata.num_rows:
+            raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=src.path)
+
+    def _parquet_columns(self, src: Source) -> list[str]:
+        payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
+        return [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
+
+    def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> _Rows:
+        """One record batch of a Parquet file -> parsed rows."""
+        rows = _Rows()
+        values = batch.column(self._parquet_columns(src)[0])
+        if src.payload == "text":
+            rows.payloads = _arrow_texts(values)
+        else:
+            rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
+        rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
+        rows.lines = [None] * batch.num_rows
+        return rows
+
+    def _jsonl_chunks(self, src: Source) -> Iterator[_Rows]:
+        with open(src.path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            splitter = LineSplitter(fh, self.cfg.read_chunk_bytes)
+            for numbered in splitter.chunks():
+                if numbered:
+                    yield self._parse_lines(src, numbered)
+            if splitter.bytes_seen != size:
+                raise InputError(
+                    f"read stopped at byte {splitter.bytes_seen:,} of {size:,} (did the file change while read?)",
+                    path=src.path,
+                )
+
+    def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> _Rows:
+        rows = _Rows()
+        if src.fmt == "jsonl" and src.payload == "text":
+            fast = self._fast_jsonl(numbered)
+            if fast is not None:
+                return fast
+        for line_no, raw in numbered:
+            rows.lines.append(line_no)
+            payload, row_id = self._parse_line(src, raw)
+            rows.payloads.append(payload)
+            rows.ids.append(row_id)
+        return rows
+
+    def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> _Rows | None:
+        """pyarrow parses a clean chunk in one call; any problem falls back to line by line."""
+        text_col, id_col = self.cfg.text_column, self.cfg.id_column
+        data = b"\n".join(raw for _, raw in numbered)
+        try:
+            table = pj.read_json(
+                io.BytesIO(data),
+                read_options=pj.ReadOptions(block_size=min(len(data) + 1, 1 << 30)),
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema([(text_col, pa.string())]), unexpected_field_behavior="infer"
+                ),
+            )
+        except (pa.ArrowException, UnicodeDecodeError, ValueError):
+            return None
+        if table.num_rows != len(numbered):
+            return None
+        has_ids = id_col in table.column_names
+        if has_ids and not _is_id_type(table.schema.field(id_col).type):
+            return None  # floats, lists, objects, integers beyond 64 bits: each row says what is wrong
+        rows = _Rows()
+        try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
+            rows.payloads = _arrow_texts(table.column(text_col))
+            rows.ids = table.column(id_col).to_pylist() if has_ids else [None] * table.num_rows
+        except UnicodeDecodeError:
+            return None
+        rows.lines = [n for n, _ in numbered]
+        return rows
+
+    def _parse_line(self, src: Source, raw: bytes) -> tuple[Any, Any]:
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return ("invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"), None
+        except ValueError as exc:
+            return ("malformed_json", f"not valid JSON ({exc})"), None
+        if not isinstance(obj, dict):
+            return ("malformed_json", f"a JSON {type(obj).__name__}, not an object"), None
+        if src.fmt == "openai":
+            body = obj.get("body")
+            text = body.get("input") if isinstance(body, dict) else None
+            if isinstance(text, list) and len(text) == 1:
+                text = text[0]
+            return (text if (bad := _check_text(text)) is None else bad), obj.get("custom_id")
+        row_id = obj.get(self.cfg.id_column)
+        if src.payload == "tokens":
+            value = obj.get(TOKENS_COLUMN)
+            return (value if (bad := _check_tokens(value)) is None else bad), row_id
+        value = obj.get(self.cfg.text_column)
+        return (value if (bad := _check_text(value)) is None else bad), row_id
+
+    # -- blocks ----------------------------------------------------------------------------------
+
+    def _blocks(self, src: Source, rows: _Rows, file_first_row: int) -> Iterator[RowBlock]:
+        n = len(rows.payloads)
+        start = 0
+        count = self.counts[src.path]
+        if self.skip_rows:  # resume: drop input rows already committed
+            start = min(n, self.skip_rows)
+            self.skip_rows -= start
+            self.skip_done += start
+            self.rows_read += start
+            count.read += start
+            count.resumed += start
+        while start < n:
+            room = self.window_rows - self.rows_read % self.window_rows
+            end = min(n, start + self.cfg.read_block_rows, start + room)
+            if self.cfg.limit is not None:
+                end = min(end, start + self.skip_done + self.cfg.limit - self.rows_read)
+            count.read += end - start
+            yield self._block(src, rows, start, end, file_first_row)
+            start = end
+
+    def _block(self, src: Source, rows: _Rows, start: int, end: int, file_first_row: int) -> RowBlock:
+        first = self.rows_read
+        block = RowBlock(self._block_id, first, end - start, src.path, [], file_first_row=file_first_row)
+        payloads, lines = rows.payloads[start:end], rows.lines[start:end]
+        ids = rows.ids[start:end] if src.has_ids else list(range(first, first + end - start))
+        for k, row_id in enumerate(ids):
+            if not isinstance(payloads[k], tuple) and (bad := check_id(row_id)) is not None:
+                payloads[k] = bad  # a valid payload under an id that cannot be written
+        duplicate = self._duplicates(payloads, ids) if src.has_ids else None
+        texts: list[str] = []
+        tokens: list[list[int]] = []
+        for k, payload in enumerate(payloads):
+            row, row_id = first + k, ids[k]
+            if isinstance(payload, tuple) or (duplicate is not None and duplicate[k]):
+                reason, message = payload if isinstance(payload, tuple) else _duplicate(row_id)
+                shown_id = row_id if check_id(row_id) is None else repr(row_id)
+                block.rejects.append(Reject(row, src.path, lines[k], shown_id, reason, message, row - file_first_row))
+                continue
+            block.ids.append(row_id)
+            block.rows.append(row)
+            block.lines.append(lines[k])
+            (tokens if src.payload == "tokens" else texts).append(payload)
+        if src.payload == "tokens":
+            lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
+            flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))
+            block.token_ids = (flat, lengths)
+        else:
+            block.texts = texts
+        self._block_id += 1
+        self.rows_read += end - start
+        return block
+
+    def _duplicates(self, payloads: list[Any], ids: list[Any]) -> list[bool]:
+        """Per row: its id was seen before (an earlier block, or earlier in this block); remembers the rest.
+
+        Rows already rejected (payload or id) and rows without an id take no part: they are neither
+        checked nor kept.
+        """
+        valid = [k for k, payload in enumerate(payloads) if not isinstance(payload, tuple) and ids[k] is not None]
+        keys = np.fromiter((id_key(ids[k]) for k in valid), np.uint64, len(valid))
+        repeated = self._seen.contains_many(keys)
+        _, firsts = np.unique(keys, return_index=True)
+        later = np.ones(len(keys), dtype=bool)
+        later[firsts] = False
+        repeated |= later  # the second and later rows with one id in this block
+        self._seen.add_many(keys[~repeated])
+        duplicate = np.zeros(len(payloads), dtype=bool)
+        duplicate[valid] = repeated
+        return duplicate.tolist()
+
+
+def _duplicate(row_id: Any) -> tuple[str, str]:
+    return "duplicate_id", f"id {row_id!r} appeared before"
+
+
+def _decoded(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Dictionary-encoded and view strings as plain ones."""
+    kind = values.type
+    if pa.types.is_dictionary(kind) or pa.types.is_string_view(kind):
+        target = kind.value_type if pa.types.is_dictionary(kind) else pa.string()
+        if pa.types.is_string_view(target):
+            target = pa.string()
+        return values.cast(target)
+    return values
+
+
+def _arrow_texts(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """Texts as Python strings, with null, blank and invalid ones replaced by reject reasons."""
+    values = _decoded(values)
+    try:
+        texts = values.to_pylist()
+    except UnicodeDecodeError:  # a Parquet writer stored bytes that are not UTF-8: find the rows
+        texts = [_utf8_or_reject(raw) for raw in values.cast(pa.binary()).to_pylist()]
+    return [t if isinstance(t, tuple) or (bad := _check_text(t, from_arrow=True)) is None else bad for t in texts]
+
+
+def _utf8_or_reject(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"
+
+
+def _arrow_ids(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    values = _decoded(values)
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError:  # an id that is not UTF-8 stays bytes, which check_id turns away
+        return [
+            raw if raw is None or isinstance(_utf8_or_reject(raw), tuple) else raw.decode("utf-8")
+            for raw in values.cast(pa.binary()).to_pylist()
+        ]
+
+
+def estimate_rows(sources: list[Source]) -> int | None:
+    """Exact for Parquet (footer metadata); JSONL is estimated from the first MiB's line sizes."""
+    return sum(_estimate(src.path, src.fmt == "parquet") for src in sources)
+
+
+def estimate_file_rows(paths: list[str]) -> int:
+    """As `estimate_rows`, for files named by path (a Parquet file is known by its suffix)."""
+    return sum(_estimate(p, _SUFFIX_FORMATS.get(Path(p).suffix.lower()) == "parquet") for p in paths)
+
+
+def _estimate(path: str, parquet: bool) -> int:
+    if parquet:
+        return pq.ParquetFile(path).metadata.num_rows
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        sample = fh.read(1 << 20)
+    lines = sample.count(b"\n") + (1 if sample and not sample.endswith(b"\n") else 0)
+    if lines == 0:
+        return 0
+    return lines if len(sample) == size else round(size / (len(sample) / lines))

@@ -1,0 +1,65 @@
+"""Every input row accounted for: rows read = rows written + rows rejected + rows resumed, per file.
+
+The reader counts the rows it takes from each file; the writer counts the rows it writes, the
+reject counter the rows it sets aside, and the reader the rows an interrupted run had committed
+already. A run whose books do not balance fails naming the file: a lost row is never a success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import HpcinferError
+
+
+class AccountingError(HpcinferError):
+    """Rows went missing (or appeared) between reading and writing: a defect, reported as such."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True, slots=True)
+class FileAccount:
+    path: str
+    read: int
+    written: int
+    rejected: int
+    resumed: int
+
+    @property
+    def balanced(self) -> bool:
+        return self.read == self.written + self.rejected + self.resumed
+
+
+def settle(read: Iterable[tuple[str, int, int]], written: dict[str, int], rejected: dict[str, int]) -> dict[str, Any]:
+    """(path, rows read, rows resumed) per file -> the report's `accounting`; raises if a file does not balance."""
+    files = [FileAccount(p, n, written.get(p, 0), rejected.get(p, 0), resumed) for p, n, resumed in read]
+    unknown = (set(written) | set(rejected)) - {f.path for f in files}
+    if unknown:
+        raise AccountingError(f"rows were written or rejected for a file never read: {sorted(unknown)[0]}")
+    for f in files:
+        if not f.balanced:
+            raise AccountingError(
+                f"rows do not add up: {f.read:,} read, but {f.written:,} written + {f.rejected:,} rejected "
+                f"+ {f.resumed:,} resumed = {f.written + f.rejected + f.resumed:,}",
+                path=f.path,
+            )
+    total = {key: sum(getattr(f, key) for f in files) for key in ("read", "written", "rejected", "resumed")}
+    return {
+        "rows_read": total["read"],
+        "rows_written": total["written"],
+        "rows_rejected": total["rejected"],
+        "rows_resumed": total["resumed"],
+        "balanced": True,
+        "files": [asdict(f) for f in files],
+    }
+
+
+def accounting_line(accounting: dict[str, Any]) -> str:
+    a = accounting
+    return (
+        f"{a['rows_read']:,} read = {a['rows_written']:,} written + {a['rows_rejected']:,} rejected"
+        f" + {a['rows_resumed']:,} resumed"
+    )

@@ -1,0 +1,54 @@
+"""The output a run claims: its lock for the whole run, and a fresh or resumed parts directory.
+
+Every task and engine (local, several devices, Ray) claims its output the same way, so a second
+run on the same output is refused, a run that fails before its first commit leaves nothing, and
+`--resume` picks up exactly the committed windows.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from ..config import OutputConfig
+from ..files.parts import PartStore
+from .lock import OutputLock
+from .output_checks import check_output_state
+
+
+class ResumableReader(Protocol):
+    """What a reader must accept to resume: the rows to skip and the ids already written."""
+
+    skip_rows: int
+
+    def remember_ids(self, ids: Iterable[object]) -> None: ...
+
+
+@contextmanager
+def claimed(store: PartStore, output: str) -> Iterator[None]:
+    """Holds the output's lock for the run; a run that fails before its first commit leaves no parts."""
+    lock = OutputLock(store.dir, output).acquire()  # a second run on this output is refused here
+    try:
+        yield
+    except BaseException:
+        if not store.committed():  # nothing worth resuming: leave no trace
+            shutil.rmtree(store.dir, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+
+
+def open_store(store: PartStore, reader: ResumableReader, output: OutputConfig) -> int:
+    """Starts a fresh parts directory, or picks up a previous run's: returns the first window to do."""
+    committed = store.committed()
+    check_output_state(output.path, output.overwrite, output.resume, committed)
+    store.remove_stale_temporaries()
+    if output.resume and committed:
+        store.load()
+        reader.skip_rows = store.rows_committed
+        reader.remember_ids(store.committed_ids())
+        return len(store.windows)
+    store.start_fresh()
+    return 0

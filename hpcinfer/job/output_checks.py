@@ -1,0 +1,48 @@
+"""Where a run's output goes: its format, and the checks made before any work starts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import OutputError
+
+
+def output_format(path: str, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise OutputError(
+        "cannot tell the output format from the suffix; use .parquet, .jsonl or --output-format", path=path
+    )
+
+
+def check_output(path: str) -> None:
+    """Up-front checks of where the output goes, so a long run does not fail at its very end."""
+    target = Path(path)
+    if target.is_dir():
+        raise OutputError("output is a directory", path=path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError("output directory does not exist", path=str(parent))
+    if not os.access(parent, os.W_OK):
+        raise OutputError("output directory is not writable", path=str(parent))
+
+
+def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool) -> None:
+    """What is already there: a finished output, an interrupted run's committed windows, or nothing.
+
+    An empty or manifest-less parts directory (a run killed before its first commit) is nothing.
+    """
+    if overwrite:
+        return
+    if Path(path).exists() and not (resume and committed):
+        if resume:
+            raise OutputError("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
+        raise OutputError("output exists (use --overwrite to replace it)", path=path)
+    if committed and not resume:
+        raise OutputError("an interrupted run left partial results here; add --resume (or --overwrite)", path=path)

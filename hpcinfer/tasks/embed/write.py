@@ -1,0 +1,124 @@
+"""Stage 6, write: Pending -> committed windows, in input order.
+
+Waits on each result's d2h_done, scatters it into its window's buffer, and commits a window as
+one atomic part (results + rejects) as soon as all its batches are in, windows in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...device import OutputPool
+from ...files.parts import PartStore
+from ...job.rejects import RejectCounter
+from ...obs.latency import LatencyLog
+from ...types import Pending, Reject, Window
+
+
+@dataclass(slots=True)
+class _WindowState:
+    window: Window
+    values: np.ndarray  # float32 [rows, dim]
+    failed: list[int] = field(default_factory=list)  # window rows that could not run
+    batches_done: int = 0
+
+
+class Writer:
+    """Consumes Pending; a sink: produces nothing, commits windows in window order."""
+
+    name = "write"
+
+    def __init__(
+        self,
+        store: PartStore,
+        outputs: OutputPool | list[OutputPool],
+        rejects: RejectCounter,
+        first_window: int = 0,
+        on_batch: Callable[[Pending], None] | None = None,
+        latency: LatencyLog | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.store = store
+        self.dim = store.dim
+        self.outputs = outputs if isinstance(outputs, list) else [outputs]  # one pool per device
+        self.rejects = rejects
+        self.on_batch = on_batch
+        self.latency = latency
+        self.clock = clock
+        self._open: dict[int, _WindowState] = {}
+        self._next_window = first_window
+        self.rows_written = 0
+        self.written_by_source: dict[str, int] = {}  # input file -> rows written by this run
+
+    def process(self, pending: Pending) -> Iterator[None]:
+        batch, out = pending.batch, pending.out
+        w = batch.window
+        state = self._open.get(w.window_id)
+        if state is None:
+            state = self._open[w.window_id] = _WindowState(w, np.empty((len(w), self.dim), np.float32))
+        if out is not None:
+            self.wait_result(pending)
+            state.values[batch.rows] = out.host[: batch.num_rows].numpy()
+            state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
+            if self.latency is not None:
+                self.latency.batch_done(batch.started_ns, self.clock())
+        state.batches_done += 1
+        if self.on_batch is not None:
+            self.on_batch(pending)
+        if out is not None:
+            # NOTE: only now, once on_batch has read the device times from the buffer's events: the
+            # executor replaces them as soon as it takes the buffer again.
+            self.outputs[pending.replica].release(out)
+        self._commit_ready()
+        return iter(())
+
+    @staticmethod
+    def wait_result(pending: Pending) -> None:
+        pending.out.events["d2h_done"].synchronize()
+
+    def _commit_ready(self) -> None:
+        while (state := self._open.get(self._next_window)) and state.batches_done == state.window.num_batches:
+            self._commit(state)
+            del self._open[self._next_window]
+            self._next_window += 1
+
+    def _commit(self, state: _WindowState) -> None:
+        w = state.window
+        keep = np.ones(len(w), dtype=bool)
+        oom = []
+        for i in state.failed:
+            keep[i] = False
+            block, row = int(w.block_ids[i]), int(w.rows[i])
+            oom.append(
+                Reject(
+                    row,
+                    w.sources.get(block, ""),
+                    None,
+                    w.ids[i],
+                    "oom",
+                    "does not fit in device memory even alone",
+                    row - w.file_first_rows.get(block, 0),
+                )
+            )
+        self.rejects.add(oom)
+        rejects = sorted(w.rejects + oom, key=lambda r: r.row)
+        ids = [i for i, k in zip(w.ids, keep, strict=True) if k] if oom else w.ids
+        self.store.commit(
+            w.window_id, w.first_row, w.input_rows, ids, state.values[keep], [r.to_json() for r in rejects]
+        )
+        self.rows_written += len(ids)
+        blocks, counts = np.unique(w.block_ids[keep], return_counts=True)
+        for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
+            source = w.sources[block]
+            self.written_by_source[source] = self.written_by_source.get(source, 0) + count
+        if self.latency is not None and w.arrival_ns is not None:
+            self.latency.requests_done(w.arrival_ns[keep], self.clock())
+        self.rejects.check_fraction(self.store.rows_committed)
+
+    def finish(self) -> Iterator[None]:
+        assert not self._open, "every window must be complete at the end"
+        return iter(())

@@ -1,0 +1,233 @@
+"""Attention over block tables: this step's K/V go into the paged pools, queries read through them.
+
+One seam, chosen once at start-up (`choose_attention`): the pure-torch path here is correct on
+CPU and CUDA; flash-attn's paged kernel replaces it on CUDA behind the same `bind`/`__call__`. The batch layout is
+the runner's (`PagedBatch`): decode tokens first (one per sequence), then prefill chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import ConfigError
+from .kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class PrefillSegment:
+    """`length` query tokens at flat offset `offset`, positions start..start+length-1 of their sequence."""
+
+    offset: int
+    length: int
+    start: int
+    blocks: torch.Tensor  # [ceil((start + length) / block_size)] block ids (the torch path reads them if start > 0)
+    mask: torch.Tensor | None = None  # [length, start + length] causal over the cached context
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """`count` decode tokens (one per sequence) at flat offset `offset`, of similar context length."""
+
+    offset: int
+    count: int
+    blocks: torch.Tensor  # [count, width] block ids (padded with stale ids, masked out)
+    mask: torch.Tensor  # [count, 1, 1, width * block_size] additive: 0 in context, -inf beyond
+    lens: torch.Tensor | None = None  # [count] context lengths, this step's token included
+
+
+@dataclass(slots=True)
+class PagedBatch:
+    """One step's attention metadata, shared by every layer (built once per step by the runner)."""
+
+    slots: torch.Tensor  # [T] flat KV slot of each token
+    decodes: list[DecodeGroup] = field(default_factory=list)  # flat rows 0..num_decodes-1
+    prefills: list[PrefillSegment] = field(default_factory=list)  # after the decodes
+
+
+class TorchPagedAttention:
+    """The reference paged attention (SDPA over gathered blocks). `gather_s` times the gathers."""
+
+    name = "torch"
+
+    def __init__(self, cache: KVCache, timed: bool = False) -> None:
+        self.cache = cache
+        self.batch: PagedBatch | None = None
+        self.timed = timed
+        self.gather_s = 0.0
+        self._kbuf = cache.k.new_empty(0, *cache.k.shape[2:])
+        self._vbuf = cache.v.new_empty(0, *cache.v.shape[2:])
+
+    def bind(self, batch: PagedBatch) -> TorchPagedAttention:
+        self.batch = batch
+        return self
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+        batch = self.batch
+        assert batch is not None, "bind() a step's PagedBatch first"
+        self.cache.write(layer, batch.slots, k, v)
+        t, heads, dim = q.shape
+        if len(batch.decodes) == 1 and not batch.prefills:
+            return self._decode(layer, batch.decodes[0], q).reshape(t, heads * dim)
+        out = q.new_empty(t, heads, dim)
+        for group in batch.decodes:
+            rows = slice(group.offset, group.offset + group.count)
+            out[rows] = self._decode(layer, group, q[rows])
+        for seg in batch.prefills:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            out[rows] = self._prefill(layer, seg, q[rows], k[rows], v[rows])
+        return out.view(t, heads * dim)
+
+    def _gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """blocks [..., nb] -> K, V [..., nb * block_size, Hkv, D], copied into reused buffers.
+
+        NOTE: the buffers grow to the largest step seen and are then reused: a fresh multi-MiB
+        tensor per layer and step costs page faults that make the gather several times slower.
+        """
+        start = time.perf_counter() if self.timed else 0.0
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        flat = blocks.reshape(-1)
+        n = flat.numel()
+        if self._kbuf.shape[0] < n:
+            size = max(n, 2 * self._kbuf.shape[0])
+            self._kbuf = pool_k.new_empty(size, *pool_k.shape[1:])
+            self._vbuf = pool_v.new_empty(size, *pool_v.shape[1:])
+        shape = (*blocks.shape[:-1], -1, *pool_k.shape[2:])
+        kk = torch.index_select(pool_k, 0, flat, out=self._kbuf[:n]).view(shape)
+        vv = torch.index_select(pool_v, 0, flat, out=self._vbuf[:n]).view(shape)
+        if self.timed:
+            self.gather_s += time.perf_counter() - start
+        return kk, vv
+
+    def _decode(self, layer: int, group: DecodeGroup, q: torch.Tensor) -> torch.Tensor:
+        """q [n, H, D], one query per sequence -> [n, H, D]."""
+        kk, vv = self._gather(layer, group.blocks)  # [n, L, Hkv, D]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
+        )
+        return out.squeeze(2)
+
+    def _prefill(
+        self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too.
+
+        NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones
+        go to the math path, which materialises the scores and runs about half as fast.
+        """
+        if seg.start == 0:
+            out = F.scaled_dot_product_attention(
+                _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, enable_gqa=True
+            )
+            return out[0].transpose(0, 1)
+        kk, vv = self._gather(layer, seg.blocks)
+        total = seg.start + seg.length
+        out = F.scaled_dot_product_attention(
+            _heads_first(q),
+            _heads_first(kk[:total]),
+            _heads_first(vv[:total]),
+            attn_mask=seg.mask,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[n, heads, D] -> a [1, heads, n, D] view."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+class FlashAttnPagedAttention:
+    """flash-attn 2's paged kernel: `flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table)`.
+
+    The pools already have its paged layout, [num_blocks, block_size, Hkv, D]. This step's K/V are
+    written by slot first (as on the torch path), so the kernel runs with k = v = None and
+    cache_seqlens = each query's whole context; its causal mask is aligned to the bottom right,
+    so a chunk's query i sees the keys up to its own position. `fn` is the library function.
+    """
+
+    name = "flash-attn"
+
+    def __init__(self, cache: KVCache, fn: Callable[..., torch.Tensor]) -> None:
+        self.cache = cache
+        self.fn = fn
+        self.gather_s = 0.0  # no gathers: the kernel reads the blocks in place
+        self.batch: PagedBatch | None = None
+        self._calls: list[tuple[slice, bool, torch.Tensor, torch.Tensor]] = []
+
+    def bind(self, batch: PagedBatch) -> FlashAttnPagedAttention:
+        """Converts the step's tables and lengths once to the kernel's int32, for every layer."""
+        self.batch = batch
+        calls = []
+        for group in batch.decodes:
+            assert group.lens is not None, "decode groups carry their context lengths"
+            rows = slice(group.offset, group.offset + group.count)
+            calls.append((rows, True, group.blocks.to(torch.int32), group.lens.to(torch.int32)))
+        for seg in batch.prefills:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            total = torch.full((1,), seg.start + seg.length, dtype=torch.int32, device=seg.blocks.device)
+            calls.append((rows, False, seg.blocks.to(torch.int32)[None, :], total))
+        self._calls = calls
+        return self
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+        batch = self.batch
+        assert batch is not None, "bind() a step's PagedBatch first"
+        self.cache.write(layer, batch.slots, k, v)
+        t, heads, dim = q.shape
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        out = q.new_empty(t, heads, dim)
+        for rows, decode, table, lens in self._calls:
+            # decodes: [n, 1, H, D], one query per sequence; a prefill chunk: [1, n, H, D]
+            query = q[rows].unsqueeze(1) if decode else q[rows].unsqueeze(0)
+            got = self.fn(query, pool_k, pool_v, cache_seqlens=lens, block_table=table, causal=True)
+            out[rows] = got.squeeze(1) if decode else got[0]
+        return out.view(t, heads * dim)
+
+
+ATTENTION_KINDS = ("auto", "torch", "flash-attn")
+FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
+
+
+def flash_attn_problem(cache: KVCache, device: torch.device) -> str | None:
+    """Why flash-attn's paged kernel cannot run this cache on `device`, or None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (the run is on {device})"
+    if cache.layout.dtype not in (torch.float16, torch.bfloat16):
+        return f"runs float16 or bfloat16, not {str(cache.layout.dtype).removeprefix('torch.')} (--dtype)"
+    if cache.layout.block_size % FLASH_ATTN_BLOCK:
+        return f"needs --kv-block-size a multiple of {FLASH_ATTN_BLOCK} (got {cache.layout.block_size})"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "the flash-attn package is not installed (pip install flash-attn)"
+    return None
+
+
+def choose_attention(
+    cache: KVCache, device: torch.device, kind: str = "auto", timed: bool = False
+) -> TorchPagedAttention | FlashAttnPagedAttention:
+    """The attention implementation for this run, chosen once: `kind` is auto, torch or flash-attn.
+
+    auto takes flash-attn where it can run (CUDA, a half dtype, blocks of 256, the package
+    installed) and the pure-torch path everywhere else; asking for flash-attn where it cannot run
+    is a ConfigError that says why.
+    """
+    if kind not in ATTENTION_KINDS:
+        raise ConfigError(f"--attention must be one of {', '.join(ATTENTION_KINDS)} (got {kind!r})")
+    if kind == "torch" or (kind == "auto" and device.type != "cuda"):
+        return TorchPagedAttention(cache, timed=timed)
+    problem = flash_attn_problem(cache, device)
+    if problem is not None:
+        if kind == "auto":
+            return TorchPagedAttention(cache, timed=timed)
+        raise ConfigError(f"--attention flash-attn {problem}")
+    from flash_attn import flash_attn_with_kvcache
+
+    return FlashAttnPagedAttention(cache, flash_attn_with_kvcache)

@@ -1,0 +1,202 @@
+"""Pure-decode steps in static shapes: one padded batch per (rows, width) bucket, captured as CUDA graphs.
+
+A decode step of n sequences whose longest block table holds w blocks runs in the smallest bucket
+with rows >= n and width >= w. Its inputs (ids, positions, KV slots, block tables padded to the
+bucket's width, context lengths) are copied into static buffers; the forward and the LM head read
+only those buffers and write float32 logits into a static output. On CUDA each bucket is captured
+once at start-up (`torch.cuda.CUDAGraph`, after a warm-up) and replayed; elsewhere the same static
+path runs eagerly, which is how the CPU tests check it against the normal path.
+
+NOTE: the invariants that keep padding harmless:
+- a padding row has token 0 at position 0, context length 1, and every entry of its block table
+  is the scratch block, a block of the pool the block manager never hands out (the engine
+  reserves it): its K/V write lands in the scratch block's first slot and its attention reads
+  that one slot (never an empty context, whose softmax would be NaN);
+- a real row's table is padded with the scratch block too, and the mask drops every key at or
+  beyond its context length, so what the scratch block holds never reaches a real row;
+- all graphs share one memory pool: they replay one after another, never concurrently;
+- a bucket gathers rows x width blocks per layer, so buckets are kept to at most the pool's own
+  number of blocks: one layer's gathered K/V never outgrow one layer's pools.
+Mixed steps (any prefill), and decode steps larger than every bucket, run on the normal path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...models.llama import LlamaDecoder
+from .kv_cache import KVCache
+from .scheduler import Chunk
+
+
+def buckets(limit: int) -> list[int]:
+    """Powers of two below `limit`, then `limit` itself: 1, 2, 4, ..., limit."""
+    return [*(1 << k for k in range(max(limit, 1).bit_length()) if 1 << k < limit), max(limit, 1)]
+
+
+class StaticDecodeAttention:
+    """Decode attention over static buffers: one query per row, every row gathers `width` blocks.
+
+    `prepare` builds the step's mask from the static context lengths (inside the captured work);
+    `__call__` writes this step's K/V by slot, then attends through the padded block tables.
+    """
+
+    name = "torch-static"
+    gather_s = 0.0  # NOTE: not split out: on CUDA the work is asynchronous, on CPU it is the twin
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor) -> None:
+        self.cache = cache
+        self.slots, self.tables, self.lens = slots, tables, lens
+        bs = cache.layout.block_size
+        self._key_pos = torch.arange(tables.shape[1] * bs, device=cache.k.device)
+        self.rows = self.width = 0
+        self.mask: torch.Tensor | None = None
+
+    def prepare(self, rows: int, width: int) -> StaticDecodeAttention:
+        self.rows, self.width = rows, width
+        keys = width * self.cache.layout.block_size
+        inside = self._key_pos[:keys][None, :] < self.lens[:rows, None]
+        zero = torch.zeros((), dtype=self.cache.k.dtype, device=inside.device)
+        self.mask = torch.where(inside, zero, -torch.inf).view(rows, 1, 1, keys)
+        return self
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [rows, H, D], k/v [rows, Hkv, D] -> [rows, H * D]."""
+        rows, width = self.rows, self.width
+        self.cache.write(layer, self.slots[:rows], k, v)
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        flat = self.tables[:rows, :width].reshape(-1)
+        shape = (rows, -1, *pool_k.shape[2:])
+        kk = pool_k.index_select(0, flat).view(shape)  # [rows, width * block_size, Hkv, D]
+        vv = pool_v.index_select(0, flat).view(shape)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=self.mask, enable_gqa=True
+        )
+        return out.reshape(rows, -1)
+
+
+class DecodeGraphs:
+    """Static-shape decode for the runner: `run(decodes)` -> logits [n, vocab], or None (run it eagerly).
+
+    `capture=True` (CUDA only) captures every bucket in the constructor; otherwise each call runs
+    the static path eagerly. `replays` and `eager_runs` count the steps each way.
+    """
+
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        cache: KVCache,
+        scratch_block: int,
+        max_rows: int,
+        max_blocks: int,
+        vocab_chunk: int = 0,
+        capture: bool = False,
+    ) -> None:
+        if not 0 <= scratch_block < cache.num_blocks:
+            raise ValueError(f"scratch block {scratch_block} is not in the pool of {cache.num_blocks}")
+        device = cache.k.device
+        self.model, self.cache, self.vocab_chunk = model, cache, vocab_chunk
+        self.block_size = cache.layout.block_size
+        self.scratch_block = scratch_block
+        self.row_buckets, self.width_buckets = buckets(max_rows), buckets(max_blocks)
+        self.grid = [(r, w) for r in self.row_buckets for w in self.width_buckets if r * w <= cache.num_blocks]
+        rows, width = self.row_buckets[-1], self.width_buckets[-1]
+        # Host staging (pinned on CUDA) and the static device buffers every graph reads.
+        pin = device.type == "cuda"
+        self._host = torch.zeros(4 * rows + rows * width, dtype=torch.int64, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self._static = torch.zeros(4 * rows + rows * width, dtype=torch.int64, device=device)
+        self.ids, self.positions, self.slots, self.lens = self._static[: 4 * rows].view(4, rows)
+        self.tables = self._static[4 * rows :].view(rows, width)
+        self.logits = torch.zeros(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
+        self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens)
+        self._pad_all()
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.replays = 0
+        self.eager_runs = 0
+        if capture:
+            self._capture_all()
+
+    @property
+    def captured(self) -> int:
+        return len(self.graphs)
+
+    def _pad_all(self) -> None:
+        """Every row a padding row: what the buffers hold during warm-up and capture."""
+        host = self._host_np
+        rows = self.row_buckets[-1]
+        host[: 4 * rows].reshape(4, rows)[:] = [[0], [0], [self.scratch_block * self.block_size], [1]]
+        host[4 * rows :] = self.scratch_block
+        self._static.copy_(self._host)
+
+    def bucket(self, n: int, width: int) -> tuple[int, int] | None:
+        """The (rows, width) bucket of a decode step, or None when it is larger than all of them."""
+        return next(((r, w) for r, w in self.grid if r >= n and w >= width), None)
+
+    @torch.inference_mode()
+    def forward(self, rows: int, width: int) -> torch.Tensor:
+        """The captured work: the model over the first `rows` static rows -> static logits [rows, vocab]."""
+        attn = self.attention.prepare(rows, width)
+        hidden = self.model(self.ids[:rows], self.positions[:rows], attn)
+        self.logits[:rows].copy_(self.model.logits(hidden, self.vocab_chunk))
+        return self.logits[:rows]
+
+    def _capture_all(self) -> None:
+        """Warm-up, then capture, largest bucket first (so the shared pool is sized by the largest)."""
+        self.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        largest = sorted(self.grid, key=lambda b: (b[0] * b[1], b), reverse=True)
+        with torch.cuda.stream(side):
+            for _ in range(2):  # NOTE: lazy initialisation (cuBLAS handles, autotuning) stays out of the graphs
+                self.forward(*largest[0])
+        torch.cuda.current_stream().wait_stream(side)
+        for rows, width in largest:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.forward(rows, width)
+            self.graphs[(rows, width)] = graph
+        torch.cuda.synchronize()
+
+    def run(self, decodes: list[Chunk]) -> torch.Tensor | None:
+        """Logits [n, vocab] float32 for a pure-decode step, in `decodes` order; None if no bucket fits.
+
+        NOTE: the result is a view of the static output: the caller samples from it before the
+        next step replays over it.
+        """
+        n = len(decodes)
+        widest = max(len(c.seq.block_table) for c in decodes)
+        fit = self.bucket(n, widest)
+        if fit is None:
+            return None
+        rows, width = fit
+        self._fill(decodes, rows, width)
+        graph = self.graphs.get(fit)
+        if graph is not None:
+            graph.replay()
+            self.replays += 1
+        else:
+            self.forward(rows, width)
+            self.eager_runs += 1
+        return self.logits[:n]
+
+    def _fill(self, decodes: list[Chunk], rows: int, width: int) -> None:
+        """Real rows first, padding rows after; tables padded with the scratch block; one copy to the device."""
+        bs, n, full_rows = self.block_size, len(decodes), self.row_buckets[-1]
+        host = self._host_np
+        ids, pos, slots, lens = host[: 4 * full_rows].reshape(4, full_rows)
+        tables = host[4 * full_rows :].reshape(full_rows, -1)
+        tables[:rows, :width] = self.scratch_block
+        for row, chunk in enumerate(decodes):
+            seq, p = chunk.seq, chunk.start
+            table = seq.block_table
+            ids[row], pos[row], lens[row] = seq.tokens[p], p, p + 1
+            slots[row] = table[p // bs] * bs + p % bs
+            tables[row, : len(table)] = table
+        ids[n:rows], pos[n:rows], lens[n:rows] = 0, 0, 1
+        slots[n:rows] = self.scratch_block * bs
+        # NOTE: one host-to-device copy of the whole staging area; rows and columns outside the
+        # bucket are never read by its graph.
+        self._static.copy_(self._host, non_blocking=True)

@@ -1,0 +1,332 @@
+"""Generation on several devices of one machine: one engine per device, each driven by its own thread.
+
+    admission -> EnginePool.add -> the device that would finish it soonest -> worker: engine.add
+                                                                              worker: engine.step
+    job loop  <- EnginePool.finished <- one outbox of (device index, finished sequences) <-'
+
+Each worker owns its engine (model copy, KV pool, scheduler, sampler); only its thread touches
+it. A prompt goes to the engine with the fewest outstanding tokens: prompt tokens still to
+compute plus tokens still to generate (`max_tokens` left) of its queued and running sequences,
+divided by the tokens per second that engine has measured (dispatch.py's rule). Finished work
+leaves the count, so a slow device is given less. With prefix caching, the engine that was last
+given a prompt's longest known prefix counts that prefix as work it will not do: prompts that
+share a prefix (admission sends them one after the other) stay together unless the balance
+says otherwise. `round_robin` deals prompts in turn, by rows,
+for comparison. Every request's seed derives from its input row (or its own `seed`), so the
+answers do not depend on which device ran them. Torch releases the GIL in its ops, so the
+threads overlap; CPU engines split the machine's threads between them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import torch
+
+from ...errors import HpcinferError, StageError
+from ...obs.profile import RangeBackend
+from .block_manager import prefix_keys
+from .engine import Engine, EngineStats
+from .sequence import SamplingParams, Sequence
+
+POLICIES = ("tokens", "round_robin")
+PREFIX_MEMORY = 1 << 16  # prefix keys remembered for dispatch, least recently given forgotten first
+
+
+@dataclass(slots=True)
+class _Prompt:
+    tokens: list[int]
+    params: SamplingParams
+    tag: Any
+    seq_id: int | None
+    priority: int
+
+    @property
+    def charge(self) -> int:
+        return len(self.tokens) + self.params.max_tokens
+
+
+def tokens_left(seq: Sequence) -> int:
+    """Tokens `seq` still puts through the model: the rest of its prompt (or recomputation) and of its answer."""
+    return (seq.num_tokens - seq.num_computed) + max(seq.params.max_tokens - seq.num_completion, 0)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """One device's figures, written by its thread only (dispatch reads the rate as it goes)."""
+
+    steps: int = 0
+    busy_s: float = 0.0  # inside engine.step()
+    computed_tokens: int = 0  # prefill + decode tokens through the model
+    last_step_end: float = 0.0  # perf_counter seconds
+
+
+class EngineWorker:
+    """One device's engine and the thread that drives it: prompts in through `submit`, finished out on `outbox`."""
+
+    def __init__(
+        self,
+        index: int,
+        label: str,
+        engine: Engine,
+        outbox: queue.Queue[tuple[int, list[Sequence] | BaseException]],
+        threads: int | None = None,
+        hook: Callable[[], None] | None = None,
+        ranges: RangeBackend | None = None,
+    ) -> None:
+        self.index, self.label, self.engine, self.outbox = index, label, engine, outbox
+        self.threads, self.hook, self.ranges = threads, hook, ranges
+        self.stats = WorkerStats()
+        self.sent = 0  # prompts given to this device
+        self._cond = threading.Condition()
+        self._inbox: list[_Prompt] = []
+        self._inbox_charge = 0
+        self._engine_left = 0  # tokens_left summed over the engine's sequences, after its last step
+        self._waiting = 0  # the engine's queue after its last step
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"engine@{label}", daemon=True)
+
+    # --- the job's side -------------------------------------------------------------------------
+
+    def submit(self, prompt: _Prompt) -> None:
+        with self._cond:
+            self._inbox.append(prompt)
+            self._inbox_charge += prompt.charge
+            self.sent += 1
+            self._cond.notify()
+
+    @property
+    def outstanding(self) -> int:
+        with self._cond:
+            return self._engine_left + self._inbox_charge
+
+    @property
+    def queued(self) -> int:
+        """Prompts sent here and not yet admitted into a batch."""
+        with self._cond:
+            return len(self._inbox) + self._waiting
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second of step time; 0 until a step has run."""
+        s = self.stats
+        return s.computed_tokens / s.busy_s if s.busy_s > 0 else 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stops the thread after its current step (queued prompts are dropped) and waits for it."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the worker thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            if self.engine.cache.k.device.type == "cuda":
+                torch.cuda.set_device(self.engine.cache.k.device)
+            elif self.threads:  # NOTE: the intra-op thread count is per calling thread: each engine keeps its share
+                torch.set_num_threads(self.threads)
+            with torch.inference_mode():  # NOTE: thread-local; the job's own does not reach this thread
+                while self._take():
+                    self._step()
+        except BaseException as exc:  # sent to the job loop, which stops the run naming this device
+            self.outbox.put((self.index, exc))
+
+    def _take(self) -> bool:
+        """Moves submitted prompts into the engine; waits while there is nothing to run; False when closed."""
+        with self._cond:
+            while not self._closing and not self._inbox and not self.engine.has_work:
+                self._cond.wait()
+            if self._closing:
+                return False
+            for p in self._inbox:
+                self.engine.add(p.tokens, p.params, tag=p.tag, seq_id=p.seq_id, priority=p.priority)
+            self._engine_left += self._inbox_charge
+            self._waiting += len(self._inbox)
+            self._inbox, self._inbox_charge = [], 0
+            return True
+
+    def _step(self) -> None:
+        engine, stats = self.engine, self.stats
+        prefill, decode = engine.stats.prefill_tokens, engine.stats.decode_tokens
+        t0 = time.perf_counter()
+        if self.hook is not None:  # NOTE: inside the measured time: a slowed device measures slow
+            self.hook()
+        if self.ranges is not None:
+            s = engine.scheduler
+            self.ranges.push(
+                f"hpcinfer/engine_step device={self.label} step={engine.stats.steps} "
+                f"running={len(s.running)} waiting={len(s.waiting)}"
+            )
+        try:
+            finished = engine.step()
+        finally:
+            if self.ranges is not None:
+                self.ranges.pop()
+        t1 = time.perf_counter()
+        prefill, decode = engine.stats.prefill_tokens - prefill, engine.stats.decode_tokens - decode
+        stats.steps += 1
+        stats.busy_s += t1 - t0
+        stats.computed_tokens += prefill + decode
+        stats.last_step_end = t1
+        s = engine.scheduler
+        left = sum(tokens_left(q) for q in chain(s.running, s.waiting))
+        with self._cond:
+            admitted = len(s.waiting) < self._waiting
+            self._engine_left, self._waiting = left, len(s.waiting)
+        if finished or admitted:  # NOTE: room in this engine's queue wakes the job loop to feed it
+            self.outbox.put((self.index, finished))
+
+
+class EnginePool:
+    """What admission feeds with several devices: `add` dispatches, `finished` collects, `queued` bounds."""
+
+    def __init__(self, workers: list[EngineWorker], policy: str = "tokens", prefix_block: int | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}")
+        self.workers = workers
+        self.policy = policy
+        self.outbox = workers[0].outbox
+        self.in_flight = 0  # sequences added and not yet collected
+        self.prefix_block = prefix_block  # the KV block size with prefix caching on, else None
+        self._homes: OrderedDict[bytes, int] = OrderedDict()  # prefix key -> the device last given it
+        self._next = 0
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+    @property
+    def queued(self) -> int:
+        return sum(w.queued for w in self.workers)
+
+    @property
+    def has_work(self) -> bool:
+        return self.in_flight > 0
+
+    def add(
+        self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
+    ) -> None:
+        prompt = _Prompt(list(tokens), params, tag, seq_id, priority)
+        # NOTE: the last token is always computed, so only blocks before it can be found cached
+        keys = prefix_keys(prompt.tokens, self.prefix_block, len(tokens) - 1) if self.prefix_block else []
+        chosen = self.choose(prompt.charge, self._known_prefix(keys))
+        self.workers[chosen].submit(prompt)
+        self.in_flight += 1
+        for key in keys:
+            self._homes[key] = chosen
+            self._homes.move_to_end(key)
+        while len(self._homes) > PREFIX_MEMORY:
+            self._homes.popitem(last=False)
+
+    def _known_prefix(self, keys: list[bytes]) -> dict[int, int]:
+        """{device: prompt tokens it was last given with this prompt's longest known prefix}."""
+        for depth in range(len(keys), 0, -1):
+            if (home := self._homes.get(keys[depth - 1])) is not None:
+                return {home: depth * (self.prefix_block or 0)}
+        return {}
+
+    def choose(self, charge: int, cached: dict[int, int] | None = None) -> int:
+        """The device for a prompt of `charge` tokens (prompt + max_tokens); `cached[i]` of them device i may hold."""
+        if self.policy == "round_robin":
+            chosen, self._next = self._next, (self._next + 1) % len(self.workers)
+            return chosen
+        cached = cached or {}
+        rates = [w.rate for w in self.workers]
+        known = [r for r in rates if r > 0]
+        default = sum(known) / len(known) if known else 1.0
+
+        def finish_estimate(i: int) -> tuple[bool, float]:
+            # NOTE: a device not yet given work comes first (so each gets measured); ties go to the lowest index
+            w = self.workers[i]
+            return w.sent > 0, (w.outstanding + charge - cached.get(i, 0)) / (rates[i] or default)
+
+        return min(range(len(self.workers)), key=finish_estimate)
+
+    def finished(self, timeout: float) -> Iterator[tuple[int, list[Sequence]]]:
+        """(device index, sequences) as they finish: waits up to `timeout` for the first, then takes what is there.
+
+        Raises the first device failure: a user error as itself, anything else as a StageError
+        naming the device.
+        """
+        try:
+            item = self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            index, got = item
+            if isinstance(got, BaseException):
+                if isinstance(got, HpcinferError):
+                    raise got
+                raise StageError(f"engine@{self.workers[index].label}", got) from got
+            self.in_flight -= len(got)
+            yield index, got
+            try:
+                item = self.outbox.get_nowait()
+            except queue.Empty:
+                return
+
+
+def combined_stats(each: list[EngineStats]) -> EngineStats:
+    """The engines' figures as one: counts and times summed, occupancy the mean over all their steps."""
+    if len(each) == 1:
+        return each[0]
+    total = EngineStats()
+    for name in EngineStats.__slots__:
+        if name != "step_trace":
+            setattr(total, name, sum(getattr(s, name) for s in each))
+    return total
+
+
+def device_summary(
+    labels: list[str], engines: list[Engine], counts: list[Any], start: float, end: float
+) -> list[dict[str, Any]]:
+    """Per device: rows and tokens it answered, its busy share and its idle tail.
+
+    `counts[i]` has the rows, prompt_tokens, completion_tokens and last_step_end of device i. The
+    idle tail is the time from the device's last step to the last step of any device: the
+    imbalance a better dispatch would have removed.
+    """
+    wall = max(end - start, 1e-9)
+    completion = sum(c.completion_tokens for c in counts) or 1
+    last = max((c.last_step_end for c in counts), default=start)
+    rows = []
+    for label, engine, c in zip(labels, engines, counts, strict=True):
+        s = engine.stats
+        busy = s.host_s + s.model_s + s.gather_s + s.sample_s
+        finished = max(c.last_step_end, start)
+        rows.append(
+            {
+                "device": label,
+                "rows": c.rows,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "token_share": round(c.completion_tokens / completion, 4),
+                "steps": s.steps,
+                "prefill_tokens": s.prefill_tokens,
+                "decode_tokens": s.decode_tokens,
+                "preemptions": s.preemptions,
+                "peak_kv_blocks": s.peak_blocks,
+                "busy_s": round(busy, 4),
+                "busy_share": round(busy / wall, 4),
+                "finished_s": round(finished - start, 4),
+                "idle_tail_s": round(max(last, start) - finished, 4),
+            }
+        )
+    return rows

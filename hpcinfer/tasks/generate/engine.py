@@ -1,0 +1,188 @@
+"""The engine loop: schedule a step, run it, sample, record; finished sequences leave that step.
+
+plan = scheduler.schedule()          # torch-free: which tokens of which sequences
+logits = runner.run(plan)            # the device: KV writes + paged attention + LM head
+tokens = sampler.sample(logits, ..)  # batched, per-request generators
+scheduler.update(plan, tokens)       # progress, then stop checks free blocks at once
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import ConfigError
+from ...models.llama import LlamaDecoder
+from .block_manager import BlockManager
+from .kv_cache import KVCache, KVLayout, size_pool
+from .runner import ModelRunner
+from .sampling import Sampler
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int | float | None = None  # bytes, a fraction of free CUDA memory, or the default
+    chunked_prefill: bool = True
+    prefix_cache: bool = True  # full blocks shared by key across sequences (block_manager.py)
+    seed: int = 0
+    timed: bool = False  # split step time into model / attention gather / sampling / host
+    # Pure-decode steps in static shapes (decode_graphs.py): CUDA graphs on CUDA, the same path run
+    # eagerly on CPU. NOTE: it reserves the pool's last block as the padding rows' scratch block.
+    cuda_graphs: bool = False
+    attention: str = "auto"  # auto | torch | flash-attn (attention.py, chosen once at start-up)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    continued_chunks: int = 0  # prefill chunks that start mid-prompt (chunked prefill at work)
+    preemptions: int = 0
+    cached_tokens: int = 0  # prefill tokens the prefix cache saved (recomputations included)
+    evictions: int = 0  # cached blocks reclaimed by the allocator
+    peak_blocks: int = 0
+    num_blocks: int = 0
+    occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
+    host_s: float = 0.0  # scheduling, input preparation, stop checks
+    model_s: float = 0.0  # the forward pass, minus the attention gathers
+    gather_s: float = 0.0
+    sample_s: float = 0.0
+    step_trace: list[tuple[float, float, int, int]] = field(default_factory=list)  # (start, end, prefill, decode)
+
+    @property
+    def mean_occupancy(self) -> float:
+        return self.occupancy_sum / self.steps if self.steps else 0.0
+
+
+class Engine:
+    """Continuous batching over a paged KV cache for one decoder on one device."""
+
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        config: EngineConfig,
+        eos_token_ids: Iterable[int] = (),
+        decode: Callable[[list[int]], str] | None = None,
+        trace_steps: bool = False,
+    ) -> None:
+        device = model.norm.device
+        self.config = config
+        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+        num_blocks = size_pool(layout, config.kv_cache_memory, device)
+        self.cache = KVCache(layout, num_blocks, device)
+        scratch = None
+        if config.cuda_graphs:
+            if num_blocks < 2:
+                raise ConfigError("--cuda-graphs needs a KV cache of at least 2 blocks (one is the scratch block)")
+            scratch = num_blocks - 1  # never handed out: padding rows of a static decode write here
+        usable = num_blocks - (scratch is not None)
+        # NOTE: one sequence must always fit the whole pool, or preempting everything else would
+        # still not let it grow; longer ones end with finish_reason "length".
+        self.max_model_len = min(model.cfg.max_model_len, usable * config.block_size)
+        self.blocks = BlockManager(usable, config.block_size, config.prefix_cache)
+        self.scheduler = Scheduler(
+            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill
+        )
+        self.runner = ModelRunner(
+            model,
+            self.cache,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            self.max_model_len,
+            config.timed,
+            scratch,
+            config.attention,
+        )
+        self.sampler = Sampler(device, config.seed)
+        self.eos = frozenset(eos_token_ids)
+        self.decode = decode
+        self.trace_steps = trace_steps
+        self.stats = EngineStats(num_blocks=usable)
+        self._next_id = 0
+
+    def add(
+        self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
+    ) -> Sequence:
+        """Queues a prompt; `seq_id` (else a counter) also keys an unseeded request's generator."""
+        if not 0 < len(tokens) < self.max_model_len:
+            raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
+        seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
+        self._next_id += 1
+        seq.arrival_s = time.perf_counter()
+        self.scheduler.add(seq)
+        return seq
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[Sequence]:
+        """One engine step; returns the sequences that finished in it."""
+        stats, t0 = self.stats, time.perf_counter()
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            raise RuntimeError("the scheduler planned an empty step with work queued")
+        gather0 = self.runner.attention.gather_s
+        t1 = time.perf_counter()
+        logits = self.runner.run(plan)
+        t2 = time.perf_counter()
+        sampling = [c.seq for c in plan.chunks if c.samples]
+        tokens = self.sampler.sample(logits, sampling) if sampling else []
+        t3 = time.perf_counter()
+        self.scheduler.update(plan, tokens)
+        finished = [seq for seq in sampling if self._check_stop(seq, t3)]
+        t4 = time.perf_counter()
+        gathered = self.runner.attention.gather_s - gather0
+        stats.steps += 1
+        stats.prefill_tokens += plan.prefill_tokens
+        stats.decode_tokens += len(plan.decodes)
+        stats.continued_chunks += sum(c.start > 0 for c in plan.prefills)
+        stats.preemptions = self.scheduler.preemptions
+        stats.cached_tokens = self.scheduler.cached_tokens
+        stats.evictions = self.blocks.evictions
+        stats.peak_blocks = self.blocks.peak_used
+        stats.occupancy_sum += len(plan.chunks) / self.config.max_num_seqs
+        stats.host_s += (t1 - t0) + (t4 - t3)
+        stats.model_s += (t2 - t1) - gathered
+        stats.gather_s += gathered
+        stats.sample_s += t3 - t2
+        if self.trace_steps:
+            stats.step_trace.append((t0, t4, plan.prefill_tokens, len(plan.decodes)))
+        return finished
+
+    def _check_stop(self, seq: Sequence, now: float) -> bool:
+        if seq.first_token_s is None:
+            seq.first_token_s = now
+        params, token = seq.params, seq.tokens[-1]
+        reason = None
+        if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
+            reason = "stop"
+        elif params.stop and self.decode is not None:
+            text = self.decode(seq.completion)
+            cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+            if cuts:
+                seq.stop_text_cut, reason = min(cuts), "stop"
+        if reason is None and (seq.num_completion >= params.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is None:
+            return False
+        seq.finish_s = now
+        self.scheduler.finish(seq, reason)
+        self.sampler.release(seq)
+        return True
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
+        """Runs prompts to completion; returns their sequences in prompt order (tests, benchmarks)."""
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add(p, sp) for p, sp in zip(prompts, each, strict=True)]
+        while self.has_work:
+            self.step()
+        return seqs

@@ -1,0 +1,96 @@
+"""The paged KV cache: K and V pools allocated once, in fixed-size blocks, for every layer.
+
+Pool layout (per layer, K and V alike): [num_blocks, block_size, kv_heads, head_dim]; token i
+of a sequence is at block `block_table[i // block_size]`, offset `i % block_size`, i.e. flat slot
+`block * block_size + offset`. Nothing here is allocated after start-up; `block_manager.py` says
+which blocks are free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import ConfigError
+from ...models.llama import DecoderConfig
+
+CPU_DEFAULT_BYTES = 1 << 30  # on CPU the pool defaults to 1 GiB (pages are touched only when used)
+CUDA_DEFAULT_FRACTION = 0.85  # of the memory free after the model loads, leaving room for activations
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20}
+_UNITS |= {"g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+
+
+def parse_kv_memory(text: str | None) -> int | float | None:
+    """'2GiB', '512MiB', '1000000' -> bytes; '0.5' (a fraction of free device memory) -> 0.5; None -> None."""
+    if text is None or text == "":
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m[2].lower() not in _UNITS:
+        raise ConfigError(f"--kv-cache-memory: cannot read {text!r} (e.g. 2GiB, 512MiB, or 0.8 of free memory)")
+    value = float(m[1])
+    if not m[2] and value < 1:
+        return value
+    return int(value * _UNITS[m[2].lower()])
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, cfg: DecoderConfig, block_size: int, dtype: torch.dtype) -> KVLayout:
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+def size_pool(layout: KVLayout, memory: int | float | None, device: torch.device) -> int:
+    """Number of blocks: `memory` bytes, or a fraction of free CUDA memory, or the CPU default."""
+    if isinstance(memory, float) or (memory is None and device.type == "cuda"):
+        if device.type != "cuda":
+            raise ConfigError("--kv-cache-memory as a fraction needs a CUDA device; give bytes (e.g. 2GiB)")
+        free, _total = torch.cuda.mem_get_info(device)
+        memory = int(free * (memory if isinstance(memory, float) else CUDA_DEFAULT_FRACTION))
+    budget = CPU_DEFAULT_BYTES if memory is None else memory
+    blocks = budget // layout.bytes_per_block
+    if blocks < 1:
+        raise ConfigError(f"--kv-cache-memory {budget} bytes holds no block of {layout.bytes_per_block} bytes")
+    return int(blocks)
+
+
+class KVCache:
+    """The pools: `k[layer]`, `v[layer]` are [num_blocks, block_size, kv_heads, head_dim]."""
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device) -> None:
+        self.layout = layout
+        self.num_blocks = num_blocks
+        shape = (layout.num_layers, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        # NOTE: zeroed, not empty: padded reads of unused slots are masked to weight 0, and 0 * NaN
+        # from uninitialised memory would still poison the output.
+        self.k = torch.zeros(shape, dtype=layout.dtype, device=device)
+        self.v = torch.zeros(shape, dtype=layout.dtype, device=device)
+        # Flat [slots, kv_heads, head_dim] views for writing this step's K/V by slot.
+        self.k_slots = self.k.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
+        self.v_slots = self.v.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.layout.block_size
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, kv_heads, head_dim] into the flat slots [T]."""
+        self.k_slots[layer].index_copy_(0, slots, k)
+        self.v_slots[layer].index_copy_(0, slots, v)

@@ -1,0 +1,129 @@
+"""The generation run's report: rows, tokens, per-request latency, the engine's KV and batch figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ...job.accounting import accounting_line
+
+SCHEMA_VERSION = 1
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p99/max in milliseconds of values given in seconds (nearest rank)."""
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def rank(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 3)
+
+    return {"p50_ms": rank(0.5), "p99_ms": rank(0.99), "max_ms": round(v[-1] * 1e3, 3)}
+
+
+@dataclass(slots=True)
+class GenerateReport:
+    task: str = "generate"
+    rows: int = 0
+    rows_resumed: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)
+    accounting: dict[str, Any] = field(default_factory=dict)  # rows read = written + rejected + resumed
+    windows: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    device: str = ""
+    dtype: str = ""
+    model: str = ""
+    output: str = ""
+    steps: int = 0
+    prefill_tokens: int = 0  # recomputation after preemption included
+    decode_tokens: int = 0
+    preemptions: int = 0
+    prefix_cache: bool = True
+    prompt_tokens_cached: int = 0  # prompt tokens served from the prefix cache (first admissions)
+    prefill_tokens_saved: int = 0  # prefill tokens the cache saved, recomputations after preemption included
+    kv_evictions: int = 0  # cached blocks the allocator reclaimed
+    kv_blocks: int = 0
+    kv_block_size: int = 0
+    kv_cache_bytes: int = 0
+    peak_kv_blocks: int = 0
+    mean_occupancy: float = 0.0  # sequences in a step / --max-num-seqs, mean over steps
+    ttft: dict[str, float] = field(default_factory=dict)  # admitted -> first token
+    tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
+    latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
+    step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
+    devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completion_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens."""
+        return self.prompt_tokens_cached / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        data["completion_tokens_per_s"] = round(self.completion_tokens_per_s, 3)
+        data["prefix_hit_rate"] = round(self.prefix_hit_rate, 4)
+        return data
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2, default=str)
+            fh.write("\n")
+
+    def render(self, console: Console) -> None:
+        table = Table(title="hpcinfer generate", show_header=False)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        rejected = sum(self.rejects.values())
+        table.add_row(
+            "rows written", f"{self.rows:,}" + (f" ({self.rows_resumed:,} resumed)" if self.rows_resumed else "")
+        )
+        table.add_row("rows rejected", f"{rejected:,}" + (f" {self.rejects}" if rejected else ""))
+        if self.accounting:
+            table.add_row("accounting", accounting_line(self.accounting) + " (balanced)")
+        table.add_row("prompt / completion tokens", f"{self.prompt_tokens:,} / {self.completion_tokens:,}")
+        table.add_row("finish reasons", ", ".join(f"{k} {v:,}" for k, v in sorted(self.finish_reasons.items())))
+        table.add_row("wall time", f"{self.wall_s:,.2f} s")
+        table.add_row("generated tokens/s", f"{self.completion_tokens_per_s:,.1f}")
+        for name, p in (("TTFT", self.ttft), ("time per output token", self.tpot)):
+            if p:
+                table.add_row(name, f"p50 {p['p50_ms']:,.1f} ms, p99 {p['p99_ms']:,.1f} ms")
+        table.add_row(
+            "engine steps", f"{self.steps:,} (prefill {self.prefill_tokens:,}, decode {self.decode_tokens:,})"
+        )
+        table.add_row("KV blocks peak / pool", f"{self.peak_kv_blocks:,} / {self.kv_blocks:,} x {self.kv_block_size}")
+        table.add_row("preemptions", f"{self.preemptions:,}")
+        if self.prefix_cache:
+            table.add_row(
+                "prefix cache",
+                f"hit rate {self.prefix_hit_rate:.1%}, prefill tokens saved {self.prefill_tokens_saved:,}, "
+                f"evictions {self.kv_evictions:,}",
+            )
+        if len(self.latency_by_priority) > 1:
+            for p, lat in self.latency_by_priority.items():
+                table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
+        table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
+        self._device_rows(table)
+        console.print(table)
+
+    def _device_rows(self, table: Table) -> None:
+        """A row per device of a several-device run (a cluster report prints its actors instead)."""
+        if len(self.devices) > 1:
+            for d in self.devices:
+                table.add_row(
+                    f"device {d['device']}",
+                    f"{d['rows']:,} rows, {d['completion_tokens']:,} tokens ({d['token_share']:.0%}), "
+                    f"busy {d['busy_share']:.0%}, idle tail {d['idle_tail_s']:.2f} s",
+                )

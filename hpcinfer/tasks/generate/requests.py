@@ -1,0 +1,224 @@
+"""Generation requests: input rows -> prompt token ids + SamplingParams, or a Reject.
+
+Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/completions`) with the
+same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
+`messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
+override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
+and may carry an integer priority (`--priority-column`, higher first).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ...errors import InputError
+from ...files.ids import IdSet, check_id, id_key, is_unicode
+from ...files.lines import LineSplitter
+from ...files.read import _json_objects, expand_paths
+from ...types import Reject
+from .chat import ChatError, ChatRenderer
+from .sequence import SamplingParams
+
+PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos"}
+_ROW_BLOCK = 256
+
+
+@dataclass(slots=True)
+class Request:
+    """One valid row: what the engine runs and what the writer needs to answer it."""
+
+    row: int  # global input row number
+    id: Any
+    tokens: list[int]
+    params: SamplingParams
+    kind: str  # "text" | "chat": the shape of an OpenAI answer
+    openai: bool = False
+    source: str = ""  # the input file (accounting)
+    priority: int = 0
+    read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
+
+
+def prefix_order(requests: list[Request]) -> list[Request]:
+    """A window's requests sorted by token ids: rows sharing a prefix become neighbours.
+
+    NOTE: lexicographic order is the depth-first walk of the prompts' trie, so every shared
+    prefix is one contiguous run; admitted in this order, the first row of a run computes the
+    prefix and the rest find it cached. Ties keep input order (the sort is stable).
+    """
+    return sorted(requests, key=lambda r: r.tokens)
+
+
+def _params(defaults: SamplingParams, obj: dict[str, Any]) -> SamplingParams:
+    """Row overrides on the run's defaults; a malformed value raises ValueError (a reject)."""
+    over: dict[str, Any] = {}
+    for name in _PARAM_NAMES:
+        value = obj.get(name)
+        if name == "max_tokens" and value is None:
+            value = obj.get("max_completion_tokens")
+        if value is None:
+            continue
+        if name in ("stop", "stop_token_ids"):
+            value = (value,) if isinstance(value, str | int) else tuple(value)
+            if not all(isinstance(v, str if name == "stop" else int) for v in value):
+                raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
+        elif name in ("max_tokens", "top_k", "seed"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        over[name] = value
+    if obj.get("n", 1) != 1:
+        raise ValueError("only n=1 is supported")
+    return replace(defaults, **over)
+
+
+class RequestReader:
+    """Streams Requests and Rejects in input order, skipping `skip_rows` already committed rows."""
+
+    def __init__(
+        self,
+        paths: tuple[str, ...],
+        id_column: str,
+        tokenizer: Any,
+        chat: ChatRenderer | None,
+        defaults: SamplingParams,
+        max_prompt: int,
+        vocab: int,
+        priority_column: str = "priority",
+    ) -> None:
+        self.files = expand_paths(paths)
+        for f in self.files:
+            if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
+                raise InputError("unknown file type (expected .jsonl or .parquet)", path=f)
+        self.id_column = id_column
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.defaults = defaults
+        self.max_prompt = max_prompt
+        self.vocab = vocab
+        self.priority_column = priority_column
+        self.skip_rows = 0
+        self.rows_read = 0
+        self.openai = False  # set once an OpenAI batch row is seen
+        # Per file: (rows read, rows skipped as committed), as the embedding reader counts them.
+        self.counts: dict[str, list[int]] = {f: [0, 0] for f in self.files}
+        self.has_ids = {f: _has_id_column(f, id_column) for f in self.files}
+        self._seen = IdSet()
+        self._file_first_row = 0
+
+    def remember_ids(self, ids: Iterator[Any]) -> None:
+        self._seen.update(id_key(i) for i in ids if i is not None)
+
+    def produce(self) -> Iterator[Request | Reject]:
+        for path in self.files:
+            self._file_first_row = self.rows_read
+            for line, obj in self._objects(path):
+                row = self.rows_read
+                self.rows_read += 1
+                self.counts[path][0] += 1
+                if row < self.skip_rows:
+                    self.counts[path][1] += 1
+                    continue
+                yield self._request(path, row, line, obj)
+
+    def _objects(self, path: str) -> Iterator[tuple[int | None, Any]]:
+        try:
+            if Path(path).suffix.lower() in (".parquet", ".pq"):
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=_ROW_BLOCK):
+                    for obj in batch.to_pylist():
+                        yield None, obj
+                return
+            with open(path, "rb") as fh:  # lines of any length, a BOM, CRLF: as embedding reads them
+                for numbered in LineSplitter(fh).chunks():
+                    for n, raw in numbered:
+                        yield n, _parse(raw)
+        except OSError as exc:
+            raise InputError(f"cannot read ({exc.strerror or exc})", path=path) from None
+
+    def _request(self, path: str, row: int, line: int | None, obj: Any) -> Request | Reject:
+        def reject(reason: str, message: str, row_id: Any = None) -> Reject:
+            shown = row_id if check_id(row_id) is None else repr(row_id)
+            return Reject(row, path, line, shown, reason, message, row - self._file_first_row)
+
+        if isinstance(obj, Reject):
+            return reject(obj.reason, obj.message)
+        openai = "custom_id" in obj and isinstance(obj.get("body"), dict)
+        self.openai |= openai
+        body = obj["body"] if openai else obj
+        # NOTE: as for embedding: a file without the id column takes row numbers; in one with it, a
+        # missing id stays null (it never collides with a row number).
+        row_id = obj.get("custom_id") if openai else obj.get(self.id_column) if self.has_ids[path] else row
+        if (bad_id := check_id(row_id)) is not None:
+            return reject(*bad_id, row_id)
+        try:
+            tokens, kind = self._tokens(body)
+            params = _params(self.defaults, body)
+            priority = obj.get(self.priority_column, body.get(self.priority_column))
+            if priority is None:
+                priority = 0
+            elif isinstance(priority, bool) or not isinstance(priority, int):
+                raise ValueError(f"{self.priority_column} must be an integer, got {priority!r}")
+        except ChatError as exc:
+            return reject("bad_chat", str(exc), row_id)
+        except (ValueError, TypeError) as exc:
+            return reject("invalid_request", str(exc), row_id)
+        except Exception as exc:  # noqa: BLE001 - the tokenizer's own error types are not public
+            return reject("tokenize_error", f"the tokenizer refused this prompt ({type(exc).__name__}: {exc})", row_id)
+        if (problem := params.problem()) is not None:
+            return reject("invalid_sampling", problem, row_id)
+        if len(tokens) > self.max_prompt:
+            return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
+        if row_id is not None:
+            key = id_key(row_id)
+            if key in self._seen:
+                return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
+            self._seen.add(key)
+        return Request(row, row_id, tokens, params, kind, openai, path, priority)
+
+    def _tokens(self, body: dict[str, Any]) -> tuple[list[int], str]:
+        if body.get("messages") is not None:
+            if self.chat is None:
+                raise ChatError("the checkpoint has no chat_template")
+            text = self.chat.render(body["messages"])
+            return self.tokenizer.encode(text, add_special_tokens=False).ids, "chat"
+        ids = body.get("prompt_token_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < self.vocab for i in ids):
+                raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab})")
+            if not ids:
+                raise ValueError("prompt_token_ids is empty")
+            return list(ids), "text"
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"a row needs one of {', '.join(PROMPT_COLUMNS)} (a non-empty prompt)")
+        if not is_unicode(prompt):
+            raise ValueError("the prompt holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode")
+        return self.tokenizer.encode(prompt).ids, "text"
+
+
+def _has_id_column(path: str, id_column: str) -> bool:
+    """Whether the file carries ids (OpenAI batch files always do, in custom_id)."""
+    if Path(path).suffix.lower() in (".parquet", ".pq"):
+        return id_column in pq.read_schema(path).names
+    return any(id_column in obj or "custom_id" in obj for obj in _json_objects(path))
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return Reject(0, "", None, None, "invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})")
+    except ValueError as exc:
+        return Reject(0, "", None, None, "malformed_json", f"not valid JSON ({exc})")
+    if not isinstance(obj, dict):
+        return Reject(0, "", None, None, "malformed_json", f"a JSON {type(obj).__name__}, not an object")
+    return obj

@@ -1,0 +1,168 @@
+"""The device side of an engine step: a StepPlan becomes flat tensors, the model runs, logits come back.
+
+Consumes a `StepPlan` (decodes first, then prefill chunks); produces float32 logits [S, vocab]
+for the S chunks that sample, in `plan.chunks` order. Host index buffers are allocated once at
+start-up and filled in place each step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...models.llama import LlamaDecoder
+from .attention import DecodeGroup, PagedBatch, PrefillSegment, choose_attention
+from .block_manager import blocks_for
+from .decode_graphs import DecodeGraphs
+from .kv_cache import KVCache
+from .scheduler import StepPlan
+
+MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
+MIN_GROUP = 16
+# NOTE: on CPU the torch path gathers each decode group's K/V into a buffer that SDPA then reads;
+# a group whose gathered K/V fit in about this many bytes is still in cache when SDPA reads it.
+# Measured on one core (32 sequences of 192-320 keys, 8 heads): 1.5-1.8x faster per layer than
+# four groups of 32, though it makes more, smaller attention calls.
+CPU_DECODE_GROUP_BYTES = 4 << 20
+# NOTE: on CPU, MKL runs the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
+# when the whole vocabulary is one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
+# rows, one core, S = 64-128); the logits are bit for bit the same.
+CPU_VOCAB_CHUNK = 512
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        cache: KVCache,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        timed: bool = False,
+        scratch_block: int | None = None,
+        attention: str = "auto",
+    ) -> None:
+        """`scratch_block` (a block no sequence owns) turns on the static-shape decode path
+        (`decode_graphs.py`): captured as CUDA graphs on CUDA, run eagerly elsewhere."""
+        self.model = model
+        self.cache = cache
+        self.device = cache.k.device
+        self.block_size = cache.layout.block_size
+        self.attention = choose_attention(cache, self.device, attention, timed)
+        tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
+        self.max_blocks = blocks_for(max_model_len, self.block_size)
+        # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.
+        self._ids = np.zeros(tokens, dtype=np.int64)
+        self._pos = np.zeros(tokens, dtype=np.int64)
+        self._slots = np.zeros(tokens, dtype=np.int64)
+        self._tables = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int64)
+        self._lens = np.zeros(max_num_seqs, dtype=np.int64)
+        self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
+        self._widths = np.zeros(max_num_seqs, dtype=np.int64)
+        self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
+        self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
+        self.graphs = None
+        if scratch_block is not None:
+            capture = self.device.type == "cuda"
+            self.graphs = DecodeGraphs(
+                model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture
+            )
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=False)
+
+    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
+        """ids [T], positions [T], the attention batch, and the flat index of each sampling token."""
+        bs = self.block_size
+        nd = len(plan.decodes)
+        # NOTE: decodes run shortest context first, so each group of them pads its gathered
+        # context to a width close to its own; the sampled rows are mapped back to plan order.
+        order = sorted(range(nd), key=lambda i: len(plan.decodes[i].seq.block_table))
+        for row, i in enumerate(order):
+            seq, p = plan.decodes[i].seq, plan.decodes[i].start
+            self._ids[row] = seq.tokens[p]
+            self._pos[row] = p
+            self._slots[row] = seq.block_table[p // bs] * bs + p % bs
+            self._tables[row, : len(seq.block_table)] = seq.block_table
+            self._widths[row] = len(seq.block_table)
+            self._lens[row] = p + 1
+            self._sample_at[i] = row
+        offset, segments = nd, []
+        for chunk in plan.prefills:
+            seq, n, p = chunk.seq, chunk.length, chunk.start
+            end = offset + n
+            self._ids[offset:end] = seq.tokens[p : p + n]
+            pos = np.arange(p, p + n)
+            self._pos[offset:end] = pos
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            self._slots[offset:end] = table[pos // bs] * bs + pos % bs
+            segments.append(self._segment(offset, n, p, table))
+            offset = end
+        sample_rows = nd  # every decode samples
+        for seg, chunk in zip(segments, plan.prefills, strict=True):
+            if chunk.samples:
+                self._sample_at[sample_rows] = seg.offset + seg.length - 1
+                sample_rows += 1
+        batch = PagedBatch(slots=self._tensor(self._slots[:offset]), decodes=self._decode_groups(nd), prefills=segments)
+        return (
+            self._tensor(self._ids[:offset]),
+            self._tensor(self._pos[:offset]),
+            batch,
+            self._tensor(self._sample_at[:sample_rows]),
+        )
+
+    def _decode_groups(self, nd: int) -> list[DecodeGroup]:
+        """Rows 0..nd-1 (sorted by width) in groups of similar context length."""
+        groups = []
+        lens = self._tensor(self._lens[:nd])
+        for start, end in self._group_bounds(nd):
+            width = int(self._widths[end - 1])
+            keys = width * self.block_size
+            beyond = self._key_pos[:keys][None, :] >= lens[start:end, None]
+            # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
+            mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
+            mask.masked_fill_(beyond, -torch.inf)
+            blocks = self._tensor(self._tables[start:end, :width])
+            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end]))
+        return groups
+
+    def _group_bounds(self, nd: int) -> list[tuple[int, int]]:
+        """[start, end) row ranges: on CPU each group's gathered K/V within CPU_DECODE_GROUP_BYTES;
+        elsewhere up to MAX_DECODE_GROUPS groups of at least MIN_GROUP rows."""
+        if nd == 0:
+            return []
+        if self.device.type != "cpu" or self.attention.name != "torch":
+            count = max(1, min(MAX_DECODE_GROUPS, nd // MIN_GROUP))
+            bounds = [round(nd * g / count) for g in range(count + 1)]
+            return [(s, e) for s, e in zip(bounds, bounds[1:], strict=False) if e > s]
+        layout = self.cache.layout
+        per_block = 2 * self.block_size * layout.num_kv_heads * layout.head_dim * self.cache.k.element_size()
+        widths, out, start = self._widths, [], 0
+        while start < nd:
+            end = start + 1  # rows are sorted by width, so a group's width is its last row's
+            while end < nd and (end + 1 - start) * int(widths[end]) * per_block <= CPU_DECODE_GROUP_BYTES:
+                end += 1
+            out.append((start, end))
+            start = end
+        return out
+
+    def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
+        total = start + n
+        blocks = self._tensor(table[: blocks_for(total, self.block_size)].copy())
+        if start == 0:
+            return PrefillSegment(offset, n, 0, blocks)
+        keys = torch.arange(total, device=self.device)
+        queries = torch.arange(start, total, device=self.device)
+        return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Runs one step; returns float32 logits [S, vocab] for the sampling chunks."""
+        if self.graphs is not None and not plan.prefills:
+            logits = self.graphs.run(plan.decodes)  # every decode samples, in plan order
+            if logits is not None:
+                return logits
+        ids, positions, batch, sample_at = self.prepare(plan)
+        hidden = self.model(ids, positions, self.attention.bind(batch))
+        return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
