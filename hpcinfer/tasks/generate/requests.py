@@ -157,6 +157,11 @@ class RequestReader:
         row_id = obj.get("custom_id") if openai else obj.get(self.id_column) if self.has_ids[path] else row
         if (bad_id := check_id(row_id)) is not None:
             return reject(*bad_id, row_id)
+        if row_id is not None:  # NOTE: embedding's rule: the first row with an id takes it, whatever its fate
+            key = id_key(row_id)
+            if key in self._seen:
+                return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
+            self._seen.add(key)
         try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body)
@@ -175,11 +180,6 @@ class RequestReader:
             return reject("invalid_sampling", problem, row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
-        if row_id is not None:
-            key = id_key(row_id)
-            if key in self._seen:
-                return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
-            self._seen.add(key)
         return Request(row, row_id, tokens, params, kind, openai, path, priority)
 
     def _tokens(self, body: dict[str, Any]) -> tuple[list[int], str]:
