@@ -1,9 +1,10 @@
 """Batched sampling: logits [S, vocab] and each row's SamplingParams -> one token id per row.
 
 Greedy rows take the argmax. Sampling rows are filtered together (temperature, top-k, top-p,
-min-p on the batch) and then drawn (inverse CDF) with each request's own generator, so a seeded request gets
-the same tokens whichever requests share its batch. A request without a seed gets one derived
-from the run's seed and its sequence id: results are still reproducible (and resumable).
+min-p on the batch) and then drawn (an exponential race, `draw`) with each request's own
+generator, so a seeded request gets the same tokens whichever requests share its batch. A request
+without a seed gets one derived from the run's seed and its sequence id: results are still
+reproducible (and resumable).
 """
 
 from __future__ import annotations
@@ -48,13 +49,19 @@ class Sampler:
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One index drawn with probability proportional to `weights` [K] (inverse CDF, one uniform).
+    """One index drawn with probability proportional to `weights` [K]: an exponential race.
 
-    NOTE: a zero weight is never drawn: searchsorted(right=True) lands past a flat step of the CDF.
+    Each candidate i waits an exponential time E_i / w_i and the first to arrive wins, i.e.
+    argmax(w_i / E_i), which picks i with probability w_i / sum(w). NOTE: inverting the CDF would
+    need one uniform only, but a run's logits differ in their last bits with the batch a row
+    shares (matmul blocking); with the CDF every one of the K boundaries can move, so a flat
+    distribution flips a token with probability ~K times that noise, and a resumed run would not
+    write what the uninterrupted one did. The race flips only when the two best arrivals are
+    within the noise of each other. A zero weight never wins (0 / E = 0 < a positive weight's;
+    E is kept above 0, since 0 / 0 would be NaN, which argmax takes as the largest).
     """
-    cdf = weights.cumsum(0)
-    u = torch.rand(1, generator=generator, device=weights.device, dtype=cdf.dtype) * cdf[-1]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.numel() - 1)
+    arrivals = torch.empty_like(weights).exponential_(generator=generator).clamp_min_(torch.finfo(weights.dtype).tiny)
+    return (weights / arrivals).argmax()
 
 
 def candidates(logits: torch.Tensor, params: Seq[SamplingParams]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
