@@ -131,7 +131,7 @@ def test_blocks_are_recycled_and_the_peak_recorded():
 
 
 def test_scheduler_and_block_manager_import_no_torch():
-    root = Path(__file__).resolve().parent.parent / "hpcinfer" / "generate"
+    root = Path(__file__).resolve().parent.parent / "hpcinfer" / "tasks" / "generate"
     for name in ("scheduler.py", "block_manager.py", "sequence.py"):
         tree = ast.parse((root / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
