@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,8 +114,8 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_finishes(job, 
     write_jsonl(src, [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(6000, seed=9))])
     big = [str(src), *args[1:]]
     out = tmp / "shared.parquet"
-    first = subprocess.Popen(  # requests replayed at 150/s: a run of about 40 s, room for three refusals
-        [sys.executable, "-m", "hpcinfer", "run", *big, "-o", str(out), "--rate", "150"],
+    first = subprocess.Popen(  # requests replayed at 1500/s: a run of at least 4 s, caught after its first commit
+        [sys.executable, "-m", "hpcinfer", "run", *big, "-o", str(out), "--rate", "1500"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -125,19 +126,33 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_finishes(job, 
     while time.monotonic() < deadline and first.poll() is None:
         if lock.exists() and lock.read_text().strip() and _manifest_windows(out):
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert first.poll() is None, "the first run ended before the second could be started"
-    for extra in ([], ["--overwrite"], ["--resume"]):
-        second = _hpcinfer(*big, "-o", str(out), *extra)
-        assert second.returncode != 0
-        assert f"another hpcinfer run (pid {first.pid}" in second.stderr, second.stderr
-        assert "Traceback" not in second.stderr
+    # NOTE: the first run is paused, not slowed, while the others try: it holds its lock however
+    # long they take on a loaded machine, and they run side by side.
+    first.send_signal(signal.SIGSTOP)
+    alone = tmp / "alone.parquet"
+    try:
+        others = [_start(*big, "-o", str(out), *extra) for extra in ([], ["--overwrite"], ["--resume"])]
+        by_itself = _start(*big, "-o", str(alone))
+        for second in others:
+            _, stderr = second.communicate(timeout=300)
+            assert second.returncode != 0
+            assert f"another hpcinfer run (pid {first.pid}" in stderr, stderr
+            assert "Traceback" not in stderr
+    finally:
+        first.send_signal(signal.SIGCONT)
     _, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == [f"r{i}" for i in range(6000)]
-    alone = tmp / "alone.parquet"
-    assert _hpcinfer(*big, "-o", str(alone)).returncode == 0
+    _, alone_stderr = by_itself.communicate(timeout=300)
+    assert by_itself.returncode == 0, alone_stderr
     a = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
     b = np.asarray(pq.read_table(alone).column("embedding").to_pylist(), dtype=np.float32)
     assert np.allclose(a, b, atol=1e-5)
+
+
+def _start(*args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hpcinfer", "run", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
