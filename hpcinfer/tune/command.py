@@ -6,7 +6,7 @@ import csv
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from .gen_command import (
     write_generation_recipe,
 )
 from .gen_search import NoisyGoal
-from .options import TuneOptions, TuneResult
+from .gen_trial import RequestSample
+from .options import TuneOptions
 from .sample import Sample, draw_sample
 from .search import Goal, Search, Space, Trial
 from .trial import TrialRunner
@@ -45,6 +46,24 @@ def parse_size(text: str) -> int:
         raise ConfigError(f"--max-memory {text!r}: expected a size like 800MB or 4GiB")
     value, unit = float(match.group(1)), match.group(2).lower()
     return int(value * 1024 ** "_kmgt".index(unit or "_"))
+
+
+@dataclass(slots=True)
+class TuneResult:
+    sample: Sample | RequestSample
+    search: Search  # a GenerationSearch for a causal LM
+    device: str
+    goal: Goal
+
+    @property
+    def best(self) -> Trial:
+        assert self.search.best is not None
+        return self.search.best
+
+    @property
+    def default(self) -> Trial:
+        assert self.search.default is not None
+        return self.search.default
 
 
 def device_kind(spec: str) -> str:
@@ -119,7 +138,7 @@ def tune(
     max_length = base.tokenize.max_length or info.max_seq_length
     with tempfile.TemporaryDirectory(prefix="hpcinfer-tune-") as tmp:
         workdir = Path(tmp)
-        sample = draw_sample(base, opts.sample_rows, opts.seed, workdir / "sample.parquet", opts.scan_rows)
+        sample = draw_sample(base, opts.sample_rows, opts.sample_seed, workdir / "sample.parquet", opts.scan_rows)
         if on_sample is not None:
             on_sample(sample)
         trial_base = replace(

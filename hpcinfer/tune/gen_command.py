@@ -68,7 +68,7 @@ def tune_generate(
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader.max_prompt = max_prompt
     assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by `command.tune`
-    sample = draw_requests(reader, opts.sample_rows, opts.seed, opts.scan_rows, kv_tokens)
+    sample = draw_requests(reader, opts.sample_rows, opts.sample_seed, opts.scan_rows, kv_tokens)
     if on_sample is not None:
         on_sample(sample)
     lengths = sample.prompt_lengths

@@ -1,12 +1,9 @@
-"""What `hpcinfer tune` is asked (its own options) and what it answers (the sample, the search, the goal)."""
+"""What `hpcinfer tune` is asked beyond `run`'s options. Light on purpose: the command line reads
+its defaults for `--help`, which imports nothing heavy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from .gen_trial import RequestSample
-from .sample import Sample
-from .search import Goal, Search, Trial
 
 
 @dataclass(slots=True)
@@ -19,24 +16,6 @@ class TuneOptions:
     max_p99_ms: float | None = None
     max_memory: str | None = None
     min_gain: float = 0.05
-    seed: int = 0
+    sample_seed: int = 0  # the sample draw's; --seed is the generation seed, as in `run`
     trials_csv: str | None = None
     recipe_path: str | None = None
-
-
-@dataclass(slots=True)
-class TuneResult:
-    sample: Sample | RequestSample
-    search: Search  # a GenerationSearch for a causal LM
-    device: str
-    goal: Goal
-
-    @property
-    def best(self) -> Trial:
-        assert self.search.best is not None
-        return self.search.best
-
-    @property
-    def default(self) -> Trial:
-        assert self.search.default is not None
-        return self.search.default

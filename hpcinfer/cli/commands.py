@@ -1,0 +1,140 @@
+"""The commands: `run` (the job), `profile` (the job under NVTX ranges) and `tune` (trials of it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .. import __version__
+from ..errors import ConfigError
+from .declare import SectionedCommand
+from .errors import user_errors
+from .options import build_run_config, build_tune_options, with_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpcinfer")
+def main() -> None:
+    """hpcinfer: fast offline batch inference for transformer models."""
+
+
+def _stderr_console(**kwargs: Any) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, **kwargs)
+
+
+def apply_recipe(ctx: click.Context, opts: dict[str, Any]) -> dict[str, Any]:
+    """Recipe values fill the options the command line left at their defaults."""
+    if not opts.get("config"):
+        return opts
+    from ..recipes import load_recipe
+
+    params = {p.name: p for p in ctx.command.params if p.name}
+    recipe = load_recipe(opts["config"], set(params))
+    merged = dict(opts)
+    for name, value in recipe.items():
+        if ctx.get_parameter_source(name) in (None, click.core.ParameterSource.DEFAULT):
+            try:
+                merged[name] = params[name].type_cast_value(ctx, value)
+            except click.BadParameter as exc:
+                raise ConfigError(f"key '{name.replace('_', '-')}': {exc.message}", path=opts["config"]) from None
+    return merged
+
+
+@main.command(cls=SectionedCommand)
+@with_options("run")
+@user_errors
+def run(**opts: Any) -> None:
+    """Run every row of INPUT... through the model: embeddings from an encoder, answers from a
+    causal LM. INPUT is JSONL, Parquet or an OpenAI batch file; files, directories or globs.
+
+    \b
+    Example:
+      hpcinfer run sample_data/requests.jsonl -o out.parquet --report report.json
+    """
+    from ..api import run as api_run
+    from ..obs.render import render
+
+    config = build_run_config(apply_recipe(click.get_current_context(), opts), "run")
+    report = api_run(config)
+    if not opts["quiet"]:
+        render(report, _stderr_console())
+
+
+@main.command(cls=SectionedCommand)
+@with_options("profile")
+@user_errors
+def profile(**opts: Any) -> None:
+    """Run a job with NVTX ranges around every stage step, for Nsight Systems; write its trace.
+
+    Ranges are named like 'hpcinfer/execute batch=17 rows=64 tokens=8192', on the thread that does
+    the work. Prints the nsys command that captures the same job, writes the Chrome trace
+    (--trace, default hpcinfer-trace.json) and ends with the per-stage table.
+
+    Without -o the results go to a temporary file, removed at the end: profiling needs no output.
+
+    \b
+    Example:
+      hpcinfer profile sample_data/requests.parquet --limit 1000 --torch-profile prof/
+    """
+    import tempfile
+
+    from ..api import run as api_run
+    from ..obs.profile import run_profiled
+    from ..obs.render import render
+
+    opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
+    console = _stderr_console()
+    with tempfile.TemporaryDirectory(prefix="hpcinfer-profile-") as scratch:
+        if not opts["output"]:
+            opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
+        config = build_run_config(apply_recipe(click.get_current_context(), opts), "profile")
+        report, notes = run_profiled(api_run, config, sys.argv[2:], opts["torch_profile"])
+
+    if not opts["quiet"]:
+        render(report, console)
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)
+
+
+@main.command(cls=SectionedCommand)
+@with_options("tune")
+@user_errors
+def tune(**opts: Any) -> None:
+    """Find the fastest configuration for INPUT... on this machine, and write it down as a recipe.
+
+    Draws --sample rows (stratified over token length), then measures the real pipeline on them:
+    the token budget coarse-to-fine over powers of two, then the row cap, then (on CUDA) streams
+    and staging buffers, and with --rate the batch timeout. Each trial has a warm-up and
+    --repeats measured runs (medians). A trial that runs out of memory is marked infeasible.
+
+    A causal LM (or --task generate) is tuned as `run` generates: the sample is read as generation
+    requests (prompt, messages, prompt_token_ids or OpenAI batch rows, per-row max_tokens), the
+    decoder is loaded once, and each run goes through a fresh engine. It sweeps --max-num-seqs,
+    then --max-num-batched-tokens, then --max-num-seqs again around the best, up to what the
+    sample and the KV pool (--kv-cache-memory) can use, maximising generated tokens/s; a change
+    is taken only if it wins in every repeat by --min-gain. Last it measures prefix caching off
+    at the best point and turns it off only if off wins in every repeat by --min-gain. The recipe
+    sets max-num-seqs, max-num-batched-tokens and prefix-cache. Give the sampling options
+    (--max-tokens, --temperature, ...) that the real run will use. --rate, --objective latency and
+    --max-p99-ms are refused.
+
+    \b
+    Example:
+      hpcinfer tune sample_data/requests.parquet --sample 2000 --write-recipe best.toml --trials trials.csv
+      hpcinfer run sample_data/requests.parquet -o out.parquet --config best.toml
+      hpcinfer tune prompts.jsonl --model my-llama/ --max-tokens 128 --write-recipe gen.toml
+    """
+    from .tune_view import show_tuning
+
+    base = build_run_config(opts, "tune")
+    base = replace(base, pipeline=replace(base.pipeline, progress="off"))
+    show_tuning(base.validate(), build_tune_options(opts), opts)

@@ -1,0 +1,164 @@
+"""Every option of every command, declared once (see declare.py): flags, help, section, commands, field."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import PlanConfig
+from .declare import RUNS, Opt, opt
+
+RUN = ("run",)
+TUNE = ("tune",)
+PROFILE = ("profile",)
+choice = click.Choice
+
+# NOTE: a table, one declaration to a line or two; the formatter would make each one nine lines.
+# fmt: off
+OPTIONS: tuple[Opt, ...] = (
+    # -- Input
+    opt("--input-format", "input.input_format", "Input", "Input format; auto reads the suffix and detects OpenAI "
+        "batch files.", type=choice(["auto", "jsonl", "parquet", "openai"])),
+    opt("--text-column", "input.text_column", "Input", "Column holding the text (embedding). Without it, a "
+        "list-of-int 'input_ids' column is used as is."),
+    opt("--id-column", "input.id_column", "Input", "Column holding row ids; when absent, the 0-based row number "
+        "is the id."),
+    opt("--rate", "input.rate", "Input", "Replay the input as an online service would see it: requests arrive "
+        "at this mean rate (Poisson, seeded); the report adds per-request latency and whether the run kept up.",
+        type=float, metavar="QPS"),
+    opt("--rate-seed", "input.rate_seed", "Input", "Seed of the --rate arrival schedule.", type=int),
+    opt("--limit", "input.limit", "Input", "Profile only the first N input rows.", commands=PROFILE, type=int),
+    opt("--config", None, "Input", "Take options from a recipe file (see recipes/); flags given here override "
+        "it.", commands=RUNS, metavar="RECIPE.toml"),
+    # -- Output
+    opt("-o --output", "output.path", "Output", "Output file, .parquet or .jsonl, one row per input row in input "
+        "order: id and embedding (embed), or id, text, finish_reason and token counts (generate). "
+        "profile without -o writes a temporary file and removes it.", commands=RUNS, dest="output", required=RUN),
+    opt("--output-format", "output.output_format", "Output", "Output format; auto reads the output suffix.",
+        commands=RUNS, type=choice(["auto", "parquet", "jsonl"])),
+    opt("--overwrite", "output.overwrite", "Output", "Replace the output (and any partial results) if it exists.",
+        commands=RUNS, switch=True),
+    opt("--resume", "output.resume", "Output", "Continue an interrupted run: skip the windows it committed, "
+        "finish the rest.", commands=RUNS, switch=True),
+    opt("--max-rejects", None, "Output", "Stop once more than N rows (or this fraction of rows, e.g. 0.01 or "
+        "1%) are rejected.", commands=RUNS, metavar="N|FRACTION"),
+    opt("--strict", None, "Output", "Any rejected row stops the run.", commands=RUNS, switch=True),
+    # -- Model and task
+    opt("--model", "model", "Model and task", "'default' (the packaged all-MiniLM-L6-v2) or a local checkpoint "
+        "directory: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates."),
+    opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates, an encoder embeds.",
+        type=choice(["auto", "embed", "generate"])),
+    # -- Embedding
+    opt("--max-length", "tokenize.max_length", "Embedding", "Truncate to this many tokens.", type=int,
+        default_help="the model's max_seq_length, 256 for the default"),
+    opt("--on-long", "tokenize.on_long", "Embedding", "A row longer than --max-length is truncated (and "
+        "counted) or rejected.", commands=RUNS, type=choice(["truncate", "reject"])),
+    opt("--tokenize-threads", "tokenize.threads", "Embedding", "Concurrent tokenizer calls (each call is "
+        "itself multi-threaded).", type=int),
+    opt("--sort-window", "plan.sort_window", "Embedding", "Rows sorted together by length; also the unit in "
+        "which output is committed.", commands=RUNS, type=int),
+    opt("--max-batch-tokens", "plan.max_batch_tokens", "Embedding", "Token budget per batch, padding included "
+        "(rows x padded length).", commands=RUNS, type=int,
+        default_help=f"{PlanConfig.cpu_default_tokens} on CPU, {PlanConfig.cuda_default_tokens} on CUDA"),
+    opt("--max-batch-size", "plan.max_batch_size", "Embedding", "Most rows in one batch.", commands=RUNS,
+        type=int),
+    opt("--pad-multiple", "plan.pad_multiple", "Embedding", "Padded lengths are rounded up to a multiple of "
+        "this.", commands=RUNS, type=int),
+    opt("--batch-timeout-ms", "plan.batch_timeout_ms", "Embedding", "Close a batch once its oldest row has "
+        "waited this long, full or not.", commands=RUNS, type=float,
+        default_help=f"off; {PlanConfig.online_default_timeout_ms:g} ms with --rate"),
+    # -- Generation (per-row values in the input override the sampling ones)
+    opt("--max-tokens", "generate.max_tokens", "Generation", "Tokens to generate.", type=int),
+    opt("--temperature", "generate.temperature", "Generation", "0: greedy.", type=float),
+    opt("--top-p", "generate.top_p", "Generation", "Nucleus sampling mass.", type=float),
+    opt("--top-k", "generate.top_k", "Generation", "0: off.", type=int),
+    opt("--min-p", "generate.min_p", "Generation", "0: off.", type=float),
+    opt("--seed", "generate.seed", "Generation", "Run seed; each row's stream also depends on its row.",
+        type=int),
+    opt("--stop", "generate.stop", "Generation", "Stop string (repeatable).", multiple=True),
+    opt("--ignore-eos", "generate.ignore_eos", "Generation", "Keep generating past EOS (benchmarks).",
+        switch=True),
+    opt("--max-num-seqs", "generate.max_num_seqs", "Generation", "Sequences a step.", commands=RUNS, type=int),
+    opt("--max-num-batched-tokens", "generate.max_num_batched_tokens", "Generation", "Tokens a step (decodes "
+        "+ prefill chunks).", commands=RUNS, type=int),
+    opt("--kv-block-size", "generate.kv_block_size", "Generation", "Tokens a KV block.", type=int),
+    opt("--kv-cache-memory", "generate.kv_cache_memory", "Generation", "KV pool size, e.g. 2GiB, or on CUDA a "
+        "fraction of free memory.", default_help="1GiB on CPU, 0.85 on CUDA"),
+    opt("--no-chunked-prefill", "generate.chunked_prefill", "Generation", "Admit a prompt only when it fits "
+        "one step.", switch=True, negates=True),
+    opt("--window-rows", "generate.window_rows", "Generation", "Rows per committed window.", type=int),
+    opt("--no-prefix-cache", "generate.prefix_cache", "Generation", "Compute every prompt in full (no shared "
+        "KV blocks).", commands=RUNS, switch=True, negates=True),
+    opt("--no-prefix-order", "generate.prefix_order", "Generation", "Admit a window's prompts in file order, "
+        "not sorted by prefix.", switch=True, negates=True),
+    opt("--priority-column", "generate.priority_column", "Generation", "Optional integer column; rows with a "
+        "higher value are admitted first."),
+    opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: flash-attn on CUDA "
+        "where it can run (--kv-block-size 256), else torch.", commands=RUNS,
+        type=choice(["auto", "torch", "flash-attn"])),
+    # -- Devices
+    opt("--device", "device.device", "Devices", "auto, cpu, cuda or cuda:N."),
+    opt("--devices", "device.devices", "Devices", "Run on several devices, one model replica each: "
+        "cuda:0,cuda:1 or all (every visible GPU); cpu,cpu splits the CPU threads. Work goes to the device "
+        "with the fewest outstanding tokens. Overrides --device.", metavar="LIST|all"),
+    opt("--dispatch", "device.dispatch", "Devices", "With --devices: send each batch to the device with the "
+        "fewest outstanding tokens, or in turn.", commands=RUNS, type=choice(["tokens", "round_robin"])),
+    opt("--dtype", "device.dtype", "Devices", "Compute dtype; auto is float32 on CPU, bfloat16 on CUDA "
+        "(float16 on a GPU without bfloat16).", type=choice(["auto", "float32", "bfloat16", "float16"])),
+    opt("--streams", "device.streams", "Devices", "Compute streams on CUDA.", commands=RUNS, type=int),
+    opt("--staging-buffers", "device.staging_buffers", "Devices", "Pinned staging slots (2 = double "
+        "buffering).", commands=RUNS, type=int),
+    opt("--cuda-graphs", "device.cuda_graphs", "Devices", "Capture the forward as CUDA graphs per (rows, "
+        "length) bucket and replay them (CUDA only).", commands=RUNS, switch=True),
+    opt("--threads", "device.threads", "Devices", "CPU threads for compute.", type=int,
+        default_help="torch's choice"),
+    # -- Cluster
+    opt("--engine", "cluster.engine", "Cluster", "local: this machine; ray: the same job in Ray Data actors, "
+        "one model replica each (pip install 'hpcinfer[ray]').", commands=RUNS, type=choice(["local", "ray"])),
+    opt("--ray-address", "cluster.ray_address", "Cluster", "With --engine ray: the cluster to join (auto: the "
+        "one `ray start` made here).", commands=RUNS, metavar="ADDR",
+        default_help="start a local Ray instance for the run"),
+    opt("--replicas", "cluster.replicas", "Cluster", "With --engine ray: model replicas (actors).",
+        commands=RUNS, type=int, default_help="one per node on CPUs, one per --gpus-per-replica GPUs"),
+    opt("--gpus-per-replica", "cluster.gpus_per_replica", "Cluster", "With --engine ray: GPUs each replica "
+        "gets from Ray (0: CPU replicas).", commands=RUNS, type=float),
+    # -- Pipeline
+    opt("--no-overlap", "pipeline.overlap", "Pipeline", "Run the stages serially, one batch at a time (the "
+        "reference).", commands=RUNS, switch=True, negates=True),
+    opt("--queue-depth", "pipeline.queue_depth", "Pipeline", "Bound of each queue between stages.",
+        commands=RUNS, type=int),
+    # -- Reports
+    opt("--progress", "pipeline.progress", "Reports", "Progress display on stderr; auto: a bar on a terminal, "
+        "log lines otherwise.", commands=RUNS, type=choice(["auto", "bar", "log", "off"])),
+    opt("--report", "report_path", "Reports", "Also write the report as JSON to this file.", commands=RUNS,
+        dest="report_path"),
+    opt("--trace", "trace_path", "Reports", "Write every stage span as a Chrome trace (Perfetto).",
+        commands=RUNS, dest="trace_path", default_help="profile: hpcinfer-trace.json"),
+    opt("-q --quiet", None, "Reports", "No summary tables (tune: only the verdict, no live table).", switch=True),
+    # -- Profiling
+    opt("--torch-profile", None, "Profiling", "Also write a torch.profiler trace (CPU and CUDA activities) of a "
+        "few batches into DIR.", commands=PROFILE, metavar="DIR"),
+    # -- Tuning
+    opt("--sample", "tune.sample_rows", "Tuning", "Rows in the tuning sample.", commands=TUNE, type=int,
+        dest="sample_rows", default_help="2000; 512 requests for a causal LM"),
+    opt("--scan-rows", "tune.scan_rows", "Tuning", "Rows read (and tokenized) to draw the sample from, "
+        "stratified over token length.", commands=TUNE, type=int),
+    opt("--sample-seed", "tune.sample_seed", "Tuning", "Seed of the sample draw.", commands=TUNE, type=int),
+    opt("--repeats", "tune.repeats", "Tuning", "Measured runs per trial; medians are kept.", commands=TUNE,
+        type=int),
+    opt("--warmup-rows", "tune.warmup_rows", "Tuning", "Rows run before each trial's measured runs.",
+        commands=TUNE, type=int, default_help="200; 32 for a causal LM, with answers cut to 16 tokens"),
+    opt("--objective", "tune.objective", "Tuning", "Maximise rows/s or tokens/s, or (with --rate) minimise p99 "
+        "request latency.", commands=TUNE, type=choice(["rows", "tokens", "latency"]),
+        default_help="rows; latency with --rate; generated tokens/s for a causal LM, where latency is refused"),
+    opt("--max-p99-ms", "tune.max_p99_ms", "Tuning", "Reject configurations whose p99 latency (per batch; per "
+        "request with --rate) exceeds this.", commands=TUNE, type=float),
+    opt("--max-memory", "tune.max_memory", "Tuning", "Reject configurations whose peak memory (device memory "
+        "on CUDA, RSS on CPU) exceeds this, e.g. 4GiB.", commands=TUNE, metavar="SIZE"),
+    opt("--min-gain", "tune.min_gain", "Tuning", "A change must beat the best so far by this fraction to be "
+        "taken (and to keep searching that way).", commands=TUNE, type=float),
+    opt("--trials", "tune.trials_csv", "Tuning", "Write every trial to this CSV file.", commands=TUNE,
+        metavar="CSV", dest="trials_csv"),
+    opt("--write-recipe", "tune.recipe_path", "Tuning", "Write the best configuration as a recipe.",
+        commands=TUNE, metavar="TOML", dest="recipe_path"),
+)
+# fmt: on
