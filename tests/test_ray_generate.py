@@ -38,7 +38,7 @@ from hpcinfer.obs.render import render
 from hpcinfer.ray_engine.generate_driver import _source
 from hpcinfer.ray_engine.generate_replica import RangeRequestReader
 from hpcinfer.ray_engine.units import plan_units
-from hpcinfer.tasks.generate.job import load_tokenizer, request_reader
+from hpcinfer.tasks.generate.setup import load_tokenizer, request_reader
 
 from .conftest import REPO, make_texts, write_parquet
 from .ray_helpers import local_ray

@@ -17,9 +17,9 @@ from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tasks.generate.engine import EngineConfig
-from hpcinfer.tasks.generate.job import load_tokenizer
 from hpcinfer.tasks.generate.requests import RequestReader
 from hpcinfer.tasks.generate.sequence import SamplingParams
+from hpcinfer.tasks.generate.setup import load_tokenizer
 from hpcinfer.tune.command import TuneOptions, tune
 from hpcinfer.tune.gen_command import generation_recipe_values
 from hpcinfer.tune.gen_search import (

@@ -14,13 +14,11 @@ all of its rows (Parquet) to the reader, or the run fails naming it: a row is ne
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,119 +30,15 @@ from ..config import InputConfig
 from ..errors import InputError
 from ..types import Reject, RowBlock
 from .ids import IdSet, check_id, id_key, is_unicode
-from .lines import BOM, LineSplitter
-
-_SUFFIX_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
-TOKENS_COLUMN = "input_ids"
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    path: str
-    fmt: str  # jsonl | parquet | openai
-    payload: str  # "text" or "tokens"
-    has_ids: bool
-
-
-def expand_paths(specs: tuple[str, ...]) -> list[str]:
-    """Files, directories (their data files, sorted) and globs -> a list of files, in order."""
-    files: list[str] = []
-    for spec in specs:
-        if any(ch in spec for ch in "*?["):
-            matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise InputError("no file matches this pattern", path=spec)
-            files.extend(matches)
-        elif os.path.isdir(spec):
-            found = sorted(str(p) for p in Path(spec).iterdir() if p.suffix.lower() in _SUFFIX_FORMATS)
-            if not found:
-                raise InputError("directory holds no .jsonl or .parquet file", path=spec)
-            files.extend(found)
-        elif os.path.isfile(spec):
-            files.append(spec)
-        else:
-            raise InputError("no such file or directory", path=spec)
-    return files
-
-
-def _json_objects(path: str, limit: int = 1000) -> list[dict]:
-    """The JSON objects among the first `limit` lines (bad lines are the rows' problem, not the file's)."""
-    found = []
-    try:
-        with open(path, "rb") as fh:
-            for n, line in enumerate(fh):
-                if n >= limit:
-                    break
-                if n == 0 and line.startswith(BOM):
-                    line = line[len(BOM) :]
-                try:
-                    obj = json.loads(line) if line.strip() else None
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    found.append(obj)
-    except OSError as exc:
-        raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
-    return found
-
-
-def is_text_type(kind: pa.DataType) -> bool:
-    """Text as Parquet writers store it: plain, large, view, or dictionary-encoded (pandas 'category')."""
-    if pa.types.is_dictionary(kind):
-        return is_text_type(kind.value_type)
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-
-
-def _is_id_type(kind: pa.DataType) -> bool:
-    if pa.types.is_dictionary(kind):
-        return _is_id_type(kind.value_type)
-    return is_text_type(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind)
-
-
-def open_source(path: str, cfg: InputConfig) -> Source:
-    """Detects the format and checks the columns of one file."""
-    fmt = cfg.input_format
-    if fmt == "auto":
-        fmt = _SUFFIX_FORMATS.get(Path(path).suffix.lower(), "")
-        if not fmt:
-            raise InputError("unknown file type (expected .jsonl or .parquet; see --input-format)", path=path)
-    objects = _json_objects(path) if fmt in ("jsonl", "openai") else []
-    if fmt == "jsonl" and objects and "custom_id" in objects[0] and isinstance(objects[0].get("body"), dict):
-        fmt = "openai"
-    if fmt == "openai":
-        return Source(path, "openai", "text", True)
-    if fmt == "parquet":
-        try:
-            schema = pq.read_schema(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
-        columns = set(schema.names)
-        if cfg.id_column in columns and not _is_id_type(kind := schema.field(cfg.id_column).type):
-            raise InputError(f"id column '{cfg.id_column}' holds {kind}; ids must be strings or integers", path=path)
-    else:
-        columns = {key for obj in objects for key in obj}
-    if fmt == "jsonl" and (not objects or cfg.text_column in columns):
-        return Source(path, fmt, "text", cfg.id_column in columns)  # a row lacking text becomes a reject
-    if cfg.text_column in columns:
-        kind = schema.field(cfg.text_column).type if fmt == "parquet" else pa.string()
-        if not is_text_type(kind):
-            raise InputError(f"column '{cfg.text_column}' holds {kind}, not text", path=path)
-        return Source(path, fmt, "text", cfg.id_column in columns)
-    if TOKENS_COLUMN in columns:
-        return Source(path, fmt, "tokens", cfg.id_column in columns)
-    shown = ", ".join(sorted(columns)[:8])
-    raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
-
-
-def _check_id_columns(sources: list[Source], id_column: str) -> None:
-    """Ids come from every file or from none: row numbers of one file would pass for ids of another."""
-    with_ids = [s.path for s in sources if s.has_ids]
-    without = [s.path for s in sources if not s.has_ids]
-    if with_ids and without:
-        raise InputError(
-            f"has no id column '{id_column}' but {with_ids[0]} has one: give every input file ids, or none",
-            path=without[0],
-        )
+from .lines import LineSplitter
+from .sources import (
+    TOKENS_COLUMN,
+    Source,
+    check_id_columns,
+    expand_paths,
+    is_id_type,
+    open_source,
+)
 
 
 class _Rows:
@@ -201,7 +95,7 @@ class Reader:
         self.cfg = cfg
         self.window_rows = window_rows
         self.sources = [open_source(p, cfg) for p in expand_paths(cfg.paths)]
-        _check_id_columns(self.sources, cfg.id_column)
+        check_id_columns(self.sources, cfg.id_column)
         self.skip_rows = skip_rows
         self.skip_done = 0
         self.rows_read = 0  # input rows consumed, rejects and skipped rows included
@@ -302,7 +196,7 @@ class Reader:
         if table.num_rows != len(numbered):
             return None
         has_ids = id_col in table.column_names
-        if has_ids and not _is_id_type(table.schema.field(id_col).type):
+        if has_ids and not is_id_type(table.schema.field(id_col).type):
             return None  # floats, lists, objects, integers beyond 64 bits: each row says what is wrong
         rows = _Rows()
         try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
@@ -451,25 +345,3 @@ def _arrow_ids(values: pa.ChunkedArray | pa.Array) -> list[Any]:
             raw if raw is None or isinstance(_utf8_or_reject(raw), tuple) else raw.decode("utf-8")
             for raw in values.cast(pa.binary()).to_pylist()
         ]
-
-
-def estimate_rows(sources: list[Source]) -> int | None:
-    """Exact for Parquet (footer metadata); JSONL is estimated from the first MiB's line sizes."""
-    return sum(_estimate(src.path, src.fmt == "parquet") for src in sources)
-
-
-def estimate_file_rows(paths: list[str]) -> int:
-    """As `estimate_rows`, for files named by path (a Parquet file is known by its suffix)."""
-    return sum(_estimate(p, _SUFFIX_FORMATS.get(Path(p).suffix.lower()) == "parquet") for p in paths)
-
-
-def _estimate(path: str, parquet: bool) -> int:
-    if parquet:
-        return pq.ParquetFile(path).metadata.num_rows
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        sample = fh.read(1 << 20)
-    lines = sample.count(b"\n") + (1 if sample and not sample.endswith(b"\n") else 0)
-    if lines == 0:
-        return 0
-    return lines if len(sample) == size else round(size / (len(sample) / lines))

@@ -1,7 +1,7 @@
 """Runs the stages: a source, then stages joined by bounded queues, each in its own thread.
 
-`run_overlapped` is the production loop; `run_serial` runs the very same stage objects one item
-at a time, depth first: the reference twin every overlap optimisation is checked against.
+`run_overlapped` is the production loop; `serial.run_serial` runs the very same stage objects one
+item at a time, depth first: the reference twin every overlap optimisation is checked against.
 A `Fanout` in the list of stages splits the flow over parallel branches (one per device), each a
 chain of stages in threads of its own, merging again into the next stage.
 The first failure in any stage sets `stop`; every other stage notices within ~50 ms, and the
@@ -107,7 +107,7 @@ class _Failure:
         raise StageError(self.stage, self.error) from self.error
 
 
-class _Runner:
+class Runner:
     def __init__(
         self,
         timings: Timings,
@@ -221,7 +221,7 @@ def run_overlapped(
     thread_init: Callable[[], None] | None = None,
 ) -> None:
     """`thread_init` runs first in every thread the pipeline starts (the device's bind_thread)."""
-    runner = _Runner(timings, stop, hooks or {}, ranges, thread_init)
+    runner = Runner(timings, stop, hooks or {}, ranges, thread_init)
     queues = [queue.Queue(maxsize=queue_depth) for _ in stages]
 
     def source_loop() -> None:
@@ -311,7 +311,7 @@ def run_overlapped(
     runner.failure.raise_if_set()
 
 
-def _parallel_ordered(runner: _Runner, stage: Stage, inbox: queue.Queue, emit: Callable, n: int) -> None:
+def _parallel_ordered(runner: Runner, stage: Stage, inbox: queue.Queue, emit: Callable, n: int) -> None:
     """Runs `stage.process` on n threads, emitting results in input order."""
     inflight: deque[Future] = deque()
     with ThreadPoolExecutor(n, thread_name_prefix=stage.name, initializer=runner.thread_init) as pool:
@@ -321,71 +321,3 @@ def _parallel_ordered(runner: _Runner, stage: Stage, inbox: queue.Queue, emit: C
                 emit(inflight.popleft().result())
         while inflight:
             emit(inflight.popleft().result())
-
-
-def run_serial(
-    source: Source,
-    stages: list[Stage],
-    timings: Timings,
-    *,
-    stop: threading.Event,
-    hooks: dict[str, Callable[[Any], None]] | None = None,
-    ranges: RangeBackend | None = None,
-    thread_init: Callable[[], None] | None = None,
-) -> None:
-    """The reference twin: each item goes through every stage before the next one is read."""
-    runner = _Runner(timings, stop, hooks or {}, ranges, thread_init)
-
-    def push(i: int, item: Any) -> None:
-        if i == len(stages):
-            return
-        stage = stages[i]
-        if isinstance(stage, Fanout):
-            run_chain(stage, stage.route(item), 0, item, i + 1)
-            return
-        for out in runner.timed(stage, lambda: stage.process(item), item):
-            push(i + 1, out)
-
-    def run_chain(fan: Fanout, branch: int, k: int, item: Any, then: int) -> None:
-        """Item through stages k.. of one branch, then on to stage `then` of the main line."""
-        steps = fan.branches[branch]
-        if k == len(steps):
-            push(then, item)
-            return
-        if (init := fan.init(branch)) is not None:
-            init()  # NOTE: one thread runs every device's work here: bind the one whose turn it is
-        runner.local.where = fan.label(branch)  # kept if it fails: the failure names the device
-        outputs = runner.timed(steps[k], lambda: steps[k].process(item), item)
-        runner.local.where = None
-        for out in outputs:
-            run_chain(fan, branch, k + 1, out, then)
-
-    def finish(i: int) -> None:
-        stage = stages[i]
-        if not isinstance(stage, Fanout):
-            for out in runner.timed(stage, stage.finish, None):
-                push(i + 1, out)
-            return
-        for b, steps in enumerate(stage.branches):
-            for k, step in enumerate(steps):
-                for out in runner.timed(step, step.finish, None):
-                    run_chain(stage, b, k + 1, out, i + 1)
-
-    def body() -> None:
-        items = source.produce()
-        while not stop.is_set():
-            runner.local.stage = source.name
-            hook = runner.hooks.get(source.name)
-            if hook is not None:
-                hook(None)
-            t0 = time.perf_counter_ns()
-            item = runner.next_item(source.name, items)
-            if item is END:
-                break
-            timings.busy(source.name, t0, time.perf_counter_ns(), threading.current_thread().name, **describe(item))
-            push(0, item)
-        for i in range(len(stages)):
-            finish(i)
-
-    runner.guard(source.name, body)
-    runner.failure.raise_if_set()

@@ -53,10 +53,11 @@ class Dispatcher:
             if self.policy == "round_robin":
                 replica = self._next
                 self._next = (self._next + 1) % len(self.loads)
-            else:  # NOTE: a device not yet tried comes first (so each gets measured), then ties go to the lowest index
-                replica = min(
-                    range(len(self.loads)),
-                    key=lambda i: (self.loads[i].sent_batches > 0, self._finish_estimate(i, tokens)),
+            else:
+                loads = self.loads
+                rates = [load.rate(0.0) for load in loads]
+                replica = soonest(
+                    [load.outstanding for load in loads], rates, [load.sent_batches > 0 for load in loads], tokens
                 )
             load = self.loads[replica]
             load.outstanding += tokens
@@ -64,12 +65,6 @@ class Dispatcher:
             load.sent_batches += 1
             load.sent_rows += rows
             return replica
-
-    def _finish_estimate(self, replica: int, tokens: int) -> float:
-        known = [load.rate(0.0) for load in self.loads if load.done_seconds > 0]
-        default = sum(known) / len(known) if known else 1.0
-        load = self.loads[replica]
-        return (load.outstanding + tokens) / load.rate(default)
 
     def done(self, replica: int, tokens: int, device_seconds: float = 0.0) -> None:
         """The batch's results are written; `device_seconds` is how long the device computed it."""
@@ -83,3 +78,23 @@ class Dispatcher:
     def token_shares(self) -> list[float]:
         total = sum(load.sent_tokens for load in self.loads)
         return [load.sent_tokens / total if total else 0.0 for load in self.loads]
+
+
+def soonest(
+    outstanding: list[int], rates: list[float], tried: list[bool], tokens: int, held: dict[int, int] | None = None
+) -> int:
+    """The rule of every dispatch, batches and prompts alike: the replica that would finish `tokens` soonest.
+
+    `outstanding[i]` tokens are queued on replica i, which computes `rates[i]` tokens a second (0:
+    not measured yet, taken as the mean of the measured ones). `held[i]` of the new work's tokens
+    replica i already holds (a cached prompt prefix). A replica not yet `tried` comes first, so
+    each gets measured; ties go to the lowest index.
+    """
+    held = held or {}
+    known = [r for r in rates if r > 0]
+    default = sum(known) / len(known) if known else 1.0
+
+    def finish_estimate(i: int) -> tuple[bool, float]:
+        return tried[i], (outstanding[i] + tokens - held.get(i, 0)) / (rates[i] or default)
+
+    return min(range(len(rates)), key=finish_estimate)

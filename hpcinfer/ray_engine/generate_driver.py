@@ -20,7 +20,7 @@ from typing import Any
 from ..config import RunConfig, flatten
 from ..errors import ConfigError, Interrupted, OutputError
 from ..files.ids import IdSet, id_key
-from ..files.read import Source
+from ..files.sources import Source
 from ..job.accounting import AccountingError, settle
 from ..job.claim import claimed, open_store
 from ..job.output_checks import check_output, output_format
@@ -28,9 +28,10 @@ from ..job.rejects import RejectCounter
 from ..models.decoder_checkpoint import inspect_decoder
 from ..models.registry import resolve_model_path
 from ..obs.progress import Progress
-from ..tasks.generate.job import _fingerprint, _GenerationStore, answers_table, load_tokenizer, request_reader
+from ..tasks.generate.answers import GenerationStore, answers_table
 from ..tasks.generate.report import GenerateReport
 from ..tasks.generate.requests import RequestReader
+from ..tasks.generate.setup import generation_fingerprint, load_tokenizer, request_reader
 from .actor import ReplicaActor
 from .commit import drop_repeated_requests, reject_from_json
 from .driver import (
@@ -70,7 +71,7 @@ def run_generate_on_ray(
         # NOTE: the replicas run on what Ray hands out, not on what the driver's machine has.
         config = replace(config, device=replace(config.device, device=kind))
         dtype = _dtype(ray, config, kind, gpus)
-        store = _GenerationStore(config.output.path, fmt, 0, _fingerprint(config, info, reader.files, dtype))
+        store = GenerationStore(config.output.path, fmt, 0, generation_fingerprint(config, info, reader.files, dtype))
         with claimed(store, config.output.path):
             job = _GenerateJob(config, store, reader, Pool(replicas, cpus, gpus, kind), str(dtype))
             return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress), str(info.path))
@@ -94,7 +95,7 @@ class _GenerateJob:
     """One cluster generation run holding the output's lock: the units, the actor pool, the ordered commit."""
 
     def __init__(
-        self, config: RunConfig, store: _GenerationStore, reader: RequestReader, pool: Pool, dtype: str
+        self, config: RunConfig, store: GenerationStore, reader: RequestReader, pool: Pool, dtype: str
     ) -> None:
         self.config, self.store, self.reader, self.pool = config, store, reader, pool
         self.dtype = dtype.removeprefix("torch.")

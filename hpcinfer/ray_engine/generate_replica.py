@@ -29,11 +29,13 @@ from ..files.ids import IdSet
 from ..files.lines import LineSplitter
 from ..models.decoder_checkpoint import inspect_decoder, load_decoder
 from ..models.registry import resolve_model_path
-from ..tasks.generate.admission import Admission, EngineSink
+from ..tasks.generate.admission import Admission
+from ..tasks.generate.answers import answer_row
 from ..tasks.generate.engine import Engine
-from ..tasks.generate.job import _device, answer_row, engine_config, load_tokenizer, request_reader
+from ..tasks.generate.loop import EngineSink, run_loop
 from ..tasks.generate.requests import Request, RequestReader, _parse
 from ..tasks.generate.sequence import Sequence
+from ..tasks.generate.setup import engine_config, first_device, load_tokenizer, request_reader
 from ..types import Reject
 from .replica import parquet_range
 from .units import Segment, Unit
@@ -139,7 +141,7 @@ class GenerateReplica:
     def __init__(self, config: RunConfig) -> None:
         self.config = replace(config, report_path=None, trace_path=None)
         self.info = inspect_decoder(resolve_model_path(config.model))
-        device, dtype = _device(config)
+        device, dtype = first_device(config)
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
         with torch.inference_mode():
@@ -180,17 +182,14 @@ class GenerateReplica:
 
         admission = Admission(g.window_rows, g.max_num_seqs, g.prefix_order, None, 0, window_for, close, _book_reject)
         before = _engine_figures(engine)
-        source, sink = reader.produce(), EngineSink(engine)
-        more = True
-        while more or engine.has_work:
-            if more:
-                more = admission.feed(source, sink)
-            if engine.has_work:
-                for seq in engine.step():
-                    _, request = seq.tag
-                    window.pending -= 1
-                    window.answers.append((request.row, answer_row(seq, request, self.tokenizer, self.config.model)))
-                    _count(result, seq, request)
+
+        def finished(seq: Sequence, _device: int) -> None:
+            _, request = seq.tag
+            window.pending -= 1
+            window.answers.append((request.row, answer_row(seq, request, self.tokenizer, self.config.model)))
+            _count(result, seq, request)
+
+        run_loop(admission, reader.produce(), EngineSink(engine), finished)
         assert window.closed and window.pending == 0, "the unit's every row was read and answered"
         result.answers = sorted(window.answers, key=lambda item: item[0])
         result.rejects = [r.to_json() for r in window.rejects]

@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from ..config import RunConfig
 from ..errors import HpcinferError, InputError, StageError
 from ..files.lines import LineSplitter
-from ..files.read import Reader, Source, _Rows
+from ..files.read import Reader, _Rows
+from ..files.sources import Source
 from ..obs.progress import Progress
 from ..tasks.embed.report import RunReport
 from ..types import RowBlock

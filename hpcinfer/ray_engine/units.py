@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..files.lines import BOM
-from ..files.read import Source
+from ..files.sources import Source
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,9 +109,9 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
-    from ..tasks.generate.job import wants_generation
+    from ..tasks import pick_task
 
-    generating = wants_generation(base)
+    generating = pick_task(base) == "generate"
     opts = replace(
         opts,
         sample_rows=(SAMPLE_ROWS if generating else 2000) if opts.sample_rows is None else opts.sample_rows,

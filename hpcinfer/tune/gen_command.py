@@ -15,8 +15,8 @@ from ..errors import ConfigError
 from ..models.decoder_checkpoint import inspect_decoder, load_decoder
 from ..models.registry import resolve_model_path
 from ..recipes import dump_recipe
-from ..tasks.generate.job import _device, engine_config, load_tokenizer, request_reader
 from ..tasks.generate.kv_cache import KVLayout, size_pool
+from ..tasks.generate.setup import engine_config, first_device, load_tokenizer, request_reader
 from .gen_search import GenerationSearch, generation_space, prefix_line
 from .gen_trial import GenerationTrialRunner, RequestSample, draw_requests
 from .search import Goal, Search, Trial
@@ -55,7 +55,7 @@ def tune_generate(
     """Runs the generation search; returns the sample, the search and the device kind."""
     g = base.generate
     info = inspect_decoder(resolve_model_path(base.model))
-    device, dtype = _device(base)
+    device, dtype = first_device(base)
     if base.device.threads:
         torch.set_num_threads(base.device.threads)
     tokenizer = load_tokenizer(info)

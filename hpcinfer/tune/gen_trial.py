@@ -24,10 +24,12 @@ import torch
 from ..device.base import is_out_of_memory
 from ..errors import InputError
 from ..models.llama import LlamaDecoder
-from ..tasks.generate.admission import Admission, EngineSink
+from ..tasks.generate.admission import Admission
 from ..tasks.generate.engine import Engine, EngineConfig
+from ..tasks.generate.loop import EngineSink, run_loop
 from ..tasks.generate.report import percentiles
 from ..tasks.generate.requests import Request, RequestReader
+from ..tasks.generate.sequence import Sequence
 from .sample import stratified_indices
 from .search import Trial
 from .trial import CLEARLY_WORSE, PeakRss, release_memory
@@ -243,25 +245,24 @@ class GenerationTrialRunner:
             lambda: None,
             lambda window, item: None,
         )
-        source, sink = iter(requests), EngineSink(engine)
-        more, shown = True, time.perf_counter()
-        start = time.perf_counter()
-        while more or engine.has_work:
-            if more:
-                more = admission.feed(source, sink)
-            if not engine.has_work:
-                continue
-            for seq in engine.step():
-                out.rows += 1
-                out.completion_tokens += seq.num_completion
-                out.prompt_tokens += seq.num_prompt
-                out.cached_tokens += seq.num_cached
-                out.ttft.append(seq.first_token_s - seq.arrival_s)
-                if seq.num_completion > 1:
-                    out.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-            if on_rows is not None and time.perf_counter() - shown >= PROGRESS_EVERY_S:
+        shown = [time.perf_counter()]
+
+        def finished(seq: Sequence, _device: int) -> None:
+            out.rows += 1
+            out.completion_tokens += seq.num_completion
+            out.prompt_tokens += seq.num_prompt
+            out.cached_tokens += seq.num_cached
+            out.ttft.append(seq.first_token_s - seq.arrival_s)
+            if seq.num_completion > 1:
+                out.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
+
+        def show() -> None:
+            if on_rows is not None and time.perf_counter() - shown[0] >= PROGRESS_EVERY_S:
                 on_rows(out.rows)
-                shown = time.perf_counter()
+                shown[0] = time.perf_counter()
+
+        start = time.perf_counter()
+        run_loop(admission, iter(requests), EngineSink(engine), finished, after=show)
         out.wall_s = time.perf_counter() - start
 
 

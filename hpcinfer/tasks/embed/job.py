@@ -20,12 +20,14 @@ from ...device import Device, resolve_dtype
 from ...errors import ConfigError, Interrupted
 from ...files.arrivals import ArrivalReplay
 from ...files.parts import PartStore, fingerprint
-from ...files.read import Reader, estimate_rows
+from ...files.read import Reader
+from ...files.sources import estimate_rows
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
 from ...job.output_checks import check_output, output_format
-from ...job.pipeline import Fanout, run_overlapped, run_serial
+from ...job.pipeline import Fanout, run_overlapped
 from ...job.rejects import RejectCounter
+from ...job.serial import run_serial
 from ...job.signals import signals_stop
 from ...models.checkpoint import CheckpointInfo, inspect_checkpoint
 from ...models.registry import LoadedModel, load_tokenizer, resolve_model_path

@@ -19,13 +19,12 @@ import numpy as np
 
 from ...files.arrivals import poisson_gaps_ns
 from ...types import Reject
-from .engine import Engine
 from .requests import Request, prefix_order
 from .sequence import SamplingParams
 
 
 class Sink(Protocol):
-    """Where admitted prompts go: one engine (`EngineSink`) or one per device (`devices.EnginePool`)."""
+    """Where admitted prompts go: one engine (`loop.EngineSink`) or one per device (`devices.EnginePool`)."""
 
     @property
     def queued(self) -> int:
@@ -35,18 +34,6 @@ class Sink(Protocol):
     def add(
         self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
     ) -> Any: ...
-
-
-class EngineSink:
-    """One engine as a sink, driven by the job's own loop."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.add = engine.add
-
-    @property
-    def queued(self) -> int:
-        return len(self.engine.scheduler.waiting)
 
 
 class Admission:

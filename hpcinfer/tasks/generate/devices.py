@@ -32,8 +32,10 @@ import torch
 
 from ...errors import HpcinferError, StageError
 from ...obs.profile import RangeBackend
+from ...place.dispatch import soonest
 from .block_manager import prefix_keys
 from .engine import Engine, EngineStats
+from .loop import IDLE_WAIT_S, engine_step
 from .sequence import SamplingParams, Sequence
 
 POLICIES = ("tokens", "round_robin")
@@ -162,19 +164,7 @@ class EngineWorker:
         engine, stats = self.engine, self.stats
         prefill, decode = engine.stats.prefill_tokens, engine.stats.decode_tokens
         t0 = time.perf_counter()
-        if self.hook is not None:  # NOTE: inside the measured time: a slowed device measures slow
-            self.hook()
-        if self.ranges is not None:
-            s = engine.scheduler
-            self.ranges.push(
-                f"hpcinfer/engine_step device={self.label} step={engine.stats.steps} "
-                f"running={len(s.running)} waiting={len(s.waiting)}"
-            )
-        try:
-            finished = engine.step()
-        finally:
-            if self.ranges is not None:
-                self.ranges.pop()
+        finished = engine_step(engine, self.label, self.hook, self.ranges)  # NOTE: the hook inside the measured time
         t1 = time.perf_counter()
         prefill, decode = engine.stats.prefill_tokens - prefill, engine.stats.decode_tokens - decode
         stats.steps += 1
@@ -247,17 +237,13 @@ class EnginePool:
         if self.policy == "round_robin":
             chosen, self._next = self._next, (self._next + 1) % len(self.workers)
             return chosen
-        cached = cached or {}
-        rates = [w.rate for w in self.workers]
-        known = [r for r in rates if r > 0]
-        default = sum(known) / len(known) if known else 1.0
+        workers = self.workers
+        outstanding, rates = [w.outstanding for w in workers], [w.rate for w in workers]
+        return soonest(outstanding, rates, [w.sent > 0 for w in workers], charge, cached)
 
-        def finish_estimate(i: int) -> tuple[bool, float]:
-            # NOTE: a device not yet given work comes first (so each gets measured); ties go to the lowest index
-            w = self.workers[i]
-            return w.sent > 0, (w.outstanding + charge - cached.get(i, 0)) / (rates[i] or default)
-
-        return min(range(len(self.workers)), key=finish_estimate)
+    def collect(self, wait: float | None) -> Iterator[tuple[int, list[Sequence]]]:
+        """What the loop takes (see loop.py): the devices' finished sequences, waiting up to `wait`."""
+        return self.finished(IDLE_WAIT_S if wait is None else wait)
 
     def finished(self, timeout: float) -> Iterator[tuple[int, list[Sequence]]]:
         """(device index, sequences) as they finish: waits up to `timeout` for the first, then takes what is there.

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from ...errors import InputError
 from ...files.ids import IdSet, check_id, id_key, is_unicode
 from ...files.lines import LineSplitter
-from ...files.read import _json_objects, expand_paths
+from ...files.sources import expand_paths, json_objects
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 from .sequence import SamplingParams
@@ -209,7 +209,7 @@ def _has_id_column(path: str, id_column: str) -> bool:
     """Whether the file carries ids (OpenAI batch files always do, in custom_id)."""
     if Path(path).suffix.lower() in (".parquet", ".pq"):
         return id_column in pq.read_schema(path).names
-    return any(id_column in obj or "custom_id" in obj for obj in _json_objects(path))
+    return any(id_column in obj or "custom_id" in obj for obj in json_objects(path))
 
 
 def _parse(raw: bytes) -> Any:

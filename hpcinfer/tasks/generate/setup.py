@@ -1,0 +1,113 @@
+"""What a generation run settles before its first step, the same for the local job, a Ray replica and tune:
+its devices and dtype, the tokenizer, the request reader with the run's sampling defaults, the
+engine's budgets, and the options that enter its resume fingerprint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from ...config import RunConfig
+from ...device import dtype_for
+from ...errors import ConfigError, ModelError
+from ...files.parts import fingerprint
+from ...models.decoder_checkpoint import DecoderInfo, weight_files
+from ...place.devices import parse_devices
+from .chat import ChatRenderer
+from .engine import EngineConfig
+from .kv_cache import parse_kv_memory
+from .requests import RequestReader
+from .sequence import SamplingParams
+
+
+def generation_devices(config: RunConfig) -> tuple[list[torch.device], torch.dtype]:
+    """--devices (one engine each) or --device; all of one kind, cpu or cuda."""
+    if config.device.devices:
+        names = parse_devices(config.device.devices)
+    else:
+        name = config.device.device
+        names = ["cuda" if torch.cuda.is_available() else "cpu"] if name == "auto" else [name]
+    for name in names:
+        if not (name == "cpu" or name.startswith("cuda")):
+            raise ConfigError(f"generation runs on cpu or cuda, not {name!r}")
+    devices = [torch.device(name) for name in names]
+    if len({d.type for d in devices}) > 1:
+        raise ConfigError(f"--devices: one kind of device per run (got {', '.join(names)})")
+    return devices, dtype_for(config.device.dtype, devices[0])
+
+
+def first_device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
+    """The one device a single engine runs on: a tune trial or a Ray actor takes the first of --devices,
+    since every device gets the same per-device budgets."""
+    devices, dtype = generation_devices(config)
+    return devices[0], dtype
+
+
+def sampling_defaults(config: RunConfig) -> SamplingParams:
+    g = config.generate
+    params = SamplingParams(
+        g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, None, tuple(g.stop), (), g.ignore_eos
+    )
+    if (problem := params.problem()) is not None:
+        raise ConfigError(problem.replace("max_tokens", "--max-tokens", 1))
+    return params
+
+
+def generation_fingerprint(
+    config: RunConfig, info: DecoderInfo, files: list[str], dtype: torch.dtype
+) -> dict[str, Any]:
+    g = config.generate
+    options = {
+        "task": "generate",
+        "dtype": str(dtype),
+        "window_rows": g.window_rows,
+        "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
+        "weights": [f.name for f in weight_files(info.path)],
+        "id_column": config.input.id_column,
+    }
+    return fingerprint(files, info.path, options)
+
+
+def load_tokenizer(info: DecoderInfo) -> Tokenizer:
+    """The checkpoint's tokenizer, with no truncation or padding (prompts are checked, not cut)."""
+    try:
+        tokenizer = Tokenizer.from_file(str(info.path / "tokenizer.json"))
+    except Exception as exc:
+        raise ModelError(f"cannot load tokenizer ({exc})", path=str(info.path)) from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -> RequestReader:
+    """The run's reader of requests: the checkpoint's chat template, the run's sampling defaults."""
+    chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
+    return RequestReader(
+        config.input.paths,
+        config.input.id_column,
+        tokenizer,
+        chat,
+        sampling_defaults(config),
+        info.config.max_model_len - 1,
+        info.config.vocab_size,
+        config.generate.priority_column,
+    )
+
+
+def engine_config(config: RunConfig) -> EngineConfig:
+    """The engine's budgets and switches of a run."""
+    g = config.generate
+    return EngineConfig(
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        block_size=g.kv_block_size,
+        kv_cache_memory=parse_kv_memory(g.kv_cache_memory),
+        chunked_prefill=g.chunked_prefill,
+        prefix_cache=g.prefix_cache,
+        seed=g.seed or 0,
+        timed=True,
+        cuda_graphs=config.device.cuda_graphs,
+        attention=g.attention,
+    )
