@@ -68,11 +68,11 @@ def drop_repeated_requests(
 ) -> tuple[list[tuple[int, dict[str, Any]]], list[dict[str, Any]], dict[str, int]]:
     """A generation window less its answers to requests whose id an earlier window had.
 
-    `admitted` is every request of the window that carries an id, in row order: (row, id, line,
-    source, row in file). Unlike embedding's, the local request reader checks ids last (after the
-    prompt and sampling checks), so only requests, never rows rejected otherwise, can be repeats.
-    Returns the answers and rejects the local run commits for this window, and, per source, how
-    many answers became rejects.
+    `admitted` is every row of the window that took its id, in row order: (row, id, line, source,
+    row in file). As with embedding's, a row whose id repeats is a `duplicate_id` reject even when
+    the replica rejected it for its prompt: the local reader checks ids first. Returns the answers
+    and rejects the local run commits for this window, and, per source, how many answers became
+    rejects.
     """
     keys = np.fromiter((id_key(a[1]) for a in admitted), np.uint64, len(admitted))
     repeated = seen.contains_many(keys)
@@ -80,13 +80,16 @@ def drop_repeated_requests(
     if not repeated.any():
         return answers, rejects, {}
     duplicates = {admitted[k][0]: admitted[k] for k in np.flatnonzero(repeated).tolist()}
+    answered = {row for row, _ in answers}
     moved: dict[str, int] = {}
     added = []
     for row, row_id, line, source, row_in_file in duplicates.values():
-        moved[source] = moved.get(source, 0) + 1
+        if row in answered:
+            moved[source] = moved.get(source, 0) + 1
         added.append(
             Reject(row, source, line, row_id, "duplicate_id", f"id {row_id!r} appeared before", row_in_file).to_json()
         )
     kept = [(row, answer) for row, answer in answers if row not in duplicates]
-    assert len(kept) == len(answers) - len(duplicates), "every admitted request was answered"
-    return kept, sorted(rejects + added, key=lambda r: r["row"]), moved
+    others = [r for r in rejects if r["row"] not in duplicates]
+    assert len(kept) + len(others) + len(added) == len(answers) + len(rejects), "every row answered or rejected"
+    return kept, sorted(others + added, key=lambda r: r["row"]), moved

@@ -81,8 +81,8 @@ class RangeRequestReader(RequestReader):
     """Yields the Requests and Rejects of one unit's rows, numbered as a reader of the whole input numbers them.
 
     Parsing is the whole-input reader's own (`RequestReader._request`); only which rows are read
-    differs. `admitted` lists the requests that carry an id, so the driver can find ids repeated
-    across windows, which no replica can see.
+    differs. `admitted` lists the rows that took their id (answered or rejected later for their
+    prompt), so the driver can find ids repeated across windows, which no replica can see.
     """
 
     def __init__(self, whole: RequestReader, unit: Unit) -> None:
@@ -104,16 +104,16 @@ class RangeRequestReader(RequestReader):
                 row = self.rows_read
                 self.rows_read += 1
                 self.counts[seg.path][0] += 1
-                item = self._request(seg.path, row, line, obj)
-                if isinstance(item, Request) and item.id is not None:
-                    self.admitted.append((row, item.id, line, seg.path, row - seg.file_first_row))
-                yield item
+                yield self._request(seg.path, row, line, obj)
             got = self.rows_read - seg.file_first_row - seg.start
             if got != seg.rows:
                 raise InputError(
                     f"read {got:,} of the {seg.rows:,} rows expected from row {seg.start:,} (did the file change?)",
                     path=seg.path,
                 )
+
+    def _id_taken(self, row: int, row_id: Any, line: int | None, path: str) -> None:
+        self.admitted.append((row, row_id, line, path, row - self._file_first_row))
 
     def _segment_objects(self, seg: Segment) -> Iterator[tuple[int | None, Any]]:
         try:

@@ -128,6 +128,9 @@ class RequestReader:
                     continue
                 yield self._request(path, row, line, obj)
 
+    def _id_taken(self, row: int, row_id: Any, line: int | None, path: str) -> None:
+        """Called for each row that takes its id (a reader of part of the input remembers them)."""
+
     def _objects(self, path: str) -> Iterator[tuple[int | None, Any]]:
         try:
             if Path(path).suffix.lower() in (".parquet", ".pq"):
@@ -162,6 +165,7 @@ class RequestReader:
             if key in self._seen:
                 return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
             self._seen.add(key)
+            self._id_taken(row, row_id, line, path)
         try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body)
