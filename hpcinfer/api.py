@@ -15,7 +15,7 @@ from .errors import ConfigError, Interrupted
 from .models.registry import LoadedModel
 from .obs.profile import RangeBackend
 from .obs.progress import Progress
-from .tasks import pick_task
+from .tasks import cluster_task, pick_task
 from .tasks.embed.report import RunReport
 
 __all__ = ["Interrupted", "run"]
@@ -41,21 +41,17 @@ def run(
     (hpcinfer profile), `batch_profiler` drives torch.profiler over a few embedding batches.
     """
     config.validate()
-    on_ray = config.cluster.engine == "ray"  # NOTE: Ray is imported only when it runs
-    if pick_task(config) == "generate":
-        if on_ray:
-            from .ray_engine.generate_driver import run_generate_on_ray
+    task = pick_task(config)
+    if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
+        from .ray_engine.driver import run_on_ray
 
-            return run_generate_on_ray(config, progress=progress)  # type: ignore[return-value]
+        return run_on_ray(config, cluster_task(task), progress=progress)
+    if task == "generate":
         if batch_profiler is not None:
             raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
         from .tasks.generate.job import run_generate
 
         return run_generate(config, progress=progress, ranges=ranges)  # type: ignore[return-value]
-    if on_ray:
-        from .ray_engine.driver import run_on_ray
-
-        return run_on_ray(config, progress=progress)
     from .tasks.embed.job import run_embed
 
     return run_embed(

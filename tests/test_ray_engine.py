@@ -21,8 +21,8 @@ from hpcinfer.config import ClusterConfig
 from hpcinfer.errors import ConfigError, OutputError
 from hpcinfer.files.read import Reader
 from hpcinfer.obs.progress import Progress
-from hpcinfer.ray_engine.replica import RangeReader
 from hpcinfer.ray_engine.units import plan_units
+from hpcinfer.tasks.embed.replica import RangeReader
 
 from .conftest import REPO, make_texts, read_output, run_job, small_config, write_parquet
 from .ray_helpers import local_ray
@@ -121,13 +121,14 @@ def test_ray_output_and_rejects_equal_the_local_engine(tmp_path, tiny_model, ray
 
 def test_an_actor_killed_mid_run_is_restarted_and_the_output_is_identical(tmp_path, tiny_model, ray_address):
     from hpcinfer.ray_engine.driver import run_on_ray
+    from hpcinfer.tasks.embed.cluster import EmbedCluster
 
     from .ray_helpers import DiesOnceActor
 
     inputs = _inputs(tmp_path)
     run_job(small_config(inputs, tmp_path / "local.parquet", tiny_model))
     cfg = _ray(small_config(inputs, tmp_path / "ray.parquet", tiny_model), replicas=1)
-    report = run_on_ray(cfg, progress=Progress("off"), replica_cls=DiesOnceActor)
+    report = run_on_ray(cfg, EmbedCluster(), progress=Progress("off"), replica_cls=DiesOnceActor)
     assert (tmp_path / "ray.parquet.died").exists()  # the actor did die, on its second window
     assert report.cluster["actor_restarts_seen"] >= 1
     _same_output(tmp_path / "local.parquet", tmp_path / "ray.parquet")
@@ -183,8 +184,8 @@ def test_without_ray_installed_the_engine_says_how_to_get_it(tmp_path, tiny_mode
 
 def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_rejected_it_otherwise():
     from hpcinfer.files.ids import IdSet
-    from hpcinfer.ray_engine.commit import drop_repeated_ids
-    from hpcinfer.ray_engine.replica import Committed
+    from hpcinfer.tasks.embed.cluster import drop_repeated_ids
+    from hpcinfer.tasks.embed.replica import Committed
 
     seen = IdSet()
     first = Committed(0, 0, 2, ["a", "b"], np.zeros((2, 3), np.float32), [])

@@ -35,9 +35,9 @@ from hpcinfer.models.decoder_checkpoint import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.obs.render import render
-from hpcinfer.ray_engine.generate_driver import _source
-from hpcinfer.ray_engine.generate_replica import RangeRequestReader
 from hpcinfer.ray_engine.units import plan_units
+from hpcinfer.tasks.generate.cluster import GenerateCluster, request_source
+from hpcinfer.tasks.generate.replica import RangeRequestReader
 from hpcinfer.tasks.generate.setup import load_tokenizer, request_reader
 
 from .conftest import REPO, make_texts, write_parquet
@@ -106,7 +106,7 @@ def test_unit_readers_read_what_the_whole_input_reader_reads(tmp_path, ckpt):
     cfg = _config(inputs, tmp_path / "o.jsonl", ckpt)
     info = inspect_decoder(ckpt)
     whole = request_reader(cfg, info, load_tokenizer(info))
-    units, totals = plan_units([_source(f, whole.has_ids[f]) for f in whole.files], WINDOW)
+    units, totals = plan_units([request_source(f, whole.has_ids[f]) for f in whole.files], WINDOW)
     assert list(totals.values()) == [14, 12]
     assert [(u.first_row, u.input_rows, len(u.segments)) for u in units] == [
         (0, 4, 1),
@@ -190,14 +190,14 @@ def test_openai_batch_answers_equal_the_local_engine(tmp_path, ckpt, ray_address
 
 
 def test_an_actor_killed_mid_run_is_restarted_and_the_parquet_answers_are_identical(tmp_path, ckpt, ray_address):
-    from hpcinfer.ray_engine.generate_driver import run_generate_on_ray
+    from hpcinfer.ray_engine.driver import run_on_ray
 
     from .ray_helpers import DiesOnceActor
 
     inputs = _inputs(tmp_path)
     run(_config(inputs, tmp_path / "local.parquet", ckpt), progress=Progress("off"))
     cfg = _config(inputs, tmp_path / "ray.parquet", ckpt, replicas=1)
-    report = run_generate_on_ray(cfg, progress=Progress("off"), replica_cls=DiesOnceActor)
+    report = run_on_ray(cfg, GenerateCluster(), progress=Progress("off"), replica_cls=DiesOnceActor)
     assert (tmp_path / "ray.parquet.died").exists()  # the actor did die, on its second window
     assert report.cluster["actor_restarts_seen"] >= 1
     local, ray = pq.read_table(tmp_path / "local.parquet"), pq.read_table(tmp_path / "ray.parquet")

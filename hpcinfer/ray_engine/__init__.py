@@ -1,8 +1,8 @@
-"""`--engine ray`: the local engine's windows, embedded or answered by replicas in a Ray Data actor pool.
+"""`--engine ray`: the local engine's windows, done by replicas in a Ray Data actor pool, for any task.
 
-units.py (windows as work units) -> actor.py / replica.py (the local engine on one unit, in an
-actor) -> commit.py / driver.py (the driver's ordered commit) -> merge.py (one report). Generation
-has its replica, driver and merge beside them (generate_replica.py, generate_driver.py,
-generate_merge.py) and shares the units, the actor, the pool and the ordered commit. Only the
-drivers and the actor's process import Ray, and only when this engine runs.
+units.py (windows as work units) -> cluster.py (the pool, every unit through Ray) -> actor.py (the
+task's replica on one unit, in an actor) -> commit.py / driver.py (the driver's ordered commit) ->
+merge.py (one report). What is a task's own (its replica, how its window is committed, how its
+figures merge) is in tasks/<task>/replica.py and cluster.py. Only the driver and the actor's
+process import Ray, and only when this engine runs.
 """

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..config import RunConfig
-from .replica import EmbedReplica
-
-if TYPE_CHECKING:
-    from .generate_replica import GenerateReplica
+from ..tasks import replica_class
 
 
 class ReplicaActor:
     """Ray Data callable class: loads the model once (in `__init__`), then runs the units it receives.
 
-    `task` is the replica's: "embed" (`EmbedReplica`) or "generate" (`GenerateReplica`).
+    `task` names the replica (`tasks.replica_class`): "embed" or "generate".
 
     `workdir` is the driver's working directory: relative input and model paths mean what they
     meant to the driver (on a cluster, inputs and model sit on a filesystem every node mounts).
@@ -35,12 +32,7 @@ class ReplicaActor:
             import torch
 
             torch.set_num_threads(threads)
-        if task == "generate":
-            from .generate_replica import GenerateReplica  # NOTE: the decoder's modules, only where they run
-
-            self.replica: EmbedReplica | GenerateReplica = GenerateReplica(config)
-        else:
-            self.replica = EmbedReplica(config)
+        self.replica: Any = replica_class(task)(config)  # NOTE: the task's modules, only where they run
         self.calls = 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:

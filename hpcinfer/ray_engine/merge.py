@@ -1,4 +1,4 @@
-"""Per-unit reports of the replicas -> one report of the whole job.
+"""The replicas' figures -> one report of the whole job: the parts every task's merge shares.
 
 Stage tables are merged by summing what adds up (items, busy, starved, back-pressured seconds);
 a stage's share is its busy time over the replicas' combined time (replicas x wall), so 100% means
@@ -10,17 +10,15 @@ wall time, idle tail), and `cluster` names the slowest actor (fewest rows per bu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..tasks.embed.report import RunReport
-from .replica import UnitResult
-
 _ADDED = ("items", "busy_s", "starved_s", "backpressured_s")
 
 
-def merge_stages(reports: list[RunReport], wall_s: float, replicas: int) -> list[dict[str, Any]]:
+def merge_stages(reports: list[Any], wall_s: float, replicas: int) -> list[dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     p50s: dict[str, list[tuple[float, int]]] = {}
     for report in reports:
@@ -53,56 +51,41 @@ def _weighted_median(values: list[tuple[float, int]]) -> float:
     return float(values[int(np.searchsorted(weights, weights[-1] / 2))][0])
 
 
-def per_actor(results: list[UnitResult], wall_s: float) -> list[dict[str, Any]]:
-    """One row per actor (host:pid, so a restarted actor is a row of its own)."""
+def per_actor(
+    results: list[Any], wall_s: float, counts: Callable[[Any], dict[str, int]], tokens: str, speed: tuple[str, str]
+) -> list[dict[str, Any]]:
+    """One row per actor (host:pid, so a restarted actor is a row of its own), for any task.
+
+    `counts(result)` are the task's figures of a unit, summed per actor; `tokens` names the one
+    whose share each actor gets, and `speed` = (column, figure) the figure per busy second.
+    """
     actors: dict[str, dict[str, Any]] = {}
     t0 = min((r.started for r in results), default=0.0)
     for r in results:
-        rep = r.report
-        a = actors.setdefault(
-            r.replica,
-            {"device": r.replica, "units": 0, "batches": 0, "rows": 0, "tokens": 0, "busy_s": 0.0, "last": t0},
-        )
+        figures = counts(r)
+        a = actors.setdefault(r.replica, {"device": r.replica, "units": 0, **dict.fromkeys(figures, 0)})
+        a.setdefault("busy_s", 0.0)
+        a.setdefault("last", t0)
         a["units"] += 1
-        a["batches"] += rep.batches
-        a["rows"] += rep.rows
-        a["tokens"] += rep.real_tokens
+        for key, value in figures.items():
+            a[key] += value
         a["busy_s"] += r.finished - r.started
         a["last"] = max(a["last"], r.finished)
-    total_tokens = sum(a["tokens"] for a in actors.values()) or 1
+    total = sum(a[tokens] for a in actors.values()) or 1
     end = max((a["last"] for a in actors.values()), default=t0)
-    rows = []
-    for a in actors.values():
-        rows.append(
-            {
-                **{k: a[k] for k in ("device", "units", "batches", "rows", "tokens")},
-                "token_share": round(a["tokens"] / total_tokens, 4),
-                "busy_s": round(a["busy_s"], 4),
-                "busy_share": round(a["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0,
-                "rows_per_busy_s": round(a["rows"] / a["busy_s"], 3) if a["busy_s"] > 0 else 0.0,
-                "finished_s": round(a["last"] - t0, 4),
-                "idle_tail_s": round(end - a["last"], 4),
-            }
-        )
-    return rows
-
-
-def merge_reports(results: list[UnitResult], wall_s: float, replicas: int) -> RunReport:
-    """The totals and tables of a cluster run; the caller adds accounting, rejects and identity."""
-    reports = [r.report for r in results if r.report is not None]
-    report = RunReport(wall_s=wall_s)
-    for rep in reports:
-        report.real_tokens += rep.real_tokens
-        report.padded_tokens += rep.padded_tokens
-        report.truncated_rows += rep.truncated_rows
-        report.oom_splits += rep.oom_splits
-        report.batches += rep.batches
-        report.windows += rep.windows
-    report.final_max_batch_tokens = min((r.final_max_batch_tokens for r in reports), default=0)
-    report.stages = merge_stages(reports, wall_s, replicas)
-    report.devices = per_actor(results, wall_s)
-    report.cluster = cluster_figures(report.devices, replicas, "rows_per_busy_s")
-    return report
+    column, figure = speed
+    return [
+        {
+            **{k: v for k, v in a.items() if k not in ("busy_s", "last")},
+            "token_share": round(a[tokens] / total, 4),
+            "busy_s": round(a["busy_s"], 4),
+            "busy_share": round(a["busy_s"] / wall_s, 4) if wall_s > 0 else 0.0,
+            column: round(a[figure] / a["busy_s"], 3) if a["busy_s"] > 0 else 0.0,
+            "finished_s": round(a["last"] - t0, 4),
+            "idle_tail_s": round(end - a["last"], 4),
+        }
+        for a in actors.values()
+    ]
 
 
 def cluster_figures(actors: list[dict[str, Any]], replicas: int, speed: str) -> dict[str, Any]:

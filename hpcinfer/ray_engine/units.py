@@ -10,8 +10,10 @@ of that row, so a replica reads only its own rows. No Ray and no torch here: pla
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
@@ -92,3 +94,29 @@ def plan_units(sources: list[Source], window_rows: int, first_window: int = 0) -
             file_first += n
         units.append(Unit(window, lo, hi - lo, tuple(segments)))
     return units, totals
+
+
+def parquet_range(
+    path: str, seg: Segment, batch_rows: int, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The segment's rows of a Parquet file, in record batches: only the row groups holding them are
+    decoded, the first and last trimmed."""
+    file = pq.ParquetFile(path)
+    groups, skip, first = [], 0, 0
+    for g in range(file.metadata.num_row_groups):
+        n = file.metadata.row_group(g).num_rows
+        if first + n > seg.start and first < seg.start + seg.rows:
+            if not groups:
+                skip = seg.start - first
+            groups.append(g)
+        first += n
+    left = seg.rows
+    for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch, skip = batch.slice(skip, left), 0
+        left -= batch.num_rows
+        yield batch
+        if not left:
+            return

@@ -1,10 +1,16 @@
 """The tasks a run can do, one folder each: `embed/` (sentence embeddings) and `generate/` (a causal LM's answers).
 
-`pick_task` is the one place that decides which task a run is: `--task`, or else the checkpoint
-(a `*ForCausalLM` generates, anything else embeds).
+A task folder holds everything that is the task's own: how a row is parsed, its engine, its output
+rows, the options in its resume fingerprint, its report, its Ray replica and cluster commit. What
+every task shares lives outside: job/ (claiming the output, windows, accounting, signals), files/,
+place/, obs/, ray_engine/ (the driver), tune/. This module is the registry: `pick_task` decides
+which task a run is, and the functions below hand out a task's parts by name, so the shared code
+knows tasks only through them. Adding a task is a folder and a line in each.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..config import RunConfig
 
@@ -12,10 +18,32 @@ TASKS = ("embed", "generate")
 
 
 def pick_task(config: RunConfig) -> str:
-    """The run's task: `--task`, or for `auto` what the checkpoint is."""
+    """The run's task: `--task`, or for `auto` what the checkpoint is (a `*ForCausalLM` generates)."""
     if config.task != "auto":
         return config.task
     from ..models.decoder_checkpoint import is_causal_lm
     from ..models.registry import resolve_model_path
 
     return "generate" if is_causal_lm(resolve_model_path(config.model)) else "embed"
+
+
+def cluster_task(task: str) -> Any:
+    """The task's side of a Ray run (a `ray_engine.driver.ClusterTask`)."""
+    if task == "generate":
+        from .generate.cluster import GenerateCluster
+
+        return GenerateCluster()
+    from .embed.cluster import EmbedCluster
+
+    return EmbedCluster()
+
+
+def replica_class(task: str) -> type:
+    """The class a Ray actor builds to run the task's engine on its windows (imported only there)."""
+    if task == "generate":
+        from .generate.replica import GenerateReplica
+
+        return GenerateReplica
+    from .embed.replica import EmbedReplica
+
+    return EmbedReplica

@@ -2,7 +2,7 @@
 
 `run_embed` settles the run's devices, model facts, output and reader, claims the output, then runs
 the stage pipeline (overlapped, or its serial twin) and fills the report. A Ray replica runs the
-same `execute_job` over the window range it is handed (ray_engine/replica.py).
+same `execute_job` over the window range it is handed (replica.py).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class EmbedJob:
     max_length: int
     dtype: torch.dtype
     # None: from the output's state (fresh, or resumed after the committed windows). A cluster
-    # replica runs one window range and gives its first window here (see ray_engine/replica.py).
+    # replica runs one window range and gives its first window here (see replica.py).
     first_window: int | None = None
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+from ...obs.report_json import JsonReport, ratio
 
 
 @dataclass(slots=True)
-class RunReport:
+class RunReport(JsonReport):
     rows: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -40,28 +39,7 @@ class RunReport:
     # --engine ray: replicas, actors seen, the slowest actor, Ray's spill and failed-task counts
     cluster: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def padding_efficiency(self) -> float:
-        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.rows / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.real_tokens / self.wall_s if self.wall_s else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
-        data.update(
-            padding_efficiency=round(self.padding_efficiency, 6),
-            rows_per_s=round(self.rows_per_s, 3),
-            tokens_per_s=round(self.tokens_per_s, 3),
-        )
-        return data
-
-    def write_json(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2, default=str)
-            fh.write("\n")
+    padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
+    rows_per_s = property(lambda self: ratio(self.rows, self.wall_s))
+    tokens_per_s = property(lambda self: ratio(self.real_tokens, self.wall_s))
+    DERIVED = (("padding_efficiency", 6), ("rows_per_s", 3), ("tokens_per_s", 3))

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ...job.accounting import accounting_line
-
-SCHEMA_VERSION = 1
+from ...obs.report_json import JsonReport, ratio
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -27,7 +25,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 @dataclass(slots=True)
-class GenerateReport:
+class GenerateReport(JsonReport):
     task: str = "generate"
     rows: int = 0
     rows_resumed: int = 0
@@ -62,25 +60,10 @@ class GenerateReport:
     devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
     config: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def completion_tokens_per_s(self) -> float:
-        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Prompt tokens served from the prefix cache / prompt tokens."""
-        return self.prompt_tokens_cached / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"schema_version": SCHEMA_VERSION, **asdict(self)}
-        data["completion_tokens_per_s"] = round(self.completion_tokens_per_s, 3)
-        data["prefix_hit_rate"] = round(self.prefix_hit_rate, 4)
-        return data
-
-    def write_json(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2, default=str)
-            fh.write("\n")
+    completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
+    # prompt tokens served from the prefix cache / prompt tokens
+    prefix_hit_rate = property(lambda self: ratio(self.prompt_tokens_cached, self.prompt_tokens))
+    DERIVED = (("completion_tokens_per_s", 3), ("prefix_hit_rate", 4))
 
     def render(self, console: Console) -> None:
         table = Table(title="hpcinfer generate", show_header=False)

@@ -23,22 +23,21 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from ..config import RunConfig
-from ..errors import HpcinferError, InputError
-from ..files.ids import IdSet
-from ..files.lines import LineSplitter
-from ..models.decoder_checkpoint import inspect_decoder, load_decoder
-from ..models.registry import resolve_model_path
-from ..tasks.generate.admission import Admission
-from ..tasks.generate.answers import answer_row
-from ..tasks.generate.engine import Engine
-from ..tasks.generate.loop import EngineSink, run_loop
-from ..tasks.generate.requests import Request, RequestReader, _parse
-from ..tasks.generate.sequence import Sequence
-from ..tasks.generate.setup import engine_config, first_device, load_tokenizer, request_reader
-from ..types import Reject
-from .replica import parquet_range
-from .units import Segment, Unit
+from ...config import RunConfig
+from ...errors import HpcinferError, InputError
+from ...files.ids import IdSet
+from ...files.lines import LineSplitter
+from ...models.decoder_checkpoint import inspect_decoder, load_decoder
+from ...models.registry import resolve_model_path
+from ...ray_engine.units import Segment, Unit, parquet_range
+from ...types import Reject
+from .admission import Admission
+from .answers import answer_row
+from .engine import Engine
+from .loop import EngineSink, run_loop
+from .requests import Request, RequestReader, _parse
+from .sequence import Sequence
+from .setup import engine_config, first_device, load_tokenizer, request_reader
 
 _BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
 

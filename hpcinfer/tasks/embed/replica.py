@@ -21,17 +21,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..config import RunConfig
-from ..errors import HpcinferError, InputError, StageError
-from ..files.lines import LineSplitter
-from ..files.read import Reader, _Rows
-from ..files.sources import Source
-from ..obs.progress import Progress
-from ..tasks.embed.report import RunReport
-from ..types import RowBlock
-from .units import Segment, Unit
+from ...config import RunConfig
+from ...errors import HpcinferError, InputError, StageError
+from ...files.lines import LineSplitter
+from ...files.read import Reader, _Rows
+from ...files.sources import Source
+from ...obs.progress import Progress
+from ...ray_engine.units import Segment, Unit, parquet_range
+from ...types import RowBlock
+from .report import RunReport
 
 
 class RangeReader(Reader):
@@ -94,32 +93,6 @@ class RangeReader(Reader):
         return block
 
 
-def parquet_range(
-    path: str, seg: Segment, batch_rows: int, columns: list[str] | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The segment's rows of a Parquet file, in record batches: only the row groups holding them are
-    decoded, the first and last trimmed."""
-    file = pq.ParquetFile(path)
-    groups, skip, first = [], 0, 0
-    for g in range(file.metadata.num_row_groups):
-        n = file.metadata.row_group(g).num_rows
-        if first + n > seg.start and first < seg.start + seg.rows:
-            if not groups:
-                skip = seg.start - first
-            groups.append(g)
-        first += n
-    left = seg.rows
-    for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
-        if skip >= batch.num_rows:
-            skip -= batch.num_rows
-            continue
-        batch, skip = batch.slice(skip, left), 0
-        left -= batch.num_rows
-        yield batch
-        if not left:
-            return
-
-
 @dataclass(slots=True)
 class Committed:
     """One window's results as the local writer would commit them: `PartStore.commit`'s arguments."""
@@ -178,11 +151,11 @@ class EmbedReplica:
     """
 
     def __init__(self, config: RunConfig) -> None:
-        from ..device import resolve_dtype
-        from ..models.checkpoint import inspect_checkpoint
-        from ..models.registry import load_model, resolve_model_path
-        from ..place.devices import make_run_devices
-        from ..tasks.embed import job
+        from ...device import resolve_dtype
+        from ...models.checkpoint import inspect_checkpoint
+        from ...models.registry import load_model, resolve_model_path
+        from ...place.devices import make_run_devices
+        from . import job
 
         self._job = job
         # NOTE: the driver resolved the plan; inside the actor the run is one local run per unit.

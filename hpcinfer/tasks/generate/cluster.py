@@ -1,0 +1,202 @@
+"""Generation on a Ray cluster: what the cluster driver (ray_engine/driver.py) needs of this task.
+
+Each actor loads the decoder once and runs generation's own engine over each window it gets
+(replica.py). The driver commits each window's answers, less requests whose id an earlier window
+had, and merges the actors' figures: tokens, steps and engine seconds add up; the KV pool is one
+actor's (every actor sizes its own the same way), its peak the highest; TTFT, time per output
+token and latency are percentiles over every answer of every unit; each actor gets a row of the
+per-actor table, and `cluster` names the slowest (fewest generated tokens per busy second).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ...config import RunConfig
+from ...errors import ConfigError
+from ...files.ids import IdSet
+from ...files.parts import PartStore
+from ...files.sources import Source
+from ...job.accounting import AccountingError
+from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
+from ...models.registry import resolve_model_path
+from ...obs.render import cluster_line
+from ...ray_engine.cluster import Pool
+from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
+from ...ray_engine.merge import cluster_figures, per_actor
+from ...ray_engine.units import Unit
+from .answers import GenerationStore, answers_table
+from .replica import GenerateUnitResult
+from .report import GenerateReport, percentiles
+from .requests import RequestReader
+from .setup import generation_fingerprint, load_tokenizer, request_reader
+
+
+class GenerateCluster:
+    """Generation's `ClusterTask`: windows of --window-rows requests, committed as answer rows."""
+
+    name, window_flag, model = "generate", "--window-rows", ""
+    info: DecoderInfo | None = None  # set by prepare(), with the request reader, before Ray starts
+    reader: RequestReader | None = None
+
+    def prepare(self, config: RunConfig) -> None:
+        if config.device.cuda_graphs:
+            raise ConfigError("--cuda-graphs is not available for generation yet")
+        self.info = inspect_decoder(resolve_model_path(config.model))
+        self.reader = request_reader(config, self.info, load_tokenizer(self.info))  # input problems surface here
+        self.model = str(self.info.path)
+
+    def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
+        assert self.info is not None and self.reader is not None
+        fp = generation_fingerprint(config, self.info, self.reader.files, dtype)
+        return config, GenerationStore(config.output.path, fmt, 0, fp)
+
+    def window_rows(self, config: RunConfig) -> int:
+        return config.generate.window_rows
+
+    def sources(self) -> list[Source]:
+        assert self.reader is not None
+        return [request_source(f, self.reader.has_ids[f]) for f in self.reader.files]
+
+    def commit(
+        self, store: PartStore, seen: IdSet, unit: Unit, result: GenerateUnitResult
+    ) -> tuple[int, list[dict], dict]:
+        if result.input_rows != unit.input_rows:
+            raise AccountingError(f"window {unit.window_id}: {result.input_rows:,} rows of its {unit.input_rows:,}")
+        answers, rejects, moved = drop_repeated_requests(seen, result.answers, result.rejects, result.admitted)
+        table = answers_table([answer for _, answer in answers], store.fmt)
+        if "custom_id" in table.column_names:
+            store.id_column = "custom_id"
+        store.commit_table(unit.window_id, unit.first_row, unit.input_rows, table, rejects)
+        result.answers = []  # NOTE: committed; only the figures are kept for the report
+        return len(answers), rejects, moved
+
+    def tokens(self, result: GenerateUnitResult) -> int:
+        return result.figures.get("completion_tokens", 0)
+
+    def merge(self, results: list[GenerateUnitResult], wall_s: float, pool: Pool) -> ClusterGenerateReport:
+        return merge_generate_reports(results, wall_s, pool.replicas)
+
+    def finish(self, report: GenerateReport, store: PartStore, config: RunConfig) -> None:
+        report.windows = len(store.windows)
+        report.prefix_cache = config.generate.prefix_cache
+
+
+def request_source(path: str, has_ids: bool) -> Source:
+    """A request file as the unit planner sees it: which rows it holds (Parquet rows, or non-blank lines)."""
+    parquet = Path(path).suffix.lower() in (".parquet", ".pq")
+    return Source(path, "parquet" if parquet else "jsonl", "text", has_ids)
+
+
+def drop_repeated_requests(
+    seen: IdSet, answers: list[tuple[int, dict[str, Any]]], rejects: list[dict[str, Any]], admitted: list[Admitted]
+) -> tuple[list[tuple[int, dict[str, Any]]], list[dict[str, Any]], dict[str, int]]:
+    """A generation window less its answers to requests whose id an earlier window had.
+
+    Returns the answers and rejects the local run commits for this window, and, per source, how
+    many answers became rejects.
+    """
+    duplicates = repeated_rows(seen, admitted)
+    if not duplicates:
+        return answers, rejects, {}
+    kept = [(row, answer) for row, answer in answers if row not in duplicates]
+    out, moved = with_duplicate_rejects(rejects, duplicates, {row for row, _ in answers})
+    assert len(kept) + len(out) == len(answers) + len(rejects), "every row answered or rejected"
+    return kept, out, moved
+
+
+_ADDED = (
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_tokens_cached",
+    "steps",
+    "prefill_tokens",
+    "decode_tokens",
+    "preemptions",
+    "prefill_tokens_saved",
+    "kv_evictions",
+)
+_SPLIT = (
+    ("model", "model_s"),
+    ("attention_gather", "attention_gather_s"),
+    ("sampling", "sampling_s"),
+    ("host", "host_s"),
+)
+
+
+@dataclass(slots=True)
+class ClusterGenerateReport(GenerateReport):
+    """The generation report, plus a row per Ray actor and the cluster's figures."""
+
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+    def _device_rows(self, table: Table) -> None:
+        """The actors get a table of their own (below), not the several-device rows."""
+
+    def render(self, console: Console) -> None:
+        GenerateReport.render(self, console)
+        table = Table(title="per actor (tokens generated; tok/s of busy time)", title_justify="left")
+        for col in ("actor", "windows", "rows", "tokens", "share", "busy s", "busy", "tok/s", "idle s"):
+            table.add_column(col, justify="left" if col == "actor" else "right")
+        for d in self.devices:
+            table.add_row(
+                d["device"],
+                f"{d['units']:,}",
+                f"{d['rows']:,}",
+                f"{d['generated_tokens']:,}",
+                f"{d['token_share']:.1%}",
+                f"{d['busy_s']:.3f}",
+                f"{d['busy_share']:.1%}",
+                f"{d['tokens_per_busy_s']:,.1f}",
+                f"{d['idle_tail_s']:.3f}",
+            )
+        console.print(table)
+        if self.cluster:
+            console.print(cluster_line(self))  # type: ignore[arg-type]
+
+
+def merge_generate_reports(results: list[GenerateUnitResult], wall_s: float, replicas: int) -> ClusterGenerateReport:
+    """The totals and tables of a cluster run; the caller adds rows, accounting, rejects and identity."""
+    report = ClusterGenerateReport(wall_s=wall_s)
+    occupancy = 0.0
+    split = dict.fromkeys((name for name, _ in _SPLIT), 0.0)
+    ttft: list[float] = []
+    tpot: list[float] = []
+    latency: dict[int, list[float]] = {}
+    for r in results:
+        f = r.figures
+        for key in _ADDED:
+            setattr(report, key, getattr(report, key) + f.get(key, 0))
+        for reason, n in f.get("finish_reasons", {}).items():
+            report.finish_reasons[reason] = report.finish_reasons.get(reason, 0) + n
+        occupancy += f.get("occupancy_sum", 0.0)
+        for name, key in _SPLIT:
+            split[name] += f.get(key, 0.0)
+        report.kv_blocks = max(report.kv_blocks, f.get("kv_blocks", 0))
+        report.kv_block_size = max(report.kv_block_size, f.get("kv_block_size", 0))
+        report.kv_cache_bytes = max(report.kv_cache_bytes, f.get("kv_cache_bytes", 0))
+        report.peak_kv_blocks = max(report.peak_kv_blocks, f.get("peak_kv_blocks", 0))
+        ttft += r.ttft
+        tpot += r.tpot
+        for priority, values in r.latency.items():
+            latency.setdefault(priority, []).extend(values)
+    report.finish_reasons = dict(sorted(report.finish_reasons.items()))
+    report.mean_occupancy = round(occupancy / report.steps, 4) if report.steps else 0.0
+    report.step_time_split = {k: round(v, 4) for k, v in split.items()}
+    report.ttft, report.tpot = percentiles(ttft), percentiles(tpot)
+    report.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(latency.items(), reverse=True)}
+    report.devices = per_actor(
+        results, wall_s, _actor_counts, "generated_tokens", ("tokens_per_busy_s", "generated_tokens")
+    )
+    report.cluster = cluster_figures(report.devices, replicas, "tokens_per_busy_s")
+    return report
+
+
+def _actor_counts(result: GenerateUnitResult) -> dict[str, int]:
+    return {"rows": result.figures.get("rows", 0), "generated_tokens": result.figures.get("completion_tokens", 0)}
