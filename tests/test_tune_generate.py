@@ -20,16 +20,16 @@ from hpcinfer.tasks.generate.engine import EngineConfig
 from hpcinfer.tasks.generate.requests import RequestReader
 from hpcinfer.tasks.generate.sequence import SamplingParams
 from hpcinfer.tasks.generate.setup import load_tokenizer
-from hpcinfer.tune.command import TuneOptions, tune
-from hpcinfer.tune.gen_command import generation_recipe_values
-from hpcinfer.tune.gen_search import (
+from hpcinfer.tasks.generate.tune_search import (
     GenerationSearch,
     GenerationSpace,
     NoisyGoal,
     generation_space,
     keeps_prefix_cache,
 )
-from hpcinfer.tune.gen_trial import GenerationTrialRunner, draw_requests
+from hpcinfer.tasks.generate.tune_trial import GenerationTrialRunner, draw_requests
+from hpcinfer.tasks.generate.tuning import generation_recipe_values
+from hpcinfer.tune.command import TuneOptions, tune
 from hpcinfer.tune.search import Goal, Trial
 
 from .conftest import make_texts, write_jsonl
@@ -127,7 +127,7 @@ def test_a_step_must_win_in_every_repeat():
 
 
 def test_a_first_repeat_is_judged_against_the_best_trials_slowest_repeat():
-    from hpcinfer.tune.gen_command import slowest_repeat
+    from hpcinfer.tasks.generate.tuning import slowest_repeat
 
     goal = Goal("tokens")
     assert slowest_repeat(goal, Trial({}, tokens_per_s=100.0, low=70.0, high=120.0)) == 70.0

@@ -136,6 +136,7 @@ class Search:
         self._seen: dict[tuple, Trial] = {}
         self.default: Trial | None = None
         self.best: Trial | None = None
+        self.view: Any = None  # the task's table, log line and verdict (tasks/<task>/tune_view.py)
 
     def run(self, default: dict[str, Any]) -> Trial:
         self.default = self.best = self.measure(default)
@@ -183,3 +184,14 @@ class Search:
                     i += direction * step
                 if self.best.params[knob] != values[start]:
                     break  # found a better value going up: no need to walk down from the old one
+
+
+def brief(params: dict[str, Any]) -> str:
+    """A trial's knobs in one line, as flags: max-batch-tokens=4096, prefix-cache=off."""
+    return ", ".join(f"{k.replace('_', '-')}={_shown(v)}" for k, v in params.items())
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,28 +1,29 @@
-"""`hpcinfer tune` on a causal LM: sample the requests, load the decoder once, search the engine
-budgets and prefix caching, show every trial, write the winner down as a recipe `run` reads."""
+"""`hpcinfer tune` on a causal LM: what the tune harness (tune/command.py) needs of this task.
+
+The sample is requests drawn from the input; the decoder is loaded once and each trial runs the
+requests through a fresh engine (tune_trial.py); the search walks the engine budgets, then
+prefix caching (tune_search.py)."""
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import GenerateConfig, RunConfig
-from ..errors import ConfigError
-from ..models.decoder_checkpoint import inspect_decoder, load_decoder
-from ..models.registry import resolve_model_path
-from ..recipes import dump_recipe
-from ..tasks.generate.kv_cache import KVLayout, size_pool
-from ..tasks.generate.setup import engine_config, first_device, load_tokenizer, request_reader
-from .gen_search import GenerationSearch, generation_space, prefix_line
-from .gen_trial import GenerationTrialRunner, RequestSample, draw_requests
-from .search import Goal, Search, Trial
+from ...config import GenerateConfig, RunConfig
+from ...errors import ConfigError
+from ...models.decoder_checkpoint import inspect_decoder, load_decoder
+from ...models.registry import resolve_model_path
+from ...tune.search import Goal, Search, Trial, brief
+from . import tune_view
+from .kv_cache import KVLayout, size_pool
+from .setup import engine_config, first_device, load_tokenizer, request_reader
+from .tune_search import GenerationSearch, NoisyGoal, generation_space, prefix_line
+from .tune_trial import GenerationTrialRunner, RequestSample, draw_requests
 
 if TYPE_CHECKING:
-    from .options import TuneOptions
+    from ...tune.options import TuneOptions
 
 SAMPLE_ROWS = 512  # requests: enough for two rounds at max-num-seqs 256, minutes not hours a trial
 WARMUP_ROWS = 32
@@ -45,7 +46,50 @@ def check_generation_options(base: RunConfig, objective: str | None, max_p99_ms:
     return objective or "tokens"
 
 
-def tune_generate(
+class GenerateTuning:
+    """Generation's `TuneTask`."""
+
+    sample_rows, warmup_rows = SAMPLE_ROWS, WARMUP_ROWS
+    recipe_kind = "sampled requests"
+
+    def objective(self, base: RunConfig, opts: TuneOptions) -> str:
+        return check_generation_options(base, opts.objective, opts.max_p99_ms)
+
+    def goal(self, goal: Goal) -> Goal:
+        return NoisyGoal(goal.objective, goal.max_p99_ms, goal.max_memory_bytes, goal.min_gain)
+
+    def search(
+        self,
+        base: RunConfig,
+        opts: TuneOptions,
+        goal: Goal,
+        on_sample: Callable[[RequestSample], None] | None,
+        on_trial: Callable[[Search, Trial | None, str], None] | None,
+    ) -> tuple[RequestSample, GenerationSearch, str]:
+        return search_generation(base, opts, goal, on_sample, on_trial)
+
+    def columns(self) -> list[tuple[str, Callable[[Trial], Any]]]:
+        return [
+            ("tokens_per_s", lambda t: round(t.tokens_per_s, 1)),
+            ("rows_per_s", lambda t: round(t.rows_per_s, 3)),
+            ("ttft_p50_ms", lambda t: round(t.ttft_ms, 3)),
+            ("tpot_p50_ms", lambda t: round(t.tpot_ms, 3)),
+            ("slowest_repeat", lambda t: round(t.low, 3)),  # of the objective
+            ("fastest_repeat", lambda t: round(t.high, 3)),
+            ("spread", lambda t: round(t.spread, 4)),
+            ("prefix_cached_share", lambda t: round(t.cached_share, 4)),
+            ("memory_mib", lambda t: round(t.memory_bytes / 2**20, 1)),
+        ]
+
+    def recipe(self, best: Trial, base: RunConfig, device: str) -> dict[str, Any]:
+        return generation_recipe_values(best, base, device)
+
+    def recipe_notes(self, search: Search, base: RunConfig) -> list[str]:
+        assert isinstance(search, GenerationSearch)
+        return [f"--max-tokens {base.generate.max_tokens} where a row sets none.", prefix_line(search)]
+
+
+def search_generation(
     base: RunConfig,
     opts: TuneOptions,
     goal: Goal,
@@ -67,7 +111,7 @@ def tune_generate(
     kv_tokens = blocks * g.kv_block_size
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader.max_prompt = max_prompt
-    assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by `command.tune`
+    assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
     sample = draw_requests(reader, opts.sample_rows, opts.sample_seed, opts.scan_rows, kv_tokens)
     if on_sample is not None:
         on_sample(sample)
@@ -106,6 +150,7 @@ def tune_generate(
         space,
         on_trial=None if on_trial is None else (lambda trial: on_trial(search, trial, "")),
     )
+    search.view = tune_view
     search.run(default_params(g))
     return sample, search, device.type
 
@@ -124,47 +169,6 @@ def default_params(g: GenerateConfig) -> dict[str, Any]:
         "max_num_seqs": g.max_num_seqs,
         "prefix_cache": g.prefix_cache,
     }
-
-
-def brief(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k.replace('_', '-')}={_show(v)}" for k, v in params.items())
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def write_generation_csv(search: Search, best: Trial, path: str) -> None:
-    knobs = list(best.params)
-    fields = ["trial", *knobs, "tokens_per_s", "rows_per_s", "ttft_p50_ms", "tpot_p50_ms"]
-    fields += ["slowest_repeat", "fastest_repeat", "spread"]  # of the objective
-    fields += ["prefix_cached_share", "memory_mib", "repeats", "gain_vs_default", "status", "note", "chosen"]
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(fields)
-        for t in search.trials:
-            writer.writerow(
-                [
-                    t.index,
-                    *(t.params[k] for k in knobs),
-                    round(t.tokens_per_s, 1),
-                    round(t.rows_per_s, 3),
-                    round(t.ttft_ms, 3),
-                    round(t.tpot_ms, 3),
-                    round(t.low, 3),
-                    round(t.high, 3),
-                    round(t.spread, 4),
-                    round(t.cached_share, 4),
-                    round(t.memory_bytes / 2**20, 1),
-                    t.repeats,
-                    "" if t.gain is None else round(t.gain, 4),
-                    t.status,
-                    t.note,
-                    t is best,
-                ]
-            )
 
 
 def generation_recipe_values(best: Trial, base: RunConfig, device: str) -> dict[str, Any]:
@@ -195,30 +199,3 @@ def generation_recipe_values(best: Trial, base: RunConfig, device: str) -> dict[
     values["max_num_seqs"] = best.params["max_num_seqs"]
     values["prefix_cache"] = best.params["prefix_cache"]  # `run` reads it as --no-prefix-cache
     return values
-
-
-def write_generation_recipe(
-    search: GenerationSearch, base: RunConfig, sample: RequestSample, device: str, path: str
-) -> None:
-    best, default, goal = search.best, search.default, search.goal
-    assert best is not None and default is not None
-    what = "generated tokens/s" if goal.objective == "tokens" else "rows/s"
-    if best is default:
-        verdict = (
-            f"No setting beat the default in every repeat by {goal.min_gain:.0%} or more,\nso these are the defaults."
-        )
-    else:
-        verdict = f"{figure(best, goal)} against {figure(default, goal)} for the default."
-    comment = (
-        f"Written by `hpcinfer tune` on {', '.join(base.input.paths)} ({sample.rows:,} sampled requests,\n"
-        f"--max-tokens {base.generate.max_tokens} where a row sets none) on {device}, optimising {what}. {verdict}\n"
-        f"{prefix_line(search)}\n"
-        f"Use it for this model on this kind of requests and hardware: hpcinfer run --config {Path(path).name} ..."
-    )
-    Path(path).write_text(dump_recipe(generation_recipe_values(best, base, device), comment), encoding="utf-8")
-
-
-def figure(t: Trial, goal: Goal) -> str:
-    if goal.objective == "rows":
-        return f"{t.rows_per_s:,.2f} rows/s"
-    return f"{t.tokens_per_s:,.1f} tokens/s"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .search import Goal, Search, Trial
+from ...tune.search import Goal, Search, Trial
 
 GEN_KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefix_cache")
 

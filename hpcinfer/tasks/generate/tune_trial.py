@@ -21,18 +21,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..device.base import is_out_of_memory
-from ..errors import InputError
-from ..models.llama import LlamaDecoder
-from ..tasks.generate.admission import Admission
-from ..tasks.generate.engine import Engine, EngineConfig
-from ..tasks.generate.loop import EngineSink, run_loop
-from ..tasks.generate.report import percentiles
-from ..tasks.generate.requests import Request, RequestReader
-from ..tasks.generate.sequence import Sequence
-from .sample import stratified_indices
-from .search import Trial
-from .trial import CLEARLY_WORSE, PeakRss, release_memory
+from ...device.base import is_out_of_memory
+from ...errors import InputError
+from ...models.llama import LlamaDecoder
+from ...tune.sample import stratified_indices
+from ...tune.search import Trial
+from ...tune.trial import CLEARLY_WORSE, PeakRss, release_memory
+from .admission import Admission
+from .engine import Engine, EngineConfig
+from .loop import EngineSink, run_loop
+from .report import percentiles
+from .requests import Request, RequestReader
+from .sequence import Sequence
 
 WARMUP_MAX_TOKENS = 16  # a warm-up pass runs prefill and a few decode widths, not whole answers
 PROGRESS_EVERY_S = 1.0

@@ -1,0 +1,149 @@
+"""`hpcinfer tune` for embedding: what the tune harness (tune/command.py) needs of this task.
+
+The sample is N rows of the input stratified over token length; each trial runs the real stage
+pipeline on it (tune/trial.py). The search walks the token budget coarse-to-fine, then the row
+cap, then (on CUDA) streams and staging buffers, and under --rate the batch timeout.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
+from ...models.checkpoint import inspect_checkpoint
+from ...models.registry import resolve_model_path
+from ...tune.options import TuneOptions
+from ...tune.sample import Sample, draw_sample
+from ...tune.search import Goal, Search, Space, Trial, brief
+from ...tune.trial import TrialRunner
+from . import tune_view
+from .plan import round_up
+
+
+class EmbedTuning:
+    """Embedding's `TuneTask`."""
+
+    sample_rows, warmup_rows = 2000, 200
+    recipe_kind = "sampled rows"
+
+    def objective(self, base: RunConfig, opts: TuneOptions) -> str:
+        return opts.objective or ("latency" if base.input.rate is not None else "rows")
+
+    def goal(self, goal: Goal) -> Goal:
+        return goal
+
+    def search(
+        self,
+        base: RunConfig,
+        opts: TuneOptions,
+        goal: Goal,
+        on_sample: Callable[[Sample], None] | None,
+        on_trial: Callable[[Search, Trial | None, str], None] | None,
+    ) -> tuple[Sample, Search, str]:
+        assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
+        kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
+        info = inspect_checkpoint(resolve_model_path(base.model))
+        max_length = base.tokenize.max_length or info.max_seq_length
+        with tempfile.TemporaryDirectory(prefix="hpcinfer-tune-") as tmp:
+            workdir = Path(tmp)
+            sample = draw_sample(base, opts.sample_rows, opts.sample_seed, workdir / "sample.parquet", opts.scan_rows)
+            if on_sample is not None:
+                on_sample(sample)
+            rate, rate_seed = base.input.rate, base.input.rate_seed
+            sample_input = InputConfig((str(sample.path),), "text", "id", "parquet", rate=rate, rate_seed=rate_seed)
+            trial_base = replace(base, input=sample_input, report_path=None, trace_path=None)
+            search: Search
+
+            def best_score() -> float:
+                return goal.score(search.best) if search.best is not None else 0.0
+
+            def repeat_started(params: dict[str, Any], i: int) -> None:
+                if on_trial is not None:
+                    on_trial(search, None, f"running {brief(params)} (repeat {i + 1}/{opts.repeats})")
+
+            warmup = min(opts.warmup_rows, sample.rows)
+            runner = TrialRunner(
+                trial_base,
+                workdir,
+                opts.repeats,
+                warmup,
+                best_so_far=best_score,
+                score=goal.score,
+                on_repeat=repeat_started,
+            )
+            space = search_space(trial_base, kind, max_length, int(sample.lengths.min()))
+            shown = None if on_trial is None else (lambda trial: on_trial(search, trial, ""))
+            search = Search(runner, goal, space, on_trial=shown)
+            search.view = tune_view
+            search.run(default_params(trial_base, kind))
+        return sample, search, kind
+
+    def columns(self) -> list[tuple[str, Callable[[Trial], Any]]]:
+        return [
+            ("rows_per_s", lambda t: round(t.rows_per_s, 3)),
+            ("tokens_per_s", lambda t: round(t.tokens_per_s, 1)),
+            ("p99_ms", lambda t: round(t.p99_ms, 3)),
+            ("memory_mib", lambda t: round(t.memory_bytes / 2**20, 1)),
+            ("saturated", lambda t: t.saturated),
+        ]
+
+    def recipe(self, best: Trial, base: RunConfig, device: str) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        if base.model != "default":
+            values["model"] = base.model
+        values["device"] = device
+        if base.device.devices:  # one budget, tuned once, for every device
+            values["devices"] = base.device.devices
+        values["dtype"] = base.device.dtype
+        if base.tokenize.max_length is not None:
+            values["max_length"] = base.tokenize.max_length
+        values["tokenize_threads"] = base.tokenize.threads
+        if base.device.threads is not None:
+            values["threads"] = base.device.threads
+        values.update(best.params)
+        return values
+
+    def recipe_notes(self, search: Search, base: RunConfig) -> list[str]:
+        return []
+
+
+def device_kind(spec: str) -> str:
+    if spec in ("auto", "all"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if spec.startswith("cuda") else spec
+
+
+def search_space(base: RunConfig, kind: str, max_length: int, shortest_row: int) -> Space:
+    space = Space(
+        token_min=max(256, round_up(max_length, base.plan.pad_multiple)),
+        token_max=262_144 if kind == "cuda" else 65_536,
+        min_row_tokens=round_up(max(shortest_row, 1), base.plan.pad_multiple),
+    )
+    if kind == "cpu":
+        space.skipped.append("streams, staging buffers: the CPU device is synchronous, they change nothing")
+    else:
+        space.streams, space.staging_buffers = (1, 2, 4), (2, 3, 4)
+    if base.input.rate is not None:
+        space.timeouts_ms = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+    else:
+        space.skipped.append("batch timeout: only matters with --rate")
+    return space
+
+
+def default_params(base: RunConfig, kind: str) -> dict[str, Any]:
+    plan = resolve_plan(replace(base.plan, max_batch_tokens=None, batch_timeout_ms=None), kind, base.input.rate)
+    params: dict[str, Any] = {
+        "max_batch_tokens": plan.max_batch_tokens,
+        "max_batch_size": PlanConfig().max_batch_size,
+        "streams": 1,
+        "staging_buffers": 2,
+    }
+    if base.input.rate is not None:
+        params["batch_timeout_ms"] = plan.batch_timeout_ms
+    return params
