@@ -1,0 +1,1 @@
+"""What every task's run shares: claiming the output, checks, rejects, accounting, signals, the stage pipeline."""

@@ -1,0 +1,1 @@
+"""Observing a run: progress, per-stage timing, traces, latency, NVTX ranges, the report's JSON and tables."""

@@ -18,7 +18,7 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..recipes import dump_recipe
 from .options import TuneOptions
-from .search import Goal, Search, Trial
+from .search import Goal, OnSample, OnTrial, Search, Trial
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
@@ -37,7 +37,7 @@ class TuneTask(Protocol):
 
     def goal(self, goal: Goal) -> Goal: ...
 
-    def search(self, base: RunConfig, opts: TuneOptions, goal: Goal, on_sample: Any, on_trial: Any) -> tuple:
+    def search(self, base: RunConfig, opts: TuneOptions, goal: Goal, on_sample: OnSample, on_trial: OnTrial) -> tuple:
         """Draws the sample and runs the search: (sample, search, device kind)."""
 
     def columns(self) -> list[tuple[str, Callable[[Trial], Any]]]:

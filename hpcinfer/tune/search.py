@@ -195,3 +195,7 @@ def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+OnSample = Callable[[Any], None] | None  # shown the drawn sample
+OnTrial = Callable[["Search", Trial | None, str], None] | None  # shown each finished trial, or a status

@@ -1,0 +1,1 @@
+"""Sentence embeddings: tokenize -> plan -> stage -> execute -> write, with the pooling of the checkpoint."""

@@ -19,8 +19,8 @@ from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
 from ...models.checkpoint import inspect_checkpoint
 from ...models.registry import resolve_model_path
 from ...tune.options import TuneOptions
-from ...tune.sample import Sample, draw_sample
-from ...tune.search import Goal, Search, Space, Trial, brief
+from ...tune.sample import draw_sample
+from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
 from ...tune.trial import TrialRunner
 from . import tune_view
 from .plan import round_up
@@ -38,14 +38,7 @@ class EmbedTuning:
     def goal(self, goal: Goal) -> Goal:
         return goal
 
-    def search(
-        self,
-        base: RunConfig,
-        opts: TuneOptions,
-        goal: Goal,
-        on_sample: Callable[[Sample], None] | None,
-        on_trial: Callable[[Search, Trial | None, str], None] | None,
-    ) -> tuple[Sample, Search, str]:
+    def search(self, base: RunConfig, opts: TuneOptions, goal: Goal, on_sample: OnSample, on_trial: OnTrial) -> tuple:
         assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
         kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
         info = inspect_checkpoint(resolve_model_path(base.model))

@@ -15,7 +15,7 @@ from ...config import GenerateConfig, RunConfig
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import inspect_decoder, load_decoder
 from ...models.registry import resolve_model_path
-from ...tune.search import Goal, Search, Trial, brief
+from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
 from .kv_cache import KVLayout, size_pool
 from .setup import engine_config, first_device, load_tokenizer, request_reader
@@ -58,14 +58,7 @@ class GenerateTuning:
     def goal(self, goal: Goal) -> Goal:
         return NoisyGoal(goal.objective, goal.max_p99_ms, goal.max_memory_bytes, goal.min_gain)
 
-    def search(
-        self,
-        base: RunConfig,
-        opts: TuneOptions,
-        goal: Goal,
-        on_sample: Callable[[RequestSample], None] | None,
-        on_trial: Callable[[Search, Trial | None, str], None] | None,
-    ) -> tuple[RequestSample, GenerationSearch, str]:
+    def search(self, base: RunConfig, opts: TuneOptions, goal: Goal, on_sample: OnSample, on_trial: OnTrial) -> tuple:
         return search_generation(base, opts, goal, on_sample, on_trial)
 
     def columns(self) -> list[tuple[str, Callable[[Trial], Any]]]:
@@ -93,8 +86,8 @@ def search_generation(
     base: RunConfig,
     opts: TuneOptions,
     goal: Goal,
-    on_sample: Callable[[RequestSample], None] | None = None,
-    on_trial: Callable[[Search, Trial | None, str], None] | None = None,
+    on_sample: OnSample = None,
+    on_trial: OnTrial = None,
 ) -> tuple[RequestSample, GenerationSearch, str]:
     """Runs the generation search; returns the sample, the search and the device kind."""
     g = base.generate
