@@ -127,129 +127,145 @@ def execute_job(
     batch_profiler: Any,
     preloaded: LoadedModel | None,
 ) -> RunReport:
-    config, devices, store, reader, info = job.config, job.devices, job.store, job.reader, job.info
-    max_length = job.max_length
+    """Runs the stage pipeline over the job's input (from its first uncommitted window) and reports."""
+    store, reader, config = job.store, job.reader, job.config
     first_window = open_store(store, reader, config.output) if job.first_window is None else job.first_window
-    labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
-    shown = devices[0].kind if len(devices) == 1 else ", ".join(labels)
-    report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(info.path))
-    stop = threading.Event()
-    timings = Timings(keep_spans=config.trace_path is not None)
-    progress = progress or Progress(config.pipeline.progress)
-    progress.set_total(max((estimate_rows(reader.sources) or 0) - reader.skip_rows, 0))
-    if len(devices) > 1:
-        progress.set_devices(labels)
-    if config.device.threads and len(devices) == 1:
-        torch.set_num_threads(config.device.threads)
-    rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
-    device_log = DeviceLog(labels)
-    dispatcher = Dispatcher(len(devices), config.device.dispatch)
+    run = _EmbedRun(job, progress or Progress(config.pipeline.progress))
     try:
-        plan = config.plan
-        max_width = max_padded_len(max_length, plan.pad_multiple, info.config.max_position_embeddings)
-        budget = TokenBudget(plan.max_batch_tokens, max_width)
-        replicas = build_replicas(
-            config, devices, labels, info, job.dtype, budget, max_width, stop, batch_profiler, preloaded
-        )
-
-        def on_batch(pending: Pending) -> None:
-            batch = pending.batch
-            compute_ns = 0
-            if pending.out is not None:
-                _record_device_spans(timings, pending, labels[pending.replica] if len(labels) > 1 else "")
-                ev = pending.out.events
-                compute_ns = ev["compute_done"].time_ns() - ev["compute_start"].time_ns()
-                device_log.batch_done(
-                    pending.replica, batch.num_rows, batch.padded_tokens, compute_ns, ev["d2h_done"].time_ns()
-                )
-                report.batches += 1
-                report.oom_splits += pending.splits[0]
-            dispatcher.done(pending.replica, batch.padded_tokens, compute_ns / 1e9)
-            report.real_tokens += batch.real_tokens
-            report.padded_tokens += batch.padded_tokens
-            progress.advance(batch.num_rows, batch.real_tokens, device=pending.replica)
-
-        latency = LatencyLog()
-        writer = Writer(store, [r.outputs for r in replicas], rejects, first_window, on_batch, latency)
-        tokenize = _CountingTokenizer(
-            load_tokenizer(info.path, max_length), max_length, info.config.vocab_size, config.tokenize.on_long, report
-        )
+        stages, thread_init, planner, writer, budget = run.stages(first_window, batch_profiler, preloaded)
         rate = config.input.rate
-        planner = Planner(
-            plan,
-            budget,
-            first_window,
-            rejects.add,
-            online=rate is not None,
-            timeout_ms=plan.batch_timeout_ms,
-            max_width=max_width,
-        )
-        source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=stop)
-        if len(replicas) == 1:
-            only = replicas[0]
-            stages: list[Any] = [tokenize, planner, only.stage, only.executor, writer]
-            thread_init = only.device.bind_thread
-        else:
-            fan = Fanout(
-                "dispatch",
-                lambda batch: dispatcher.choose(batch.padded_tokens, batch.num_rows),
-                [[r.stage, r.executor, ResultWait()] for r in replicas],
-                [r.device.bind_thread for r in replicas],
-                labels,
-            )
-            stages, thread_init = [tokenize, planner, fan, writer], None
-        start = time.perf_counter()
-        start_ns = time.perf_counter_ns()
-        with signals_stop(stop) as interrupted:
-            if config.pipeline.overlap:
-                run_overlapped(
-                    source,
-                    stages,
-                    timings,
-                    queue_depth=config.pipeline.queue_depth,
-                    workers={"tokenize": config.tokenize.threads},
-                    stop=stop,
-                    hooks=hooks,
-                    ranges=ranges,
-                    thread_init=thread_init,
-                )
-            else:
-                run_serial(source, stages, timings, stop=stop, hooks=hooks, ranges=ranges, thread_init=thread_init)
+        source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=run.stop)
+        start, start_ns = time.perf_counter(), time.perf_counter_ns()
+        with signals_stop(run.stop) as interrupted:
+            run.pipeline(source, stages, thread_init, hooks, ranges)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
-        report.accounting = settle(
+        run.report.accounting = settle(
             ((c.path, c.read, c.resumed) for c in reader.counts.values()),
             writer.written_by_source,
-            rejects.by_source,
+            run.rejects.by_source,
         )
         end_ns = time.perf_counter_ns()
         store.assemble()
-        report.wall_s = time.perf_counter() - start
+        run.report.wall_s = time.perf_counter() - start
     except BaseException:
-        stop.set()
+        run.stop.set()
         raise
     finally:
-        progress.close()
+        run.progress.close()
+    return run.finish(planner.windows, writer.rows_written, budget.tokens, start_ns, end_ns)
 
-    report.rows = store.rows_written
-    report.rows_resumed = store.rows_written - writer.rows_written
-    report.windows = planner.windows
-    report.rejects = dict(sorted(rejects.by_reason.items()))
-    report.final_max_batch_tokens = budget.tokens
-    report.output = config.output.path
-    report.stages = timings.summary(report.wall_s)
-    report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=devices[0].kind == "cpu")
-    peaks = [p for d in devices if (p := d.peak_memory_bytes()) is not None]
-    report.peak_device_memory_bytes = sum(peaks) if peaks else None
-    report.devices = device_log.summary(start_ns, end_ns)
-    report.batch_latency_ms = latency.batch_summary()
-    report.arrivals = latency.request_summary(config.input.rate)
-    report.config = flatten(config)
-    if config.report_path:
-        report.write_json(config.report_path)
-    if config.trace_path:
-        write_trace(timings.spans, config.trace_path)
-    return report
+
+class _EmbedRun:
+    """One embedding run's moving parts: its devices' replicas, the report it fills as batches land,
+    the dispatcher and the per-device log."""
+
+    def __init__(self, job: EmbedJob, progress: Progress) -> None:
+        self.job, self.config, self.progress = job, job.config, progress
+        devices = job.devices
+        self.labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
+        shown = devices[0].kind if len(devices) == 1 else ", ".join(self.labels)
+        self.report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(job.info.path))
+        self.stop = threading.Event()
+        self.timings = Timings(keep_spans=self.config.trace_path is not None)
+        progress.set_total(max((estimate_rows(job.reader.sources) or 0) - job.reader.skip_rows, 0))
+        if len(devices) > 1:
+            progress.set_devices(self.labels)
+        if self.config.device.threads and len(devices) == 1:
+            torch.set_num_threads(self.config.device.threads)
+        output = self.config.output
+        self.rejects = RejectCounter(output.max_rejects, output.max_reject_fraction)
+        self.device_log = DeviceLog(self.labels)
+        self.dispatcher = Dispatcher(len(devices), self.config.device.dispatch)
+        self.latency = LatencyLog()
+
+    def stages(self, first_window: int, batch_profiler: Any, preloaded: LoadedModel | None) -> tuple:
+        """(stages, thread_init, planner, writer, budget): tokenize, plan, each device's stage and
+        execute (a Fanout over several devices), write."""
+        job, config, plan, info = self.job, self.config, self.config.plan, self.job.info
+        max_width = max_padded_len(job.max_length, plan.pad_multiple, info.config.max_position_embeddings)
+        budget = TokenBudget(plan.max_batch_tokens, max_width)
+        replicas = build_replicas(
+            config, job.devices, self.labels, info, job.dtype, budget, max_width, self.stop, batch_profiler, preloaded
+        )
+        outputs = [r.outputs for r in replicas]
+        writer = Writer(job.store, outputs, self.rejects, first_window, self.on_batch, self.latency)
+        tokenizer = load_tokenizer(info.path, job.max_length)
+        vocab, on_long = info.config.vocab_size, config.tokenize.on_long
+        tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report)
+        online, timeout = config.input.rate is not None, plan.batch_timeout_ms
+        planner = Planner(
+            plan, budget, first_window, self.rejects.add, online=online, timeout_ms=timeout, max_width=max_width
+        )
+        if len(replicas) == 1:
+            only = replicas[0]
+            return (
+                [tokenize, planner, only.stage, only.executor, writer],
+                only.device.bind_thread,
+                planner,
+                writer,
+                budget,
+            )
+        fan = Fanout(
+            "dispatch",
+            lambda batch: self.dispatcher.choose(batch.padded_tokens, batch.num_rows),
+            [[r.stage, r.executor, ResultWait()] for r in replicas],
+            [r.device.bind_thread for r in replicas],
+            self.labels,
+        )
+        return [tokenize, planner, fan, writer], None, planner, writer, budget
+
+    def on_batch(self, pending: Pending) -> None:
+        """A batch's results are written: its device time, tokens and rows into the report."""
+        batch, report = pending.batch, self.report
+        compute_ns = 0
+        if pending.out is not None:
+            labels = self.labels
+            _record_device_spans(self.timings, pending, labels[pending.replica] if len(labels) > 1 else "")
+            ev = pending.out.events
+            compute_ns = ev["compute_done"].time_ns() - ev["compute_start"].time_ns()
+            done_ns = ev["d2h_done"].time_ns()
+            self.device_log.batch_done(pending.replica, batch.num_rows, batch.padded_tokens, compute_ns, done_ns)
+            report.batches += 1
+            report.oom_splits += pending.splits[0]
+        self.dispatcher.done(pending.replica, batch.padded_tokens, compute_ns / 1e9)
+        report.real_tokens += batch.real_tokens
+        report.padded_tokens += batch.padded_tokens
+        self.progress.advance(batch.num_rows, batch.real_tokens, device=pending.replica)
+
+    def pipeline(self, source: Any, stages: list[Any], thread_init: Any, hooks: Any, ranges: Any) -> None:
+        """The stages over the source: overlapped, or the serial twin (--no-overlap)."""
+        config, common = self.config, {"stop": self.stop, "hooks": hooks, "ranges": ranges, "thread_init": thread_init}
+        if config.pipeline.overlap:
+            workers = {"tokenize": config.tokenize.threads}
+            run_overlapped(
+                source, stages, self.timings, queue_depth=config.pipeline.queue_depth, workers=workers, **common
+            )
+        else:
+            run_serial(source, stages, self.timings, **common)
+
+    def finish(self, windows: int, written_now: int, final_tokens: int, start_ns: int, end_ns: int) -> RunReport:
+        """The report's closing figures; written as JSON (--report) and the trace (--trace)."""
+        report, config, devices, store = self.report, self.config, self.job.devices, self.job.store
+        report.rows = store.rows_written
+        report.rows_resumed = store.rows_written - written_now
+        report.windows = windows
+        report.rejects = dict(sorted(self.rejects.by_reason.items()))
+        report.final_max_batch_tokens = final_tokens
+        report.output = config.output.path
+        report.stages = self.timings.summary(report.wall_s)
+        report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=devices[0].kind == "cpu")
+        peaks = [p for d in devices if (p := d.peak_memory_bytes()) is not None]
+        report.peak_device_memory_bytes = sum(peaks) if peaks else None
+        report.devices = self.device_log.summary(start_ns, end_ns)
+        report.batch_latency_ms = self.latency.batch_summary()
+        report.arrivals = self.latency.request_summary(config.input.rate)
+        report.config = flatten(config)
+        if config.report_path:
+            report.write_json(config.report_path)
+        if config.trace_path:
+            write_trace(self.timings.spans, config.trace_path)
+        return report
 
 
 def check_lengths(config: RunConfig, info: CheckpointInfo) -> int:
