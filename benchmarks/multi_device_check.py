@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "requests.jsonl"
+TOKENIZER = Path(__file__).resolve().parent / "minilm_tokenizer"
+KV_CACHE = "256MiB"  # the generation check's KV pool, the same on every device
 
 
 def hpcinfer(*args: str) -> subprocess.CompletedProcess:
@@ -45,7 +47,8 @@ def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> 
     from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
     from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
-    model = build_tiny_decoder(tmp / "decoder", "LlamaForCausalLM", seed=3, max_positions=256)
+    # NOTE: the tokenizer shipped beside this script: the GPU machine has no packaged model
+    model = build_tiny_decoder(tmp / "decoder", "LlamaForCausalLM", seed=3, max_positions=256, tokenizer_dir=TOKENIZER)
     src = tmp / "prompts.jsonl"
     with open(SAMPLE, encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for _, line in zip(range(rows), fh, strict=False)]
@@ -61,7 +64,9 @@ def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> 
             output=OutputConfig(str(out)),
             pipeline=PipelineConfig(progress="off"),
             device=device if spec == one else replace(device, device="auto", devices=spec),
-            generate=GenerateConfig(max_tokens=16 if exact else 32),
+            # NOTE: an explicit pool: the default (0.85 of free memory) would zero a GPU's worth of
+            # KV for a model of a few MB, and a second run in this process would size it otherwise.
+            generate=GenerateConfig(max_tokens=16 if exact else 32, kv_cache_memory=KV_CACHE),
         )
         try:
             report = run(config).to_dict()
@@ -86,6 +91,12 @@ def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> 
     return len(a) == len(b) == rows and enough and total == rb["completion_tokens"]
 
 
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="two CPU replicas instead of every GPU")
     args = p.parse_args(argv)
     many, one = ("cpu,cpu", "cpu") if args.dry_run else ("all", "cuda:0")
+    if not args.dry_run and visible_gpus() < 2:
+        # NOTE: --devices all is then cuda:0 alone: what follows checks the path, not a speed-up
+        print(f"only {visible_gpus()} GPU visible: --devices all is cuda:0 alone; no multi-device figure is measured")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.jsonl"
         with open(SAMPLE, encoding="utf-8") as fh:

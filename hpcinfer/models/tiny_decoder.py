@@ -36,15 +36,20 @@ def build_tiny_decoder(
     tie: bool = False,
     seed: int = 0,
     shards: bool = False,
+    tokenizer_dir: str | Path | None = None,
     **extra: Any,
 ) -> Path:
-    """Writes a random checkpoint of `architecture` (transformers' own class) and returns its path."""
+    """Writes a random checkpoint of `architecture` (transformers' own class) and returns its path.
+
+    The tokenizer.json comes from `tokenizer_dir`, by default the packaged default model's (a
+    machine without that package, such as a bare GPU machine, gives benchmarks/minilm_tokenizer).
+    """
     import torch
     import transformers
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    source = resolve_model_path("default")
+    source = Path(tokenizer_dir) if tokenizer_dir is not None else resolve_model_path("default")
     shutil.copy(source / "tokenizer.json", path / "tokenizer.json")
     vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
     family = architecture.removesuffix("ForCausalLM")
