@@ -52,15 +52,6 @@ def run(
         from .tasks.generate.job import run_generate
 
         return run_generate(config, progress=progress, ranges=ranges)  # type: ignore[return-value]
-    from .tasks.embed.job import run_embed
+    from .tasks.embed.job import RunExtras, run_embed
 
-    return run_embed(
-        config,
-        device=device,
-        devices=devices,
-        progress=progress,
-        hooks=hooks,
-        ranges=ranges,
-        batch_profiler=batch_profiler,
-        model=model,
-    )
+    return run_embed(config, RunExtras(progress, hooks, ranges, batch_profiler, model), device=device, devices=devices)

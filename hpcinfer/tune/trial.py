@@ -105,9 +105,9 @@ class TrialRunner:
         self.on_repeat = on_repeat
 
     def _run_quietly(self, config: RunConfig) -> RunReport:
-        from ..tasks.embed.job import run_embed
+        from ..tasks.embed.job import RunExtras, run_embed
 
-        return run_embed(config, progress=Progress("off"), model=self._model(config))
+        return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
 
     def _model(self, config: RunConfig) -> LoadedModel:
         """Loaded once for all trials: loading it per run would cost time and, held by the

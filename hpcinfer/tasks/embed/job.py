@@ -46,18 +46,25 @@ from .tokenize import TokenizeStage
 from .write import Writer
 
 
+@dataclass(frozen=True, slots=True)
+class RunExtras:
+    """What a caller adds to an embedding run besides its config (see `api.run`)."""
+
+    progress: Progress | None = None
+    hooks: dict[str, Callable[[Any], None]] | None = None  # stage name -> called before each item (tests)
+    ranges: RangeBackend | None = None  # a profiler range per work item (hpcinfer profile)
+    batch_profiler: Any = None  # torch.profiler over a few batches
+    model: LoadedModel | None = None  # loaded already for the (first) device and dtype
+
+
 def run_embed(
     config: RunConfig,
+    extras: RunExtras = RunExtras(),  # noqa: B008 - frozen, so one shared default is safe
     *,
     device: Device | None = None,
     devices: list[Device] | None = None,
-    progress: Progress | None = None,
-    hooks: dict[str, Callable[[Any], None]] | None = None,
-    ranges: RangeBackend | None = None,
-    batch_profiler: Any = None,
-    model: LoadedModel | None = None,
 ) -> RunReport:
-    """Embeds every valid input row on this machine's devices; see `api.run` for the arguments."""
+    """Embeds every valid input row on this machine's devices (`device`/`devices` override the config's)."""
     config.validate()
     own_devices = device is None and devices is None
     if devices is None:
@@ -66,22 +73,14 @@ def run_embed(
         if len({d.kind for d in devices}) > 1:
             raise ConfigError(f"--devices: one kind of device per run (got {', '.join(d.kind for d in devices)})")
         config = replace(config, plan=resolve_plan(config.plan, devices[0].kind, config.input.rate))
-        return run_embed_job(config, devices, progress, hooks, ranges, batch_profiler, model)
+        return run_embed_job(config, devices, extras)
     finally:
         if own_devices:
             for d in devices:
                 d.close()
 
 
-def run_embed_job(
-    config: RunConfig,
-    devices: list[Device],
-    progress: Progress | None,
-    hooks: Any,
-    ranges: Any,
-    batch_profiler: Any,
-    preloaded: LoadedModel | None,
-) -> RunReport:
+def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -> RunReport:
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
     info = inspect_checkpoint(resolve_model_path(config.model))
@@ -93,14 +92,7 @@ def run_embed_job(
         config.output.path, fmt, info.config.hidden_size, embed_fingerprint(config, info, reader, max_length, dtype)
     )
     with claimed(store, config.output.path):
-        return execute_job(
-            EmbedJob(config, devices, store, reader, info, max_length, dtype),
-            progress,
-            hooks,
-            ranges,
-            batch_profiler,
-            preloaded,
-        )
+        return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,25 +111,18 @@ class EmbedJob:
     first_window: int | None = None
 
 
-def execute_job(
-    job: EmbedJob,
-    progress: Progress | None,
-    hooks: Any,
-    ranges: Any,
-    batch_profiler: Any,
-    preloaded: LoadedModel | None,
-) -> RunReport:
+def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
     """Runs the stage pipeline over the job's input (from its first uncommitted window) and reports."""
     store, reader, config = job.store, job.reader, job.config
     first_window = open_store(store, reader, config.output) if job.first_window is None else job.first_window
-    run = _EmbedRun(job, progress or Progress(config.pipeline.progress))
+    run = _EmbedRun(job, extras.progress or Progress(config.pipeline.progress))
     try:
-        stages, thread_init, planner, writer, budget = run.stages(first_window, batch_profiler, preloaded)
+        stages, thread_init, planner, writer, budget = run.stages(first_window, extras.batch_profiler, extras.model)
         rate = config.input.rate
         source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=run.stop)
         start, start_ns = time.perf_counter(), time.perf_counter_ns()
         with signals_stop(run.stop) as interrupted:
-            run.pipeline(source, stages, thread_init, hooks, ranges)
+            run.pipeline(source, stages, thread_init, extras.hooks, extras.ranges)
         if interrupted:
             raise Interrupted(interrupted[0], store.rows_written, config.output.path)
         run.report.accounting = settle(

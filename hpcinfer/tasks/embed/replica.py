@@ -175,7 +175,8 @@ class EmbedReplica:
             job = self._job.EmbedJob(
                 self.config, self.devices, store, reader, self.info, self.max_length, self.dtype, unit.window_id
             )
-            report = _off_main_thread(lambda: self._job.execute_job(job, Progress("off"), None, None, None, self.model))
+            extras = self._job.RunExtras(Progress("off"), model=self.model)
+            report = _off_main_thread(lambda: self._job.execute_job(job, extras))
         except (HpcinferError, StageError) as exc:  # a user's problem: the driver reports it as one line
             result.error = (str(exc), exc.exit_code)
             return result
