@@ -47,3 +47,14 @@ def replica_class(task: str) -> type:
     from .embed.replica import EmbedReplica
 
     return EmbedReplica
+
+
+def tuning_task(task: str) -> Any:
+    """The task's side of `hpcinfer tune` (a `tune.command.TuneTask`)."""
+    if task == "generate":
+        from .generate.tuning import GenerateTuning
+
+        return GenerateTuning()
+    from .embed.tuning import EmbedTuning
+
+    return EmbedTuning()

@@ -2,7 +2,7 @@
 
 One harness for every task: the options, the goal, the CSV of trials and the recipe are written
 here; what is sampled, which knobs are searched and how a trial runs are the task's (a
-`TuneTask`: tasks/embed/tuning.py, tasks/generate/tuning.py).
+`TuneTask`: tasks/embed/tuning.py, tasks/generate/tuning.py, handed out by `tasks.tuning_task`).
 """
 
 from __future__ import annotations
@@ -76,16 +76,6 @@ class TuneResult:
         return self.search.default
 
 
-def tuning_task(task: str) -> TuneTask:
-    if task == "generate":
-        from ..tasks.generate.tuning import GenerateTuning
-
-        return GenerateTuning()
-    from ..tasks.embed.tuning import EmbedTuning
-
-    return EmbedTuning()
-
-
 def tune(
     base: RunConfig,
     opts: TuneOptions,
@@ -93,9 +83,9 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
-    from ..tasks import pick_task
+    from ..tasks import pick_task, tuning_task
 
-    task = tuning_task(pick_task(base))
+    task: TuneTask = tuning_task(pick_task(base))
     opts = replace(
         opts,
         sample_rows=task.sample_rows if opts.sample_rows is None else opts.sample_rows,
