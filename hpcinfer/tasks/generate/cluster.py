@@ -25,7 +25,7 @@ from ...files.sources import Source
 from ...job.accounting import AccountingError
 from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
 from ...models.registry import resolve_model_path
-from ...obs.render import cluster_line
+from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ...ray_engine.merge import cluster_figures, per_actor
@@ -129,6 +129,19 @@ _SPLIT = (
 )
 
 
+ACTOR_COLUMNS = (
+    ("actor", "device", ""),
+    ("windows", "units", ","),
+    ("rows", "rows", ","),
+    ("tokens", "generated_tokens", ","),
+    ("share", "token_share", ".1%"),
+    ("busy s", "busy_s", ".3f"),
+    ("busy", "busy_share", ".1%"),
+    ("tok/s", "tokens_per_busy_s", ",.1f"),
+    ("idle s", "idle_tail_s", ".3f"),
+)
+
+
 @dataclass(slots=True)
 class ClusterGenerateReport(GenerateReport):
     """The generation report, plus a row per Ray actor and the cluster's figures."""
@@ -141,22 +154,7 @@ class ClusterGenerateReport(GenerateReport):
 
     def render(self, console: Console) -> None:
         GenerateReport.render(self, console)
-        table = Table(title="per actor (tokens generated; tok/s of busy time)", title_justify="left")
-        for col in ("actor", "windows", "rows", "tokens", "share", "busy s", "busy", "tok/s", "idle s"):
-            table.add_column(col, justify="left" if col == "actor" else "right")
-        for d in self.devices:
-            table.add_row(
-                d["device"],
-                f"{d['units']:,}",
-                f"{d['rows']:,}",
-                f"{d['generated_tokens']:,}",
-                f"{d['token_share']:.1%}",
-                f"{d['busy_s']:.3f}",
-                f"{d['busy_share']:.1%}",
-                f"{d['tokens_per_busy_s']:,.1f}",
-                f"{d['idle_tail_s']:.3f}",
-            )
-        console.print(table)
+        console.print(rows_table("per actor (tokens generated; tok/s of busy time)", self.devices, ACTOR_COLUMNS))
         if self.cluster:
             console.print(cluster_line(self))  # type: ignore[arg-type]
 
