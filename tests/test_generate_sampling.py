@@ -142,3 +142,18 @@ def test_invalid_parameters_are_named():
     assert "max_tokens" in SamplingParams(max_tokens=0).problem()
     assert "top_k" in SamplingParams(top_k=-2).problem()
     assert SamplingParams(temperature=0.5, top_p=0.3, top_k=3, min_p=0.1).problem() is None
+
+
+def test_a_long_list_is_drawn_in_two_rounds_with_its_own_distribution():
+    """Past 512 candidates the race picks a block of 256, then a token in it: still exact."""
+    from hpcinfer.tasks.generate.sampling import RACE_BLOCK, draw
+
+    weights = torch.rand(1000, generator=torch.Generator().manual_seed(1)) ** 4  # a flat tail, a few peaks
+    assert weights.numel() > 2 * RACE_BLOCK
+    gen = torch.Generator().manual_seed(2)
+    n = 40_000
+    counts = torch.bincount(torch.stack([draw(weights, gen) for _ in range(n)]), minlength=1000).float()
+    expected = n * weights / weights.sum()
+    groups = torch.argsort(weights).view(10, 100)  # ten groups of a hundred tokens, lightest to heaviest
+    torch.testing.assert_close(counts[groups].sum(1) / n, expected[groups].sum(1) / n, atol=0.006, rtol=0)
+    assert counts[weights == 0].sum() == 0

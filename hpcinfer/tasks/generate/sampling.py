@@ -48,6 +48,9 @@ class Sampler:
         return tokens.tolist()
 
 
+RACE_BLOCK = 256  # a full vocabulary races in blocks: one arrival per block, then one per token of the winner
+
+
 def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One index drawn with probability proportional to `weights` [K]: an exponential race.
 
@@ -57,10 +60,25 @@ def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     shares (matmul blocking); with the CDF every one of the K boundaries can move, so a flat
     distribution flips a token with probability ~K times that noise, and a resumed run would not
     write what the uninterrupted one did. The race flips only when the two best arrivals are
-    within the noise of each other. A zero weight never wins (0 / E = 0 < a positive weight's;
-    E is kept above 0, since 0 / 0 would be NaN, which argmax takes as the largest).
+    within the noise of each other.
+
+    A long list races in two rounds, which is still exact: a block of RACE_BLOCK candidates wins
+    with probability (its weight sum) / sum(w), then one of its candidates with (its weight) /
+    (the block's sum). So a 49k vocabulary costs ~450 arrivals instead of 49k (on a CPU 49k
+    random draws take ~5x as long as the CDF; these take about as long).
     """
-    arrivals = torch.empty_like(weights).exponential_(generator=generator).clamp_min_(torch.finfo(weights.dtype).tiny)
+    if weights.numel() <= 2 * RACE_BLOCK:
+        return _race(weights, generator)
+    blocks = torch.nn.functional.pad(weights, (0, -weights.numel() % RACE_BLOCK)).view(-1, RACE_BLOCK)
+    block = _race(blocks.sum(dim=1), generator)
+    return block * RACE_BLOCK + _race(blocks[block], generator)
+
+
+def _race(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """argmax(w / E), E ~ Exp(1) drawn as -log(U): a zero weight never wins (E is kept above 0,
+    since 0 / 0 would be NaN, which argmax takes as the largest)."""
+    arrivals = torch.rand(weights.shape, generator=generator, device=weights.device, dtype=weights.dtype)
+    arrivals = arrivals.log_().neg_().clamp_min_(torch.finfo(weights.dtype).tiny)
     return (weights / arrivals).argmax()
 
 
