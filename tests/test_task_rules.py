@@ -42,13 +42,9 @@ def generate_config(src: Path, out: Path, model: Path, **device) -> RunConfig:
 def test_dtype_auto_is_one_rule_for_both_tasks(tmp_path, tiny_model, ckpt, monkeypatch):
     # On the simulated device (it computes on the CPU) both tasks run in float32.
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "a b", "prompt": "a b"}])
-    embedded = run_embed(
-        RunConfig(
-            input=InputConfig((str(src),)), model=str(tiny_model), output=OutputConfig(str(tmp_path / "e.jsonl"))
-        ),
-        device=SimulatedDevice(1),
-        progress=None,
-    )
+    out = OutputConfig(str(tmp_path / "e.jsonl"))
+    config = RunConfig(input=InputConfig((str(src),)), model=str(tiny_model), output=out)
+    embedded = run_embed(config, device=SimulatedDevice(1))
     generated = run_generate(generate_config(src, tmp_path / "g.jsonl", ckpt))
     assert embedded.dtype == generated.dtype == "float32"
     # On a GPU without bfloat16 both take float16 (the rule is asked, no GPU needed).
