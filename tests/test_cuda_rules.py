@@ -195,6 +195,38 @@ def test_each_stream_shares_one_graph_pool_and_frees_it(tmp_path, tiny_model, re
     assert runner.captured == 0  # closed at the end of the run
 
 
+def test_graphs_of_one_capture_lane_replayed_on_two_streams_break_the_workspace_rule():
+    device = SimulatedDevice(streams=2, max_delay_s=0.0)
+    pool = device.graph_pool()
+    graphs = [device.capture(lambda: torch.zeros(1), pool, lane=0)[0] for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def replay_on(stream, graph) -> None:  # noqa: ANN001
+        try:
+            graph.replay()
+        except CudaRuleBroken as exc:
+            errors.append(exc)
+
+    for stream, graph in zip(device.compute_streams, graphs, strict=True):
+        stream.launch(lambda s=stream, g=graph: replay_on(s, g))
+    device.synchronize()
+    device.close()
+    assert len(errors) == 1 and "cuBLAS workspace" in str(errors[0])
+
+
+def test_each_stream_captures_its_graphs_on_a_lane_of_its_own(tmp_path, tiny_model, requests_jsonl, runners):
+    cfg = _graph_config(requests_jsonl, tmp_path / "g.parquet", tiny_model)
+    device = SimulatedDevice(streams=2)
+    try:
+        report, table = run_job(replace(cfg, device=replace(cfg.device, streams=2)), device=device)
+    finally:
+        device.close()
+    np.testing.assert_allclose(_emb(table), _eager(cfg), rtol=1e-5, atol=1e-6)
+    assert report.batches >= 4
+    # both streams replayed graphs, each through the workspace of its own capture lane
+    assert device._workspace_users == {0: "sim-compute0", 1: "sim-compute1"}
+
+
 # --------------------------------------------------------------------------- 4. events of a reused buffer
 
 

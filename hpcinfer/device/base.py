@@ -128,12 +128,21 @@ class Device(ABC):
         """A memory pool graphs can be captured into and share (see graphs.py)."""
         raise ConfigError(f"--cuda-graphs needs a CUDA device (the {self.kind} device captures no graphs)")
 
-    def warm_up(self, fn: Callable[[], object]) -> None:
-        """Runs `fn` eagerly, outside any capture, so one-off lazy setup does not land in a graph."""
+    def warm_up(self, fn: Callable[[], object], lane: int = 0) -> None:
+        """Runs `fn` eagerly, outside any capture, so one-off lazy setup does not land in a graph.
+
+        `lane` is the compute stream the work will replay on: see `capture`.
+        """
         fn()
 
-    def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
-        """Captures the device work `fn` issues into a graph; returns it and fn's (static) output."""
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object, lane: int = 0) -> tuple[Graph, torch.Tensor]:
+        """Captures the device work `fn` issues into a graph; returns it and fn's (static) output.
+
+        `lane` is the compute stream whose work this graph replays. NOTE: graphs of different lanes
+        must be captured on different streams: a captured kernel keeps the cuBLAS workspace of the
+        stream it was captured on (cached per handle and stream), and two lanes replaying at once
+        through one workspace would corrupt each other's rows silently.
+        """
         raise ConfigError(f"--cuda-graphs needs a CUDA device (the {self.kind} device captures no graphs)")
 
     def release_cached_memory(self) -> None:

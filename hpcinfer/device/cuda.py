@@ -91,7 +91,9 @@ class CudaDevice(Device):
         self._clock = cuda_clock(device)
         self.copy_stream = CudaStream(0, "copy", device, self._clock)
         self.compute_streams = [CudaStream(i, f"compute{i}", device, self._clock) for i in range(streams)]
-        self._capture_stream = torch.cuda.Stream(device=device)  # warm-ups and captures, never the hot path
+        # One capture stream per compute stream (warm-ups and captures, never the hot path): each
+        # lane's graphs get a cuBLAS workspace of their own (see Device.capture).
+        self._capture_streams = [torch.cuda.Stream(device=device) for _ in range(streams)]
         torch.cuda.reset_peak_memory_stats(device)
 
     def bind_thread(self) -> None:
@@ -112,10 +114,10 @@ class CudaDevice(Device):
     def graph_pool(self) -> object:
         return torch.cuda.graph_pool_handle()
 
-    def warm_up(self, fn: Callable[[], object]) -> None:
-        # NOTE: on a side stream, as torch.cuda.graph requires: the first calls allocate cuBLAS
-        # workspaces and pick kernels, none of which may happen inside a capture.
-        side, current = self._capture_stream, torch.cuda.current_stream(self.torch_device)
+    def warm_up(self, fn: Callable[[], object], lane: int = 0) -> None:
+        # NOTE: on the lane's capture stream, as torch.cuda.graph requires: the first calls allocate
+        # that stream's cuBLAS workspace and pick kernels, none of which may happen inside a capture.
+        side, current = self._capture_streams[lane], torch.cuda.current_stream(self.torch_device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -123,12 +125,12 @@ class CudaDevice(Device):
         current.wait_stream(side)
         side.synchronize()
 
-    def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object, lane: int = 0) -> tuple[Graph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
         # NOTE: "global" capture mode: any other thread's unsafe call (an event synchronize or query)
         # during the capture is an error. Graphs are captured before the stage threads start, so
         # none can happen; should that ever change, this fails loudly instead of corrupting a graph.
-        with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream, capture_error_mode="global"):
+        with torch.cuda.graph(graph, pool=pool, stream=self._capture_streams[lane], capture_error_mode="global"):
             out = fn()
         return CudaGraph(graph), out
 

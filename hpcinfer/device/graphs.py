@@ -13,7 +13,9 @@ device enforces:
   runs eagerly instead.
 - Each compute stream has its own graphs, static input and output buffers, and one memory pool
   shared by all of them: one stream's graphs replay one after another, so their intermediates may
-  share memory; graphs of two streams replay concurrently, so they may not. `close` frees it all.
+  share memory; graphs of two streams replay concurrently, so they may not. For the same reason
+  each stream's graphs are warmed up and captured on a capture stream of their own (a lane), so
+  they never share a cuBLAS workspace with another stream's. `close` frees it all.
 - The result handed back is a copy: the graph's static output is overwritten by its next replay,
   and an out-of-memory split replays one graph twice before either half is copied to the host.
 """
@@ -50,7 +52,9 @@ class _StreamGraphs:
     largest batch's activations, not the sum over a few hundred graphs.
     """
 
-    def __init__(self, device: Device, forward: Forward, grid: dict[int, list[int]], max_tokens: int) -> None:
+    def __init__(
+        self, device: Device, forward: Forward, grid: dict[int, list[int]], max_tokens: int, lane: int
+    ) -> None:
         max_rows = max(rows[-1] for rows in grid.values())
         self.forward = forward
         self.pool = device.graph_pool()
@@ -61,9 +65,10 @@ class _StreamGraphs:
         self.out = device.device_buffer((max_rows, dim), torch.float32)
         self.graphs: dict[tuple[int, int], Graph] = {}
         for width, buckets in grid.items():
-            device.warm_up(lambda w=width, r=buckets[-1]: self.run(r, w))
+            device.warm_up(lambda w=width, r=buckets[-1]: self.run(r, w), lane)
             for rows in buckets:
-                self.graphs[(rows, width)] = device.capture(lambda w=width, r=rows: self.run(r, w), self.pool)[0]
+                graph, _ = device.capture(lambda w=width, r=rows: self.run(r, w), self.pool, lane)
+                self.graphs[(rows, width)] = graph
 
     def view(self, rows: int, width: int) -> torch.Tensor:
         return self.ids[: rows * width].view(rows, width)
@@ -93,7 +98,9 @@ class GraphRunner:
         self.budget_tokens = budget_tokens or (lambda: max_tokens)  # the running budget, lowered after OOM
         self.grid = {w: row_buckets(w, max_tokens, max_rows) for w in graph_widths(max_width, pad_multiple)}
         device.bind_thread()
-        self._streams = [_StreamGraphs(device, forward, self.grid, max_tokens) for _ in device.compute_streams]
+        self._streams = [
+            _StreamGraphs(device, forward, self.grid, max_tokens, stream.index) for stream in device.compute_streams
+        ]
         self.graphs_captured = self.captured
         self._lock = threading.Lock()  # compute streams count from their own threads (simulated)
         self.replays = 0

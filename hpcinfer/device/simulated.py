@@ -13,6 +13,9 @@ CUDA's rules, raised as errors here, where a GPU would crash, corrupt or silentl
   capture mode), and a capture that begins while another thread waits on an event is invalid.
 - Work is launched only from threads that made the device current (`bind_thread`).
 - A graph replays its captured work on static buffers: its output is overwritten by the next replay.
+- A captured kernel keeps the cuBLAS workspace of the stream it was captured on (one per lane
+  here), so graphs replayed on two compute streams must come from two lanes: one workspace used
+  by two streams at once corrupts rows without an error.
 """
 
 from __future__ import annotations
@@ -134,12 +137,17 @@ class SimStream(Stream):
 class SimGraph(Graph):
     """Captured work: `fn` re-run on the static inputs, its result written into the static output."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor, pool: object) -> None:
+    def __init__(
+        self, fn: Callable[[], torch.Tensor], out: torch.Tensor, pool: object, workspace: int, device: SimulatedDevice
+    ) -> None:
         self._fn = fn
         self.out = out
         self.pool = pool
+        self.workspace = workspace  # the lane whose capture stream it was captured on
+        self._device = device
 
     def replay(self) -> None:
+        self._device.check_workspace(self.workspace)
         with torch.inference_mode():  # NOTE: the static output was made under the model's inference mode
             self.out.copy_(self._fn())
 
@@ -172,6 +180,7 @@ class SimulatedDevice(Device):
         self.bound_threads: set[str] = set()  # names of the threads that called bind_thread
         self.pools: list[object] = []
         self.captures: list[tuple[str, object]] = []  # (capturing thread, pool) per graph
+        self._workspace_users: dict[int, str] = {}  # capture lane -> the stream thread that replays its graphs
         self.bind_thread()  # as torch.cuda.set_device in CudaDevice's constructor
         self.copy_stream = SimStream(0, "copy", rng, max_delay_s, self)
         self.compute_streams = [SimStream(i, f"compute{i}", rng, max_delay_s, self) for i in range(streams)]
@@ -230,7 +239,18 @@ class SimulatedDevice(Device):
         self.pools.append(pool)
         return pool
 
-    def capture(self, fn: Callable[[], torch.Tensor], pool: object) -> tuple[Graph, torch.Tensor]:
+    def check_workspace(self, workspace: int) -> None:
+        """A replay on the calling stream thread through `workspace`: one stream per workspace."""
+        me = threading.current_thread().name
+        with self._lock:
+            user = self._workspace_users.setdefault(workspace, me)
+        if user != me:
+            raise CudaRuleBroken(
+                f"graphs replayed on {user!r} and {me!r} share the cuBLAS workspace of one capture stream"
+                " (captured on the same lane): concurrent replays would corrupt each other's rows"
+            )
+
+    def capture(self, fn: Callable[[], torch.Tensor], pool: object, lane: int = 0) -> tuple[Graph, torch.Tensor]:
         me = threading.get_ident()
         with self._lock:
             if self._waiters:
@@ -243,7 +263,7 @@ class SimulatedDevice(Device):
             self._capturing = None
         with self._lock:
             self.captures.append((threading.current_thread().name, pool))
-        return SimGraph(fn, out, pool), out
+        return SimGraph(fn, out, pool, lane, self), out
 
     def close(self) -> None:
         for stream in [self.copy_stream, *self.compute_streams]:
