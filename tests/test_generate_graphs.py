@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.decode_graphs import buckets
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.block_manager import blocks_for
+from hpcinfer.tasks.generate.decode_graphs import DecodeGraphs, buckets
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig, pool_reserve
+from hpcinfer.tasks.generate.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
 from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
@@ -112,3 +116,54 @@ def test_cuda_graphs_are_refused_on_cpu_by_the_job(tmp_path):
 
 def _fields(config: EngineConfig) -> dict:
     return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+def peak_allocated(fn) -> int:  # noqa: ANN001
+    """Peak bytes the CPU allocator held for `fn` beyond what it held before, from the profiler's
+    allocation events (every allocation and free, kernels' internal buffers included)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _largest_bucket_bytes(model, config: EngineConfig, num_blocks: int) -> int:
+    """Peak bytes of the decode graphs' static buffers and their largest bucket's forward, SDPA's math kernel."""
+    layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+    cache = KVCache(layout, num_blocks, torch.device("cpu"))
+    max_blocks = blocks_for(model.cfg.max_model_len, config.block_size)
+
+    def build_and_run() -> None:
+        graphs = DecodeGraphs(model, cache, num_blocks - 1, config.max_num_seqs, max_blocks)
+        graphs.forward(*max(graphs.grid, key=lambda b: b[0] * b[1]))
+
+    with sdpa_kernel(SDPBackend.MATH):  # what a mask with GQA gets on CUDA
+        return peak_allocated(build_and_run)
+
+
+def test_with_graphs_the_kv_pool_leaves_room_for_the_largest_decode_bucket(tiny, monkeypatch):
+    # A GPU with 64 MiB free: the default pool takes 0.85 of it, and the decode graphs are
+    # captured after it, their largest bucket gathering a whole layer's pool.
+    model, _ = tiny
+    free = 64 << 20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, free))
+    config = EngineConfig(max_num_seqs=64, cuda_graphs=True)
+    layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+    cuda = torch.device("cuda")
+    before = size_pool(layout, None, cuda)  # the pool as sized without the graphs in mind
+    after = size_pool(layout, None, cuda, pool_reserve(model, config))
+    used_before = before * layout.bytes_per_block + _largest_bucket_bytes(model, config, before)
+    used_after = after * layout.bytes_per_block + _largest_bucket_bytes(model, config, after)
+    assert used_before > free  # out of memory at start-up
+    assert used_after <= free * CUDA_DEFAULT_FRACTION
+    # a bound, not a wild guess: most of the budget is used (the bound assumes CUDA math kernel copies
+    # the CPU one may skip)
+    assert used_after >= 0.6 * free * CUDA_DEFAULT_FRACTION
+    # the bound holds for every pool size, not only where the sizing landed
+    peak = pool_reserve(model, config)
+    for blocks in (64, 300, 1024, 5000):
+        assert _largest_bucket_bytes(model, config, blocks) <= peak(blocks)

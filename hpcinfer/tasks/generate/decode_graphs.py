@@ -22,12 +22,41 @@ Mixed steps (any prefill), and decode steps larger than every bucket, run on the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-from ...models.llama import LlamaDecoder
-from .kv_cache import KVCache
+from ...models.llama import DecoderConfig, LlamaDecoder
+from .kv_cache import KVCache, KVLayout
 from .scheduler import Chunk
+
+
+def graph_peak(model_cfg: DecoderConfig, layout: KVLayout, max_rows: int, max_blocks: int) -> Callable[[int], int]:
+    """An upper bound on the memory the largest decode bucket takes while it runs, by pool size.
+
+    NOTE: with `--cuda-graphs` the pool must leave this much free: the graphs are captured after
+    the pool exists, and their largest bucket gathers up to a whole layer's pool (rows x width <=
+    pool blocks). The bound assumes SDPA's math kernel (what a mask with GQA gets on CUDA): the
+    gathered K/V, repeated to every query head in float32, float32 scores and their softmax, the
+    mask; then one step's activations and the logits (static, LM head output, float32 copy).
+    Per key, as the CPU allocator measures the math kernel (tests/test_generate_graphs.py): a half
+    K/V upcast to float32, K and V repeated to every query head and K scaled once more, float32
+    scores and their softmax.
+    """
+    cfg, elem = model_cfg, torch.empty(0, dtype=layout.dtype).element_size()
+    heads, kv_heads, dim = cfg.num_heads, layout.num_kv_heads, layout.head_dim
+    upcast = 2 * kv_heads * dim * 4 if elem < 4 else 0
+    per_key = 2 * kv_heads * dim * elem + upcast + 3 * heads * dim * 4 + 2 * heads * 4 + elem + 1
+    per_row = 4 * (6 * cfg.hidden_size + 3 * cfg.intermediate_size + (heads + 2 * kv_heads) * dim)
+    per_row += cfg.vocab_size * (4 + elem + (4 if elem < 4 else 0))  # static, LM head output, float32 copy
+    rows, widest = buckets(max_rows)[-1], buckets(max_blocks)[-1]
+
+    def peak(num_blocks: int) -> int:
+        keys = min(num_blocks, rows * widest) * layout.block_size
+        return keys * per_key + rows * per_row
+
+    return peak
 
 
 def buckets(limit: int) -> list[int]:

@@ -15,7 +15,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...models.llama import LlamaDecoder
-from .block_manager import BlockManager
+from .block_manager import BlockManager, blocks_for
+from .decode_graphs import graph_peak
 from .kv_cache import KVCache, KVLayout, size_pool
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -62,6 +63,15 @@ class EngineStats:
         return self.occupancy_sum / self.steps if self.steps else 0.0
 
 
+def pool_reserve(model: LlamaDecoder, config: EngineConfig) -> Callable[[int], int] | None:
+    """What the KV pool must leave free beside it: the decode graphs' peak, with --cuda-graphs."""
+    if not config.cuda_graphs:
+        return None
+    max_blocks = blocks_for(model.cfg.max_model_len, config.block_size)
+    layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+    return graph_peak(model.cfg, layout, config.max_num_seqs, max_blocks)
+
+
 class Engine:
     """Continuous batching over a paged KV cache for one decoder on one device."""
 
@@ -76,7 +86,7 @@ class Engine:
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
-        num_blocks = size_pool(layout, config.kv_cache_memory, device)
+        num_blocks = size_pool(layout, config.kv_cache_memory, device, pool_reserve(model, config))
         self.cache = KVCache(layout, num_blocks, device)
         scratch = None
         if config.cuda_graphs:

@@ -9,6 +9,7 @@ which blocks are free.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,18 +54,43 @@ class KVLayout:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
 
-def size_pool(layout: KVLayout, memory: int | float | None, device: torch.device) -> int:
-    """Number of blocks: `memory` bytes, or a fraction of free CUDA memory, or the CPU default."""
-    if isinstance(memory, float) or (memory is None and device.type == "cuda"):
+def size_pool(
+    layout: KVLayout,
+    memory: int | float | None,
+    device: torch.device,
+    reserve: Callable[[int], int] | None = None,
+) -> int:
+    """Number of blocks: `memory` bytes, or a fraction of free CUDA memory, or the CPU default.
+
+    `reserve(blocks)` is memory that must stay free beside a pool of that many blocks (the decode
+    graphs' peak, which grows with the pool: decode_graphs.graph_peak). A fraction (or the CUDA
+    default) is a budget for the pool and that reserve together; given bytes are the pool's alone.
+    """
+    budgeted = isinstance(memory, float) or (memory is None and device.type == "cuda")
+    if budgeted:
         if device.type != "cuda":
             raise ConfigError("--kv-cache-memory as a fraction needs a CUDA device; give bytes (e.g. 2GiB)")
         free, _total = torch.cuda.mem_get_info(device)
         memory = int(free * (memory if isinstance(memory, float) else CUDA_DEFAULT_FRACTION))
     budget = CPU_DEFAULT_BYTES if memory is None else memory
     blocks = budget // layout.bytes_per_block
+    if budgeted and reserve is not None:
+        blocks = _fit_with_reserve(layout.bytes_per_block, budget, reserve)
     if blocks < 1:
         raise ConfigError(f"--kv-cache-memory {budget} bytes holds no block of {layout.bytes_per_block} bytes")
     return int(blocks)
+
+
+def _fit_with_reserve(bytes_per_block: int, budget: int, reserve: Callable[[int], int]) -> int:
+    """The most blocks n with n * bytes_per_block + reserve(n) <= budget (reserve grows with n)."""
+    lo, hi = 0, budget // bytes_per_block
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * bytes_per_block + reserve(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class KVCache:

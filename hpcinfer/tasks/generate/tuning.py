@@ -17,6 +17,7 @@ from ...models.decoder_checkpoint import inspect_decoder, load_decoder
 from ...models.registry import resolve_model_path
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
+from .engine import pool_reserve
 from .kv_cache import KVLayout, size_pool
 from .setup import engine_config, first_device, load_tokenizer, request_reader
 from .tune_search import GenerationSearch, NoisyGoal, generation_space, prefix_line
@@ -100,7 +101,9 @@ def search_generation(
     model = load_decoder(info, device, dtype)
     engine = engine_config(base)
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
-    blocks = size_pool(KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device)
+    blocks = size_pool(
+        KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device, pool_reserve(model, engine)
+    )
     kv_tokens = blocks * g.kv_block_size
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader.max_prompt = max_prompt
