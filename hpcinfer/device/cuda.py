@@ -147,3 +147,20 @@ def cuda_available() -> bool:
 
 def best_half_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+class CudaStepTimer:
+    """Timed events on the device's current stream (device/step_timer.py)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def mark(self) -> object:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self, start: object, end: object) -> float:
+        assert isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event)
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0

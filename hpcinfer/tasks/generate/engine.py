@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...device.step_timer import step_timer
 from ...errors import ConfigError
 from ...models.llama import LlamaDecoder
 from .block_manager import BlockManager, blocks_for
@@ -53,7 +54,9 @@ class EngineStats:
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
     host_s: float = 0.0  # scheduling, input preparation, stop checks
-    model_s: float = 0.0  # the forward pass, minus the attention gathers
+    # Device time (timed events on CUDA: device/step_timer.py): the forward pass minus the
+    # attention gathers (timed on the CPU path only), and sampling.
+    model_s: float = 0.0
     gather_s: float = 0.0
     sample_s: float = 0.0
     step_trace: list[tuple[float, float, int, int]] = field(default_factory=list)  # (start, end, prefill, decode)
@@ -112,6 +115,7 @@ class Engine:
             config.attention,
         )
         self.sampler = Sampler(device, config.seed)
+        self.timer = step_timer(device)
         self.eos = frozenset(eos_token_ids)
         self.decode = decode
         self.trace_steps = trace_steps
@@ -142,10 +146,12 @@ class Engine:
             raise RuntimeError("the scheduler planned an empty step with work queued")
         gather0 = self.runner.attention.gather_s
         t1 = time.perf_counter()
+        marks = [self.timer.mark()]
         logits = self.runner.run(plan)
-        t2 = time.perf_counter()
+        marks.append(self.timer.mark())
         sampling = [c.seq for c in plan.chunks if c.samples]
         tokens = self.sampler.sample(logits, sampling) if sampling else []
+        marks.append(self.timer.mark())
         t3 = time.perf_counter()
         self.scheduler.update(plan, tokens)
         finished = [seq for seq in sampling if self._check_stop(seq, t3)]
@@ -161,9 +167,9 @@ class Engine:
         stats.peak_blocks = self.blocks.peak_used
         stats.occupancy_sum += len(plan.chunks) / self.config.max_num_seqs
         stats.host_s += (t1 - t0) + (t4 - t3)
-        stats.model_s += (t2 - t1) - gathered
+        stats.model_s += self.timer.seconds(marks[0], marks[1]) - gathered
         stats.gather_s += gathered
-        stats.sample_s += t3 - t2
+        stats.sample_s += self.timer.seconds(marks[1], marks[2])
         if self.trace_steps:
             stats.step_trace.append((t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished

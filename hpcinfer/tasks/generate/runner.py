@@ -48,7 +48,9 @@ class ModelRunner:
         self.cache = cache
         self.device = cache.k.device
         self.block_size = cache.layout.block_size
-        self.attention = choose_attention(cache, self.device, attention, timed)
+        # NOTE: gathers are timed on the host, which is their device only on the CPU: on CUDA that
+        # would time their launch, and their work stays in the forward's device time.
+        self.attention = choose_attention(cache, self.device, attention, timed and self.device.type == "cpu")
         tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
         self.max_blocks = blocks_for(max_model_len, self.block_size)
         # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.

@@ -1,0 +1,85 @@
+"""What a generation step costs the device and the host, checked on CPU with a modelled asynchronous device.
+
+On CUDA a forward only launches kernels and returns; the host waits for them when sampling reads
+the tokens back. Host clocks would then book the forward's compute as sampling. These tests put a
+device clock behind the engine's step timer and a launch-only forward in front of it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.registry import load_tokenizer
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.sequence import SamplingParams
+
+from .conftest import make_texts
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FORWARD_S, SAMPLING_S = 0.03, 0.002  # device time of each step's forward and sampling
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, one_torch_thread):
+    path = build_tiny_decoder(tmp_path_factory.mktemp("step"), "LlamaForCausalLM", seed=5)
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(path, 256)
+    return model, [tokenizer.encode(t).ids for t in make_texts(6, seed=1)]
+
+
+class AsyncDevice:
+    """A device clock: work is queued at launch and done by `now`; the host waits only when it reads."""
+
+    def __init__(self) -> None:
+        self.queued = 0.0  # device seconds of work launched so far
+
+    def launch(self, seconds: float) -> None:
+        self.queued += seconds
+
+    def read_back(self) -> None:
+        """The host waits for everything launched (sampling's tokens.tolist() on CUDA)."""
+        time.sleep(self.queued - getattr(self, "waited", 0.0))
+        self.waited = self.queued
+
+
+class DeviceMarks:
+    """The engine's step timer over AsyncDevice: a mark is the device time when the work before it is done."""
+
+    def __init__(self, device: AsyncDevice) -> None:
+        self.device = device
+
+    def mark(self) -> float:
+        return self.device.queued
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+def test_the_step_split_is_device_time_not_host_time(tiny):
+    model, prompts = tiny
+    engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=8 << 20))
+    device = AsyncDevice()
+    run, sample = engine.runner.run, engine.sampler.sample
+
+    def launch_only_forward(plan):  # noqa: ANN001, ANN202
+        device.launch(FORWARD_S)
+        return run(plan)
+
+    def sampling_that_reads_back(logits, seqs):  # noqa: ANN001, ANN202
+        device.launch(SAMPLING_S)
+        device.read_back()
+        return sample(logits, seqs)
+
+    engine.runner.run, engine.sampler.sample = launch_only_forward, sampling_that_reads_back
+    engine.timer = DeviceMarks(device)
+    engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+    stats = engine.stats
+    assert stats.steps >= 4
+    assert stats.model_s == pytest.approx(stats.steps * FORWARD_S, rel=1e-6)
+    assert stats.sample_s == pytest.approx(stats.steps * SAMPLING_S, rel=1e-6)
