@@ -17,6 +17,7 @@ from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig
 from hpcinfer.tasks.generate.sequence import SamplingParams
+from hpcinfer.tasks.generate.staging import StepStaging
 
 from .conftest import make_texts
 
@@ -83,3 +84,27 @@ def test_the_step_split_is_device_time_not_host_time(tiny):
     assert stats.steps >= 4
     assert stats.model_s == pytest.approx(stats.steps * FORWARD_S, rel=1e-6)
     assert stats.sample_s == pytest.approx(stats.steps * SAMPLING_S, rel=1e-6)
+
+
+class ScribbledStaging(StepStaging):
+    """Copies to a separate buffer even on the CPU, then scribbles the host one, as the next step would."""
+
+    def send(self, arrays):  # noqa: ANN001, ANN201
+        views = super().send(arrays)
+        self.host.fill_(7)  # valid ids and slots, wrong ones: a device read of the host buffer changes tokens
+        return views
+
+
+def test_every_step_input_reaches_the_device_in_one_copy(tiny):
+    model, prompts = tiny
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=32 << 10, block_size=4)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    engine = Engine(model, config)
+    engine.runner.staging = staging = ScribbledStaging(torch.device("cpu"), 16, copy=True)  # grows as it goes
+    got = [s.completion for s in engine.generate(prompts, params)]
+    assert got == want
+    stats = engine.stats
+    assert stats.preemptions > 0 and stats.continued_chunks > 0  # mixed steps, chunks, recomputation
+    assert staging.uploads == stats.steps  # one copy a step
+    assert staging.host.numel() > 16

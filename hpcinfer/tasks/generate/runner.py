@@ -16,6 +16,7 @@ from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
 from .scheduler import StepPlan
+from .staging import StepStaging
 
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
 MIN_GROUP = 16
@@ -53,7 +54,7 @@ class ModelRunner:
         self.attention = choose_attention(cache, self.device, attention, timed and self.device.type == "cpu")
         tokens = max_num_batched_tokens + max_num_seqs  # decodes may fill the budget exactly, plus slack
         self.max_blocks = blocks_for(max_model_len, self.block_size)
-        # Host buffers, filled in place each step; on CUDA they would be pinned and copied once a step.
+        # Host index arrays, filled in place each step, then sent to the device in one copy.
         self._ids = np.zeros(tokens, dtype=np.int64)
         self._pos = np.zeros(tokens, dtype=np.int64)
         self._slots = np.zeros(tokens, dtype=np.int64)
@@ -62,6 +63,8 @@ class ModelRunner:
         self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
         self._widths = np.zeros(max_num_seqs, dtype=np.int64)
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
+        # NOTE: sized for tables of up to 64 blocks a sequence; it grows on the first longer steps.
+        self.staging = StepStaging(self.device, 3 * tokens + 2 * max_num_seqs * (1 + min(self.max_blocks, 64)))
         self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
         self.graphs = None
         if scratch_block is not None:
@@ -70,12 +73,12 @@ class ModelRunner:
                 model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture
             )
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(array)
-        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=False)
-
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
-        """ids [T], positions [T], the attention batch, and the flat index of each sampling token."""
+        """ids [T], positions [T], the attention batch, and the flat index of each sampling token.
+
+        The host fills its index arrays, then every one of them goes to the device in one copy
+        (`StepStaging`); the masks are built on the device from the copied lengths.
+        """
         bs = self.block_size
         nd = len(plan.decodes)
         # NOTE: decodes run shortest context first, so each group of them pads its gathered
@@ -90,7 +93,7 @@ class ModelRunner:
             self._widths[row] = len(seq.block_table)
             self._lens[row] = p + 1
             self._sample_at[i] = row
-        offset, segments = nd, []
+        offset, spans, tables = nd, [], []
         for chunk in plan.prefills:
             seq, n, p = chunk.seq, chunk.length, chunk.start
             end = offset + n
@@ -99,35 +102,41 @@ class ModelRunner:
             self._pos[offset:end] = pos
             table = np.asarray(seq.block_table, dtype=np.int64)
             self._slots[offset:end] = table[pos // bs] * bs + pos % bs
-            segments.append(self._segment(offset, n, p, table))
+            spans.append((offset, n, p))
+            tables.append(table[: blocks_for(p + n, bs)])
             offset = end
         sample_rows = nd  # every decode samples
-        for seg, chunk in zip(segments, plan.prefills, strict=True):
+        for (start, n, _), chunk in zip(spans, plan.prefills, strict=True):
             if chunk.samples:
-                self._sample_at[sample_rows] = seg.offset + seg.length - 1
+                self._sample_at[sample_rows] = start + n - 1
                 sample_rows += 1
-        batch = PagedBatch(slots=self._tensor(self._slots[:offset]), decodes=self._decode_groups(nd), prefills=segments)
-        return (
-            self._tensor(self._ids[:offset]),
-            self._tensor(self._pos[:offset]),
-            batch,
-            self._tensor(self._sample_at[:sample_rows]),
+        bounds = self._group_bounds(nd)
+        group_tables = [self._tables[s:e, : self._widths[e - 1]] for s, e in bounds]
+        ids, pos, slots, sample_at, lens, *blocks = self.staging.send(
+            [
+                self._ids[:offset],
+                self._pos[:offset],
+                self._slots[:offset],
+                self._sample_at[:sample_rows],
+                self._lens[:nd],
+                *group_tables,
+                *tables,
+            ]
         )
+        groups = [self._decode_group(s, e, lens, b) for (s, e), b in zip(bounds, blocks, strict=False)]
+        segments = [
+            self._segment(start, n, p, b) for (start, n, p), b in zip(spans, blocks[len(bounds) :], strict=True)
+        ]
+        return ids, pos, PagedBatch(slots=slots, decodes=groups, prefills=segments), sample_at
 
-    def _decode_groups(self, nd: int) -> list[DecodeGroup]:
-        """Rows 0..nd-1 (sorted by width) in groups of similar context length."""
-        groups = []
-        lens = self._tensor(self._lens[:nd])
-        for start, end in self._group_bounds(nd):
-            width = int(self._widths[end - 1])
-            keys = width * self.block_size
-            beyond = self._key_pos[:keys][None, :] >= lens[start:end, None]
-            # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
-            mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
-            mask.masked_fill_(beyond, -torch.inf)
-            blocks = self._tensor(self._tables[start:end, :width])
-            groups.append(DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end]))
-        return groups
+    def _decode_group(self, start: int, end: int, lens: torch.Tensor, blocks: torch.Tensor) -> DecodeGroup:
+        """Rows start..end-1 (sorted by width): their block tables [n, width] and context mask."""
+        keys = blocks.shape[1] * self.block_size
+        beyond = self._key_pos[:keys][None, :] >= lens[start:end, None]
+        # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
+        mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
+        mask.masked_fill_(beyond, -torch.inf)
+        return DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end])
 
     def _group_bounds(self, nd: int) -> list[tuple[int, int]]:
         """[start, end) row ranges: on CPU each group's gathered K/V within CPU_DECODE_GROUP_BYTES;
@@ -149,11 +158,10 @@ class ModelRunner:
             start = end
         return out
 
-    def _segment(self, offset: int, n: int, start: int, table: np.ndarray) -> PrefillSegment:
-        total = start + n
-        blocks = self._tensor(table[: blocks_for(total, self.block_size)].copy())
+    def _segment(self, offset: int, n: int, start: int, blocks: torch.Tensor) -> PrefillSegment:
         if start == 0:
             return PrefillSegment(offset, n, 0, blocks)
+        total = start + n
         keys = torch.arange(total, device=self.device)
         queries = torch.arange(start, total, device=self.device)
         return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
