@@ -97,7 +97,7 @@ class GenerateConfig:
     prefix_cache: bool = True  # full KV blocks shared across prompts with the same prefix
     prefix_order: bool = True  # admit a window's prompts sorted by token ids (rows sharing a prefix together)
     priority_column: str = "priority"  # optional integer column: higher is admitted first
-    attention: str = "auto"  # auto | torch | flash-attn: the paged attention kernel, chosen at start-up
+    attention: str = "auto"  # auto | torch | flash-attn | triton: the paged attention kernel, chosen at start-up
 
 
 @dataclass(frozen=True, slots=True)

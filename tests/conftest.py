@@ -11,6 +11,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: before anything imports Triton (transformers does): its kernels then run in Triton's
+    # interpreter, the only way they run without a GPU (tasks/generate/paged_kernel.py).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hpcinfer.api import run
 from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig

@@ -8,6 +8,8 @@ kernel are checked here; the kernel itself needs CUDA and the package.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,15 @@ from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.attention import FlashAttnPagedAttention, TorchPagedAttention, choose_attention
+from hpcinfer.tasks.generate import attention as attention_module
+from hpcinfer.tasks.generate.attention import (
+    FlashAttnPagedAttention,
+    TorchPagedAttention,
+    TritonPagedAttention,
+    attention_kind,
+    choose_attention,
+    triton_problem,
+)
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig
 from hpcinfer.tasks.generate.kv_cache import KVCache, KVLayout
 from hpcinfer.tasks.generate.sequence import SamplingParams
@@ -65,3 +75,67 @@ def test_the_flash_attn_path_gives_the_torch_paths_tokens(tmp_path):
     got = [s.completion for s in engine.generate(prompts, params)]
     assert engine.stats.continued_chunks > 0
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= len(prompts) - 1
+
+
+# --------------------------------------------------------------------------- the Triton kernel
+
+
+def reference_attention(q, pool_k, pool_v, tables, rows, context):  # noqa: ANN001, ANN201
+    """Each token: its table's blocks gathered, the first `context` keys, SDPA in float32."""
+    out = torch.empty(q.shape, dtype=torch.float32)
+    for i in range(q.shape[0]):
+        n = int(context[i])
+        kk = pool_k[tables[rows[i]]].flatten(0, 1)[:n].float().transpose(0, 1)
+        vv = pool_v[tables[rows[i]]].flatten(0, 1)[:n].float().transpose(0, 1)
+        out[i] = F.scaled_dot_product_attention(q[i].float()[:, None], kk, vv, enable_gqa=True)[:, 0]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "heads", "kv_heads", "dim", "block"),
+    [(torch.float32, 4, 2, 16, 8), (torch.float32, 6, 2, 24, 4), (torch.float16, 8, 8, 32, 16)],
+    ids=["gqa", "group-of-3-odd-dim", "half-mha"],
+)
+def test_the_triton_kernel_reads_blocks_in_place_as_the_reference_computes(dtype, heads, kv_heads, dim, block):
+    from hpcinfer.tasks.generate.paged_kernel import paged_attention
+
+    gen = torch.Generator().manual_seed(3)
+    pool_k = torch.randn(40, block, kv_heads, dim, generator=gen).to(dtype)
+    pool_v = torch.randn(40, block, kv_heads, dim, generator=gen).to(dtype)
+    tables = torch.randperm(40, generator=gen)[:30].view(3, 10)  # 3 sequences, scattered blocks
+    # decodes at block edges and mid-block, and a continued chunk's tokens (one table, growing context)
+    rows = torch.tensor([0, 1, 2, 2, 2])
+    context = torch.tensor([1, block, 10 * block, 3 * block + 1, 3 * block + 2])
+    q = torch.randn(5, heads, dim, generator=gen).to(dtype)
+    got = paged_attention(q, pool_k, pool_v, tables, rows, context)
+    want = reference_attention(q, pool_k, pool_v, tables, rows, context)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=1e-3)
+
+
+def test_triton_is_refused_on_cpu_and_auto_keeps_torch_there():
+    layout = KVLayout(1, 2, 8, 16, torch.float32)
+    assert attention_kind("auto", layout, torch.device("cpu")) == "torch"
+    with pytest.raises(ConfigError, match="triton needs a CUDA device"):
+        attention_kind("triton", layout, torch.device("cpu"))
+    assert "power of two" in triton_problem(KVLayout(1, 2, 8, 24, torch.float32), torch.device("cuda"))
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static-decode"])
+def test_the_triton_path_gives_the_torch_paths_tokens(tmp_path, monkeypatch, static):
+    monkeypatch.setattr(attention_module, "triton_problem", lambda layout, device: None)  # interpreted on the CPU
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=8)
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(path, 256)
+    prompts = [tokenizer.encode(t).ids for t in make_texts(6, seed=9)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    # a small step budget: fresh and continued prefill chunks next to decodes
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=8)
+    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    engine = Engine(model, replace(config, attention="triton", cuda_graphs=static))
+    assert isinstance(engine.runner.attention, TritonPagedAttention)
+    got = [s.completion for s in engine.generate(prompts, params)]
+    assert engine.stats.continued_chunks > 0
+    assert got == want
+    if static:
+        assert engine.runner.graphs.eager_runs > 0 and engine.runner.graphs.attention.kernel is not None

@@ -92,9 +92,9 @@ OPTIONS: tuple[Opt, ...] = (
         "not sorted by prefix.", switch=True, negates=True),
     opt("--priority-column", "generate.priority_column", "Generation", "Optional integer column; rows with a "
         "higher value are admitted first."),
-    opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: flash-attn on CUDA "
-        "where it can run (--kv-block-size 256), else torch.", commands=RUNS,
-        type=choice(["auto", "torch", "flash-attn"])),
+    opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: on CUDA flash-attn "
+        "where it can run (--kv-block-size 256), else triton (reads KV blocks in place); torch on CPU.",
+        commands=RUNS, type=choice(["auto", "torch", "flash-attn", "triton"])),
     # -- Devices
     opt("--device", "device.device", "Devices", "auto, cpu, cuda or cuda:N."),
     opt("--devices", "device.devices", "Devices", "Run on several devices, one model replica each: "

@@ -1,7 +1,8 @@
 """Attention over block tables: this step's K/V go into the paged pools, queries read through them.
 
 One seam, chosen once at start-up (`choose_attention`): the pure-torch path here is correct on
-CPU and CUDA; flash-attn's paged kernel replaces it on CUDA behind the same `bind`/`__call__`. The batch layout is
+CPU and CUDA; on CUDA flash-attn's paged kernel or a Triton kernel (paged_kernel.py) replace it
+behind the same `bind`/`__call__`, reading K/V blocks in place instead of gathering them. The batch layout is
 the runner's (`PagedBatch`): decode tokens first (one per sequence), then prefill chunks.
 """
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from .kv_cache import KVCache
+from .kv_cache import KVCache, KVLayout
 
 
 @dataclass(slots=True)
@@ -41,12 +42,24 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class KernelTokens:
+    """The tokens an in-place paged kernel serves (paged_kernel.py): each with its table row and context."""
+
+    tokens: torch.Tensor  # [N] flat indices into the step's tokens
+    tables: torch.Tensor  # [R, width] block ids, padded
+    rows: torch.Tensor  # [N] each token's row of `tables`
+    context: torch.Tensor  # [N] keys each token sees: its position + 1
+    every_token: bool  # tokens is 0..T-1: no index_select needed
+
+
+@dataclass(slots=True)
 class PagedBatch:
     """One step's attention metadata, shared by every layer (built once per step by the runner)."""
 
     slots: torch.Tensor  # [T] flat KV slot of each token
     decodes: list[DecodeGroup] = field(default_factory=list)  # flat rows 0..num_decodes-1
     prefills: list[PrefillSegment] = field(default_factory=list)  # after the decodes
+    kernel: KernelTokens | None = None  # for the Triton path: decodes and continued prefill chunks
 
 
 class TorchPagedAttention:
@@ -191,18 +204,62 @@ class FlashAttnPagedAttention:
         return out.view(t, heads * dim)
 
 
-ATTENTION_KINDS = ("auto", "torch", "flash-attn")
+class TritonPagedAttention:
+    """The Triton kernel (paged_kernel.py) reads K/V blocks in place for decodes and continued
+    prefill chunks, in one launch a layer; a fresh prefill chunk (its keys are all this step's)
+    runs SDPA's causal kernel on its own K/V, which needs no mask (flash on CUDA)."""
+
+    name = "triton"
+    gather_s = 0.0  # no gathers
+
+    def __init__(self, cache: KVCache) -> None:
+        from .paged_kernel import paged_attention
+
+        self.cache = cache
+        self.kernel = paged_attention
+        self.batch: PagedBatch | None = None
+
+    def bind(self, batch: PagedBatch) -> TritonPagedAttention:
+        self.batch = batch
+        return self
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+        batch = self.batch
+        assert batch is not None, "bind() a step's PagedBatch first"
+        self.cache.write(layer, batch.slots, k, v)
+        t, heads, dim = q.shape
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        paged = batch.kernel
+        if paged is not None and paged.every_token:
+            out = self.kernel(q, pool_k, pool_v, paged.tables, paged.rows, paged.context)
+            return out.view(t, heads * dim)
+        out = q.new_empty(t, heads, dim)
+        if paged is not None:
+            got = self.kernel(q.index_select(0, paged.tokens), pool_k, pool_v, paged.tables, paged.rows, paged.context)
+            out.index_copy_(0, paged.tokens, got)
+        for seg in batch.prefills:
+            if seg.start == 0:
+                rows = slice(seg.offset, seg.offset + seg.length)
+                got = F.scaled_dot_product_attention(
+                    _heads_first(q[rows]), _heads_first(k[rows]), _heads_first(v[rows]), is_causal=True, enable_gqa=True
+                )
+                out[rows] = got[0].transpose(0, 1)
+        return out.view(t, heads * dim)
+
+
+ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
 
 
-def flash_attn_problem(cache: KVCache, device: torch.device) -> str | None:
+def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
     """Why flash-attn's paged kernel cannot run this cache on `device`, or None when it can."""
     if device.type != "cuda":
         return f"needs a CUDA device (the run is on {device})"
-    if cache.layout.dtype not in (torch.float16, torch.bfloat16):
-        return f"runs float16 or bfloat16, not {str(cache.layout.dtype).removeprefix('torch.')} (--dtype)"
-    if cache.layout.block_size % FLASH_ATTN_BLOCK:
-        return f"needs --kv-block-size a multiple of {FLASH_ATTN_BLOCK} (got {cache.layout.block_size})"
+    if layout.dtype not in (torch.float16, torch.bfloat16):
+        return f"runs float16 or bfloat16, not {str(layout.dtype).removeprefix('torch.')} (--dtype)"
+    if layout.block_size % FLASH_ATTN_BLOCK:
+        return f"needs --kv-block-size a multiple of {FLASH_ATTN_BLOCK} (got {layout.block_size})"
     try:
         import flash_attn  # noqa: F401
     except ImportError:
@@ -210,24 +267,52 @@ def flash_attn_problem(cache: KVCache, device: torch.device) -> str | None:
     return None
 
 
-def choose_attention(
-    cache: KVCache, device: torch.device, kind: str = "auto", timed: bool = False
-) -> TorchPagedAttention | FlashAttnPagedAttention:
-    """The attention implementation for this run, chosen once: `kind` is auto, torch or flash-attn.
+def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
+    """Why the Triton kernel cannot run this cache on `device`, or None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (the run is on {device}; on the CPU Triton only interprets)"
+    size = layout.block_size
+    if size & (size - 1):
+        return f"needs --kv-block-size a power of two (got {size})"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "the triton package is not installed (it comes with torch's CUDA builds)"
+    return None
 
-    auto takes flash-attn where it can run (CUDA, a half dtype, blocks of 256, the package
-    installed) and the pure-torch path everywhere else; asking for flash-attn where it cannot run
-    is a ConfigError that says why.
+
+def attention_kind(kind: str, layout: KVLayout, device: torch.device) -> str:
+    """What `--attention kind` runs here: torch, flash-attn or triton.
+
+    auto takes, on CUDA, flash-attn where it can run (a half dtype, blocks of 256, the package
+    installed), else the Triton kernel (blocks a power of two, triton installed), and the
+    pure-torch path everywhere else; both kernels read K/V blocks in place. Asking for a kernel
+    where it cannot run is a ConfigError that says why.
     """
     if kind not in ATTENTION_KINDS:
         raise ConfigError(f"--attention must be one of {', '.join(ATTENTION_KINDS)} (got {kind!r})")
     if kind == "torch" or (kind == "auto" and device.type != "cuda"):
-        return TorchPagedAttention(cache, timed=timed)
-    problem = flash_attn_problem(cache, device)
-    if problem is not None:
-        if kind == "auto":
-            return TorchPagedAttention(cache, timed=timed)
-        raise ConfigError(f"--attention flash-attn {problem}")
-    from flash_attn import flash_attn_with_kvcache
+        return "torch"
+    for name, problem in (("flash-attn", flash_attn_problem), ("triton", triton_problem)):
+        if kind in ("auto", name):
+            why = problem(layout, device)
+            if why is None:
+                return name
+            if kind == name:
+                raise ConfigError(f"--attention {name} {why}")
+    return "torch"
 
-    return FlashAttnPagedAttention(cache, flash_attn_with_kvcache)
+
+PagedAttention = TorchPagedAttention | FlashAttnPagedAttention | TritonPagedAttention
+
+
+def choose_attention(cache: KVCache, device: torch.device, kind: str = "auto", timed: bool = False) -> PagedAttention:
+    """The attention implementation for this run, chosen once (`attention_kind`)."""
+    name = attention_kind(kind, cache.layout, device)
+    if name == "flash-attn":
+        from flash_attn import flash_attn_with_kvcache
+
+        return FlashAttnPagedAttention(cache, flash_attn_with_kvcache)
+    if name == "triton":
+        return TritonPagedAttention(cache)
+    return TorchPagedAttention(cache, timed=timed)

@@ -16,7 +16,8 @@ NOTE: the invariants that keep padding harmless:
   beyond its context length, so what the scratch block holds never reaches a real row;
 - all graphs share one memory pool: they replay one after another, never concurrently;
 - a bucket gathers rows x width blocks per layer, so buckets are kept to at most the pool's own
-  number of blocks: one layer's gathered K/V never outgrow one layer's pools.
+  number of blocks: one layer's gathered K/V never outgrow one layer's pools (with the in-place
+  Triton kernel nothing is gathered, and the same grid is kept).
 Mixed steps (any prefill), and decode steps larger than every bucket, run on the normal path.
 """
 
@@ -32,8 +33,13 @@ from .kv_cache import KVCache, KVLayout
 from .scheduler import Chunk
 
 
-def graph_peak(model_cfg: DecoderConfig, layout: KVLayout, max_rows: int, max_blocks: int) -> Callable[[int], int]:
+def graph_peak(
+    model_cfg: DecoderConfig, layout: KVLayout, max_rows: int, max_blocks: int, gathers: bool = True
+) -> Callable[[int], int]:
     """An upper bound on the memory the largest decode bucket takes while it runs, by pool size.
+
+    `gathers`: the static path gathers K/V and runs SDPA; without (the in-place Triton kernel)
+    only the step's activations and logits count.
 
     NOTE: with `--cuda-graphs` the pool must leave this much free: the graphs are captured after
     the pool exists, and their largest bucket gathers up to a whole layer's pool (rows x width <=
@@ -48,6 +54,7 @@ def graph_peak(model_cfg: DecoderConfig, layout: KVLayout, max_rows: int, max_bl
     heads, kv_heads, dim = cfg.num_heads, layout.num_kv_heads, layout.head_dim
     upcast = 2 * kv_heads * dim * 4 if elem < 4 else 0
     per_key = 2 * kv_heads * dim * elem + upcast + 3 * heads * dim * 4 + 2 * heads * 4 + elem + 1
+    per_key *= gathers
     per_row = 4 * (6 * cfg.hidden_size + 3 * cfg.intermediate_size + (heads + 2 * kv_heads) * dim)
     per_row += cfg.vocab_size * (4 + elem + (4 if elem < 4 else 0))  # static, LM head output, float32 copy
     rows, widest = buckets(max_rows)[-1], buckets(max_blocks)[-1]
@@ -68,15 +75,25 @@ class StaticDecodeAttention:
     """Decode attention over static buffers: one query per row, every row gathers `width` blocks.
 
     `prepare` builds the step's mask from the static context lengths (inside the captured work);
-    `__call__` writes this step's K/V by slot, then attends through the padded block tables.
+    `__call__` writes this step's K/V by slot, then attends through the padded block tables:
+    gathered for SDPA, or read in place by `kernel` (paged_kernel.paged_attention) when given.
     """
 
     name = "torch-static"
     gather_s = 0.0  # NOTE: not split out: on CUDA the work is asynchronous, on CPU it is the twin
 
-    def __init__(self, cache: KVCache, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        kernel: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
         self.cache = cache
         self.slots, self.tables, self.lens = slots, tables, lens
+        self.kernel = kernel
+        self._rows = torch.arange(tables.shape[0], device=cache.k.device)  # row i reads table i
         bs = cache.layout.block_size
         self._key_pos = torch.arange(tables.shape[1] * bs, device=cache.k.device)
         self.rows = self.width = 0
@@ -84,6 +101,8 @@ class StaticDecodeAttention:
 
     def prepare(self, rows: int, width: int) -> StaticDecodeAttention:
         self.rows, self.width = rows, width
+        if self.kernel is not None:
+            return self
         keys = width * self.cache.layout.block_size
         inside = self._key_pos[:keys][None, :] < self.lens[:rows, None]
         zero = torch.zeros((), dtype=self.cache.k.dtype, device=inside.device)
@@ -95,6 +114,9 @@ class StaticDecodeAttention:
         rows, width = self.rows, self.width
         self.cache.write(layer, self.slots[:rows], k, v)
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        if self.kernel is not None:
+            tables, which = self.tables[:rows, :width], self._rows[:rows]
+            return self.kernel(q, pool_k, pool_v, tables, which, self.lens[:rows]).reshape(rows, -1)
         flat = self.tables[:rows, :width].reshape(-1)
         shape = (rows, -1, *pool_k.shape[2:])
         kk = pool_k.index_select(0, flat).view(shape)  # [rows, width * block_size, Hkv, D]
@@ -121,6 +143,7 @@ class DecodeGraphs:
         max_blocks: int,
         vocab_chunk: int = 0,
         capture: bool = False,
+        kernel: Callable[..., torch.Tensor] | None = None,
     ) -> None:
         if not 0 <= scratch_block < cache.num_blocks:
             raise ValueError(f"scratch block {scratch_block} is not in the pool of {cache.num_blocks}")
@@ -139,7 +162,7 @@ class DecodeGraphs:
         self.ids, self.positions, self.slots, self.lens = self._static[: 4 * rows].view(4, rows)
         self.tables = self._static[4 * rows :].view(rows, width)
         self.logits = torch.zeros(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
-        self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens)
+        self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens, kernel)
         self._pad_all()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None

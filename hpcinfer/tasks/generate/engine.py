@@ -16,6 +16,7 @@ from typing import Any
 from ...device.step_timer import step_timer
 from ...errors import ConfigError
 from ...models.llama import LlamaDecoder
+from .attention import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
 from .kv_cache import KVCache, KVLayout, size_pool
@@ -38,7 +39,7 @@ class EngineConfig:
     # Pure-decode steps in static shapes (decode_graphs.py): CUDA graphs on CUDA, the same path run
     # eagerly on CPU. NOTE: it reserves the pool's last block as the padding rows' scratch block.
     cuda_graphs: bool = False
-    attention: str = "auto"  # auto | torch | flash-attn (attention.py, chosen once at start-up)
+    attention: str = "auto"  # auto | torch | flash-attn | triton (attention.py, chosen once at start-up)
 
 
 @dataclass(slots=True)
@@ -72,7 +73,8 @@ def pool_reserve(model: LlamaDecoder, config: EngineConfig) -> Callable[[int], i
         return None
     max_blocks = blocks_for(model.cfg.max_model_len, config.block_size)
     layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
-    return graph_peak(model.cfg, layout, config.max_num_seqs, max_blocks)
+    gathers = attention_kind(config.attention, layout, model.norm.device) != "triton"
+    return graph_peak(model.cfg, layout, config.max_num_seqs, max_blocks, gathers)
 
 
 class Engine:

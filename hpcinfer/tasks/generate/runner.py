@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...models.llama import LlamaDecoder
-from .attention import DecodeGroup, PagedBatch, PrefillSegment, choose_attention
+from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention, choose_attention
 from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
@@ -69,8 +69,9 @@ class ModelRunner:
         self.graphs = None
         if scratch_block is not None:
             capture = self.device.type == "cuda"
+            kernel = self.attention.kernel if isinstance(self.attention, TritonPagedAttention) else None
             self.graphs = DecodeGraphs(
-                model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture
+                model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture, kernel
             )
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
@@ -110,9 +111,11 @@ class ModelRunner:
             if chunk.samples:
                 self._sample_at[sample_rows] = start + n - 1
                 sample_rows += 1
-        bounds = self._group_bounds(nd)
+        in_place = self.attention.name == "triton"
+        bounds = [] if in_place else self._group_bounds(nd)
         group_tables = [self._tables[s:e, : self._widths[e - 1]] for s, e in bounds]
-        ids, pos, slots, sample_at, lens, *blocks = self.staging.send(
+        kernel = self._kernel_arrays(nd, spans, tables) if in_place else []
+        ids, pos, slots, sample_at, lens, *rest = self.staging.send(
             [
                 self._ids[:offset],
                 self._pos[:offset],
@@ -121,13 +124,36 @@ class ModelRunner:
                 self._lens[:nd],
                 *group_tables,
                 *tables,
+                *kernel,
             ]
         )
+        blocks = rest[: len(bounds) + len(tables)]
         groups = [self._decode_group(s, e, lens, b) for (s, e), b in zip(bounds, blocks, strict=False)]
         segments = [
             self._segment(start, n, p, b) for (start, n, p), b in zip(spans, blocks[len(bounds) :], strict=True)
         ]
-        return ids, pos, PagedBatch(slots=slots, decodes=groups, prefills=segments), sample_at
+        batch = PagedBatch(slots=slots, decodes=groups, prefills=segments)
+        if kernel:
+            tokens, table, rows, context = rest[len(blocks) :]
+            batch.kernel = KernelTokens(tokens, table, rows, context, every_token=tokens.shape[0] == offset)
+        return ids, pos, batch, sample_at
+
+    def _kernel_arrays(self, nd: int, spans: list[tuple[int, int, int]], tables: list[np.ndarray]) -> list[np.ndarray]:
+        """For an in-place kernel: the decodes and continued prefill chunks as (tokens, tables, rows,
+        context) arrays; [] when the step has only fresh prefills (SDPA's causal kernel runs them)."""
+        continued = [(span, table) for span, table in zip(spans, tables, strict=True) if span[2] > 0]
+        if nd == 0 and not continued:
+            return []
+        width = max([int(self._widths[:nd].max(initial=0))] + [len(table) for _, table in continued])
+        table = np.zeros((nd + len(continued), width), dtype=np.int64)
+        table[:nd] = self._tables[:nd, :width]
+        tokens, rows, context = [np.arange(nd)], [np.arange(nd)], [self._lens[:nd]]
+        for row, ((start, n, p), blocks) in enumerate(continued, start=nd):
+            table[row, : len(blocks)] = blocks
+            tokens.append(np.arange(start, start + n))
+            rows.append(np.full(n, row))
+            context.append(np.arange(p + 1, p + n + 1))
+        return [np.concatenate(tokens), table, np.concatenate(rows), np.concatenate(context)]
 
     def _decode_group(self, start: int, end: int, lens: torch.Tensor, blocks: torch.Tensor) -> DecodeGroup:
         """Rows start..end-1 (sorted by width): their block tables [n, width] and context mask."""
