@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-EXPECTED = ("environment", "checkpoint", "checks", "multi-device", "benchmark")
+EXPECTED = ("environment", "checkpoint", "checks", "multi-device", "benchmark", "generation")
 
 
 def main(argv: list[str]) -> int:

@@ -261,12 +261,118 @@ def check_generation_graphs(s: Setup) -> str:
     )
 
 
+def check_triton_attention(s: Setup) -> str:
+    """The Triton paged kernel equals the reference on random pools (bfloat16 on CUDA), and generation
+    with it gives the torch path's greedy tokens, eager and in decode graphs.
+
+    On the dry run the kernel runs in Triton's interpreter (gpu_check.sh sets TRITON_INTERPRET=1).
+    """
+    from hpcinfer.tasks.generate import attention
+    from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+    from hpcinfer.tasks.generate.paged_kernel import paged_attention
+    from hpcinfer.tasks.generate.sequence import SamplingParams
+
+    device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(1)
+    pool_k, pool_v = (torch.randn(64, 16, 8, 64, generator=gen).to(device, dtype) for _ in range(2))
+    tables = torch.randperm(64, generator=gen)[:48].view(4, 12).to(device)
+    rows, context = torch.tensor([0, 1, 2, 3, 3], device=device), torch.tensor([1, 16, 150, 77, 78], device=device)
+    q = torch.randn(5, 32, 64, generator=gen).to(device, dtype)
+    got = paged_attention(q, pool_k, pool_v, tables, rows, context).float()
+    diff = 0.0
+    for i in range(5):
+        n = int(context[i])
+        kk = pool_k[tables[rows[i]]].flatten(0, 1)[:n].float().transpose(0, 1)
+        vv = pool_v[tables[rows[i]]].flatten(0, 1)[:n].float().transpose(0, 1)
+        want = torch.nn.functional.scaled_dot_product_attention(q[i].float()[:, None], kk, vv, enable_gqa=True)
+        diff = max(diff, float((got[i] - want[:, 0]).abs().max()))
+    assert diff < (2e-2 if dtype == torch.bfloat16 else 1e-4), f"kernel vs reference: max diff {diff:.2e}"
+
+    rng = np.random.default_rng(2)
+    count = 16 if device.type == "cuda" else 6  # NOTE: the interpreter runs a kernel program at a time
+    prompts = [rng.integers(3, 512, int(n)).tolist() for n in rng.integers(4, 60, count)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    base = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory=16 << 20)
+    model = random_decoder(device)
+    want_tokens = [q.completion for q in Engine(model, replace(base, attention="torch")).generate(prompts, params)]
+    with contextlib.ExitStack() as stack:
+        if device.type != "cuda":  # the interpreter stands in for the GPU
+            stack.callback(setattr, attention, "triton_problem", attention.triton_problem)
+            attention.triton_problem = lambda layout, device: None
+        same = []
+        for graphs in (False, True):
+            engine = Engine(model, replace(base, attention="triton", cuda_graphs=graphs))
+            assert engine.runner.attention.name == "triton", engine.runner.attention.name
+            tokens = [q.completion for q in engine.generate(prompts, params)]
+            same.append(sum(a == b for a, b in zip(tokens, want_tokens, strict=True)))
+    assert min(same) >= len(prompts) - 1, f"triton vs torch greedy tokens: eager {same[0]}, graphs {same[1]}"
+    kind = str(dtype).removeprefix("torch.")
+    return f"kernel max diff {diff:.2e} ({kind}); greedy tokens equal torch's: eager {same[0]}, graphs {same[1]}"
+
+
+def peak_allocated(fn: Callable[[], object]) -> int:
+    """Peak bytes the CPU allocator held for `fn` beyond what it held before, from the profiler's
+    allocation events (every allocation and free, kernels' internal buffers included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def check_graph_memory_bound(s: Setup) -> str:
+    """The decode graphs' measured peak stays under the bound the KV pool leaves room for (pool_reserve).
+
+    On CUDA: the allocator's peak while the graphs are captured and replayed, beyond the pool. On
+    the CPU (dry run): the profiler's peak of the largest bucket's forward on SDPA's math kernel.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hpcinfer.tasks.generate.engine import Engine, EngineConfig, pool_reserve
+    from hpcinfer.tasks.generate.sequence import SamplingParams
+
+    device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
+    model = random_decoder(device)
+    lines = []
+    for kind in ("torch", "auto") if device.type == "cuda" else ("torch",):
+        config = EngineConfig(max_num_seqs=32, kv_cache_memory=64 << 20, cuda_graphs=True, attention=kind)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            engine = Engine(model, config)
+            engine.generate([[5, 6, 7]] * 4, SamplingParams(max_tokens=4, ignore_eos=True))
+            measured = torch.cuda.max_memory_allocated(device) - before - engine.cache.nbytes
+        else:
+            engine = Engine(model, config)
+            graphs = engine.runner.graphs
+            assert graphs is not None
+            with sdpa_kernel(SDPBackend.MATH):
+                measured = peak_allocated(lambda g=graphs: g.forward(*max(g.grid, key=lambda b: b[0] * b[1])))
+        bound = pool_reserve(model, config)
+        assert bound is not None
+        limit, name = bound(engine.cache.num_blocks), engine.runner.attention.name
+        assert measured <= limit, f"{name}: graphs took {measured / 2**20:.1f} MiB, the bound {limit / 2**20:.1f} MiB"
+        lines.append(f"{name} {measured / 2**20:.1f} of {limit / 2**20:.1f} MiB")
+        del engine
+    return "decode graphs' peak beside the pool: " + ", ".join(lines)
+
+
 CHECKS = [
     check_device_equals_cpu,
     check_staging_slots,
     check_graphs_equal_eager,
     check_half_close_to_float32,
     check_generation_graphs,
+    check_triton_attention,
+    check_graph_memory_bound,
 ]
 
 

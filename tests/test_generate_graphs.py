@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
@@ -22,6 +21,7 @@ from hpcinfer.tasks.generate.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVL
 from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
+from .gpu_checks import peak_allocated
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -116,19 +116,6 @@ def test_cuda_graphs_are_refused_on_cpu_by_the_job(tmp_path):
 
 def _fields(config: EngineConfig) -> dict:
     return {f: getattr(config, f) for f in config.__dataclass_fields__}
-
-
-def peak_allocated(fn) -> int:  # noqa: ANN001
-    """Peak bytes the CPU allocator held for `fn` beyond what it held before, from the profiler's
-    allocation events (every allocation and free, kernels' internal buffers included)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def _largest_bucket_bytes(model, config: EngineConfig, num_blocks: int) -> int:

@@ -37,12 +37,16 @@ def build_tiny_decoder(
     seed: int = 0,
     shards: bool = False,
     tokenizer_dir: str | Path | None = None,
+    dtype: str = "float32",
+    init_device: str = "cpu",
     **extra: Any,
 ) -> Path:
     """Writes a random checkpoint of `architecture` (transformers' own class) and returns its path.
 
     The tokenizer.json comes from `tokenizer_dir`, by default the packaged default model's (a
     machine without that package, such as a bare GPU machine, gives benchmarks/minilm_tokenizer).
+    `dtype` is the saved weights' dtype; `init_device` where the random weights are drawn (a GPU
+    draws a billion-parameter model in a moment, a CPU takes a while).
     """
     import torch
     import transformers
@@ -69,7 +73,8 @@ def build_tiny_decoder(
         **extra,
     )
     torch.manual_seed(seed)
-    model = getattr(transformers, architecture)(config).eval()
+    with torch.device(init_device):
+        model = getattr(transformers, architecture)(config).eval().to(getattr(torch, dtype))
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB", safe_serialization=True)
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",

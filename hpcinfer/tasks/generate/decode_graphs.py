@@ -61,7 +61,9 @@ def graph_peak(
 
     def peak(num_blocks: int) -> int:
         keys = min(num_blocks, rows * widest) * layout.block_size
-        return keys * per_key + rows * per_row
+        # NOTE: a quarter on top: CUDA's kernels and allocator (rounding, a graph pool's
+        # fragmentation) may take more than the CPU allocator measures.
+        return (keys * per_key + rows * per_row) * 5 // 4
 
     return peak
 
