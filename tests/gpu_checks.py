@@ -223,7 +223,8 @@ def random_decoder(device: torch.device, seed: int = 0) -> Any:
 
 
 def check_generation_graphs(s: Setup) -> str:
-    """Greedy generation on the device, with and without --cuda-graphs, gives the CPU's float32 tokens.
+    """Greedy generation on the device, with and without --cuda-graphs, gives the CPU's float32 tokens
+    (eager step by step, and graphs a step ahead: the host plans step N+1 while step N runs).
 
     The graphs must really be captured and replayed on CUDA; on the simulated device (the dry run)
     the static-shape decode path runs eagerly on the CPU instead.
@@ -240,8 +241,9 @@ def check_generation_graphs(s: Setup) -> str:
     want = [q.completion for q in cpu.generate(prompts, params)]
     device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
     model = random_decoder(device)
-    eager = [q.completion for q in Engine(model, base).generate(prompts, params)]
-    engine = Engine(model, replace(base, cuda_graphs=True))
+    # eager step by step, graphs a step ahead: both loops, on the device
+    eager = [q.completion for q in Engine(model, replace(base, ahead=False)).generate(prompts, params)]
+    engine = Engine(model, replace(base, cuda_graphs=True, ahead=True))
     graphed = [q.completion for q in engine.generate(prompts, params)]
     graphs = engine.runner.graphs
     assert graphs is not None

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory, one_torch_thread):
     path = build_tiny_decoder(tmp_path_factory.mktemp("step"), "LlamaForCausalLM", seed=5)
     model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
     tokenizer = load_tokenizer(path, 256)
-    return model, [tokenizer.encode(t).ids for t in make_texts(6, seed=1)]
+    return model, [tokenizer.encode(t).ids for t in make_texts(6, seed=1)], tokenizer
 
 
 class AsyncDevice:
@@ -63,21 +63,31 @@ class DeviceMarks:
 
 
 def test_the_step_split_is_device_time_not_host_time(tiny):
-    model, prompts = tiny
+    model, prompts, tokenizer = tiny
     engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=8 << 20))
     device = AsyncDevice()
-    run, sample = engine.runner.run, engine.sampler.sample
+    run, sample, start = engine.runner.run, engine.sampler.sample_on_device, engine.readback.start
 
-    def launch_only_forward(plan):  # noqa: ANN001, ANN202
+    def launch_only_forward(plan, ahead=None):  # noqa: ANN001, ANN202
         device.launch(FORWARD_S)
-        return run(plan)
+        return run(plan, ahead)
 
-    def sampling_that_reads_back(logits, seqs):  # noqa: ANN001, ANN202
+    def launch_only_sampling(logits, seqs):  # noqa: ANN001, ANN202
         device.launch(SAMPLING_S)
-        device.read_back()
         return sample(logits, seqs)
 
-    engine.runner.run, engine.sampler.sample = launch_only_forward, sampling_that_reads_back
+    def readback_that_waits(tokens):  # noqa: ANN001, ANN202
+        pending = start(tokens)
+
+        class Waits:
+            def values(self) -> list[int]:
+                device.read_back()
+                return pending.values()
+
+        return Waits()
+
+    engine.runner.run, engine.sampler.sample_on_device = launch_only_forward, launch_only_sampling
+    engine.readback.start = readback_that_waits
     engine.timer = DeviceMarks(device)
     engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
     stats = engine.stats
@@ -96,7 +106,7 @@ class ScribbledStaging(StepStaging):
 
 
 def test_every_step_input_reaches_the_device_in_one_copy(tiny):
-    model, prompts = tiny
+    model, prompts, tokenizer = tiny
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=32 << 10, block_size=4)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     want = [s.completion for s in Engine(model, config).generate(prompts, params)]
@@ -108,3 +118,56 @@ def test_every_step_input_reaches_the_device_in_one_copy(tiny):
     assert stats.preemptions > 0 and stats.continued_chunks > 0  # mixed steps, chunks, recomputation
     assert staging.uploads == stats.steps  # one copy a step
     assert staging.host.numel() > 16
+
+
+def _outcome(seqs) -> list[tuple]:  # noqa: ANN001
+    return [(s.completion, s.finish_reason, s.stop_text_cut) for s in seqs]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        EngineConfig(max_num_seqs=6, max_num_batched_tokens=64, kv_cache_memory=8 << 20),
+        # preemption (recomputation), chunked prefill, prefix cache hits
+        EngineConfig(max_num_seqs=6, max_num_batched_tokens=20, kv_cache_memory=40 << 10, block_size=4),
+        EngineConfig(max_num_seqs=6, max_num_batched_tokens=64, kv_cache_memory=8 << 20, cuda_graphs=True),
+    ],
+    ids=["plain", "preempting-chunked", "static-decode"],
+)
+def test_a_step_ahead_gives_the_step_by_step_tokens_and_stops(tiny, config, monkeypatch):
+    from dataclasses import replace
+
+    from hpcinfer.tasks.generate.staging import InFlightTokens
+
+    model, prompts, tokenizer = tiny
+    shared = prompts[0][:9]
+    prompts = [*prompts, *(shared + p[1:4] for p in prompts[1:4])]  # shared prefixes for the cache
+    first = Engine(model, config).generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    greedy = [s.completion for s in first]
+    # stops drawn from what the model says, so that they do end sequences mid-answer
+    params = []
+    for i, answer in enumerate(greedy):
+        kind = i % 4
+        if kind == 0:
+            params.append(SamplingParams(max_tokens=20, stop_token_ids=(answer[7],)))
+        elif kind == 1:
+            params.append(SamplingParams(max_tokens=20, stop=(tokenizer.decode(answer[5:7]),)))
+        elif kind == 2:
+            params.append(SamplingParams(max_tokens=3 + i, temperature=1.0, top_p=0.9, seed=i))
+        else:
+            params.append(SamplingParams(max_tokens=20, temperature=0.8, top_k=20))  # unseeded: from the run's seed
+    fills = []
+    fill = InFlightTokens.fill
+    monkeypatch.setattr(InFlightTokens, "fill", lambda self, ids, rows: fills.append(1) or fill(self, ids, rows))
+    decode = tokenizer.decode
+    step_by_step = Engine(model, replace(config, ahead=False), decode=decode)
+    want = _outcome(step_by_step.generate(prompts, params))
+    assert not fills
+    ahead = Engine(model, replace(config, ahead=True), decode=decode)
+    got = _outcome(ahead.generate(prompts, params))
+    assert got == want
+    assert len(fills) > 10  # decodes really took their input from the step still in flight
+    assert {r for _, r, _ in got} == {"stop", "length"}
+    assert ahead.blocks.num_used == 0 and not ahead.has_work
+    if config.kv_cache_memory == 40 << 10:
+        assert ahead.stats.preemptions > 0 and ahead.stats.continued_chunks > 0 and ahead.stats.cached_tokens > 0

@@ -164,3 +164,33 @@ class CudaStepTimer:
         assert isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event)
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
+
+
+class _CudaPending:
+    def __init__(self, host: torch.Tensor, event: torch.cuda.Event) -> None:
+        self.host, self.event = host, event
+
+    def values(self) -> list[int]:
+        self.event.synchronize()
+        return self.host.tolist()
+
+
+class CudaReadback:
+    """Device values copied into pinned host buffers, two in turn (device/readback.py).
+
+    NOTE: two, because a step's values are read after the next step's copy has begun: a buffer
+    is written again only once its values were read.
+    """
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.device = device
+        self._buffers = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._turn = 0
+
+    def start(self, values: torch.Tensor) -> _CudaPending:
+        host = self._buffers[self._turn][: values.numel()]
+        self._turn ^= 1
+        host.copy_(values, non_blocking=True)
+        event = new_event()
+        event.record(torch.cuda.current_stream(self.device))
+        return _CudaPending(host, event)

@@ -23,7 +23,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from .sequence import Sequence
+from .sequence import PENDING, Sequence
 
 ROOT = b""  # the parent key of a sequence's first block
 
@@ -133,7 +133,9 @@ class BlockManager:
         """Appends the blocks `seq` needs; the caller checked `can_grow`.
 
         With prefix caching the blocks this growth fills get their keys now (the tokens are
-        known) and become findable once the step has written them (`commit`).
+        known) and become findable once the step has written them (`commit`). NOTE: a block that
+        holds a PENDING token (sampled, not yet read back) gets its key at a later growth, once
+        the token is known; the blocks after it wait too, since a key names its parent.
         """
         n = self.needed(seq, num_new_tokens)
         if n > self.num_free:
@@ -144,8 +146,11 @@ class BlockManager:
             return
         bs, full = self.block_size, (seq.num_computed + num_new_tokens) // self.block_size
         for i in range(len(seq.block_keys), full):
+            tokens = seq.tokens[i * bs : (i + 1) * bs]
+            if PENDING in tokens:
+                break
             parent = seq.block_keys[-1] if seq.block_keys else ROOT
-            key = block_key(parent, seq.tokens[i * bs : (i + 1) * bs])
+            key = block_key(parent, tokens)
             seq.block_keys.append(key)
             self._planned.append((key, seq.block_table[i]))
             self._pending.add(key)

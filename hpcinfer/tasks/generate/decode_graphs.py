@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ...models.llama import DecoderConfig, LlamaDecoder
 from .kv_cache import KVCache, KVLayout
 from .scheduler import Chunk
+from .staging import InFlightTokens
 
 
 def graph_peak(
@@ -157,12 +158,15 @@ class DecodeGraphs:
         self.grid = [(r, w) for r in self.row_buckets for w in self.width_buckets if r * w <= cache.num_blocks]
         rows, width = self.row_buckets[-1], self.width_buckets[-1]
         # Host staging (pinned on CUDA) and the static device buffers every graph reads.
+        # NOTE: two host buffers in turn, as in staging.StepStaging: with the engine a step ahead,
+        # a step's copy may still be queued when the next step is filled.
         pin = device.type == "cuda"
-        self._host = torch.zeros(4 * rows + rows * width, dtype=torch.int64, pin_memory=pin)
-        self._host_np = self._host.numpy()
-        self._static = torch.zeros(4 * rows + rows * width, dtype=torch.int64, device=device)
-        self.ids, self.positions, self.slots, self.lens = self._static[: 4 * rows].view(4, rows)
-        self.tables = self._static[4 * rows :].view(rows, width)
+        size = 5 * rows + rows * width
+        self._hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self._static = torch.zeros(size, dtype=torch.int64, device=device)
+        self.ids, self.positions, self.slots, self.lens, self.from_ahead = self._static[: 5 * rows].view(5, rows)
+        self.tables = self._static[5 * rows :].view(rows, width)
         self.logits = torch.zeros(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
         self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens, kernel)
         self._pad_all()
@@ -179,11 +183,11 @@ class DecodeGraphs:
 
     def _pad_all(self) -> None:
         """Every row a padding row: what the buffers hold during warm-up and capture."""
-        host = self._host_np
+        host = self._hosts[0]
         rows = self.row_buckets[-1]
-        host[: 4 * rows].reshape(4, rows)[:] = [[0], [0], [self.scratch_block * self.block_size], [1]]
-        host[4 * rows :] = self.scratch_block
-        self._static.copy_(self._host)
+        host[: 5 * rows].view(5, rows)[:] = torch.tensor([[0], [0], [self.scratch_block * self.block_size], [1], [-1]])
+        host[5 * rows :] = self.scratch_block
+        self._static.copy_(host)
 
     def bucket(self, n: int, width: int) -> tuple[int, int] | None:
         """The (rows, width) bucket of a decode step, or None when it is larger than all of them."""
@@ -214,8 +218,10 @@ class DecodeGraphs:
             self.graphs[(rows, width)] = graph
         torch.cuda.synchronize()
 
-    def run(self, decodes: list[Chunk]) -> torch.Tensor | None:
+    def run(self, decodes: list[Chunk], ahead: InFlightTokens | None = None) -> torch.Tensor | None:
         """Logits [n, vocab] float32 for a pure-decode step, in `decodes` order; None if no bucket fits.
+
+        `ahead`: the step in flight, whose sampled tokens are the inputs still PENDING here.
 
         NOTE: the result is a view of the static output: the caller samples from it before the
         next step replays over it.
@@ -226,7 +232,9 @@ class DecodeGraphs:
         if fit is None:
             return None
         rows, width = fit
-        self._fill(decodes, rows, width)
+        if self._fill(decodes, rows, width, ahead):
+            assert ahead is not None
+            self.ids[:rows].copy_(ahead.fill(self.ids[:rows], self.from_ahead[:rows]))
         graph = self.graphs.get(fit)
         if graph is not None:
             graph.replay()
@@ -236,21 +244,26 @@ class DecodeGraphs:
             self.eager_runs += 1
         return self.logits[:n]
 
-    def _fill(self, decodes: list[Chunk], rows: int, width: int) -> None:
-        """Real rows first, padding rows after; tables padded with the scratch block; one copy to the device."""
+    def _fill(self, decodes: list[Chunk], rows: int, width: int, ahead: InFlightTokens | None) -> bool:
+        """Real rows first, padding rows after; tables padded with the scratch block; one copy to the
+        device. True when some input is still in flight (`from_ahead` says where to take it)."""
         bs, n, full_rows = self.block_size, len(decodes), self.row_buckets[-1]
-        host = self._host_np
-        ids, pos, slots, lens = host[: 4 * full_rows].reshape(4, full_rows)
-        tables = host[4 * full_rows :].reshape(full_rows, -1)
+        buffer = self._hosts[self._turn]
+        self._turn ^= 1
+        host = buffer.numpy()
+        ids, pos, slots, lens, from_ahead = host[: 5 * full_rows].reshape(5, full_rows)
+        tables = host[5 * full_rows :].reshape(full_rows, -1)
         tables[:rows, :width] = self.scratch_block
         for row, chunk in enumerate(decodes):
             seq, p = chunk.seq, chunk.start
             table = seq.block_table
             ids[row], pos[row], lens[row] = seq.tokens[p], p, p + 1
+            from_ahead[row] = -1 if ahead is None else ahead.index_of(seq, p)
             slots[row] = table[p // bs] * bs + p % bs
             tables[row, : len(table)] = table
-        ids[n:rows], pos[n:rows], lens[n:rows] = 0, 0, 1
+        ids[n:rows], pos[n:rows], lens[n:rows], from_ahead[n:rows] = 0, 0, 1, -1
         slots[n:rows] = self.scratch_block * bs
         # NOTE: one host-to-device copy of the whole staging area; rows and columns outside the
         # bucket are never read by its graph.
-        self._static.copy_(self._host, non_blocking=True)
+        self._static.copy_(buffer, non_blocking=True)
+        return bool((from_ahead[:n] >= 0).any())

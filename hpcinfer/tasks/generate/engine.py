@@ -4,6 +4,11 @@ plan = scheduler.schedule()          # torch-free: which tokens of which sequenc
 logits = runner.run(plan)            # the device: KV writes + paged attention + LM head
 tokens = sampler.sample(logits, ..)  # batched, per-request generators
 scheduler.update(plan, tokens)       # progress, then stop checks free blocks at once
+
+A step ahead (on CUDA by default), the host launches step N+1 before it reads step N's tokens:
+step N's sampled tokens stay on the device and feed step N+1's decodes, the sequences hold a
+PENDING token meanwhile, and a sequence that ends with a token of step N has its step N+1 output
+dropped. Sequences, tokens and stops are exactly those of the step-by-step loop.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...device.readback import Readback, readback
 from ...device.step_timer import step_timer
 from ...errors import ConfigError
 from ...models.llama import LlamaDecoder
@@ -22,8 +28,9 @@ from .decode_graphs import graph_peak
 from .kv_cache import KVCache, KVLayout, size_pool
 from .runner import ModelRunner
 from .sampling import Sampler
-from .scheduler import Scheduler
-from .sequence import SamplingParams, Sequence
+from .scheduler import Scheduler, StepPlan
+from .sequence import PENDING, SamplingParams, Sequence, Status
+from .staging import InFlightTokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +46,24 @@ class EngineConfig:
     # Pure-decode steps in static shapes (decode_graphs.py): CUDA graphs on CUDA, the same path run
     # eagerly on CPU. NOTE: it reserves the pool's last block as the padding rows' scratch block.
     cuda_graphs: bool = False
+    # One step ahead: the host plans step N+1 while the device runs step N (the tokens of step N
+    # reach step N+1's inputs on the device). None: on CUDA, where the host and device overlap.
+    ahead: bool | None = None
     attention: str = "auto"  # auto | torch | flash-attn | triton (attention.py, chosen once at start-up)
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A step issued to the device whose tokens the host has not read back yet."""
+
+    plan: StepPlan
+    sampling: list[Sequence]  # the sequences that sample, in plan order
+    tokens: InFlightTokens | None  # their tokens, on the device
+    readback: Readback | None  # the same tokens on their way to the host
+    marks: list[object]  # step timer: before the forward, after it, after sampling
+    gathered: float  # attention gather seconds (the CPU path)
+    t0: float  # when its planning began
+    host_s: float  # host seconds spent launching it
 
 
 @dataclass(slots=True)
@@ -118,6 +142,9 @@ class Engine:
         )
         self.sampler = Sampler(device, config.seed)
         self.timer = step_timer(device)
+        self.readback = readback(device, config.max_num_seqs)
+        self.ahead = config.ahead if config.ahead is not None else device.type == "cuda"
+        self._in_flight: _Launched | None = None
         self.eos = frozenset(eos_token_ids)
         self.decode = decode
         self.trace_steps = trace_steps
@@ -138,27 +165,63 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     def step(self) -> list[Sequence]:
-        """One engine step; returns the sequences that finished in it."""
-        stats, t0 = self.stats, time.perf_counter()
+        """One engine step; returns the sequences that finished in it.
+
+        A step ahead (`ahead`), it launches this step and then reads the previous one's tokens
+        back: the host plans and prepares step N+1 while the device runs step N. Otherwise it
+        reads this step's tokens back at once.
+        """
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
-        if not plan.chunks:
+        launched = None
+        if plan.chunks:
+            launched = self._launch(plan, t0)
+        elif self._in_flight is None:
             raise RuntimeError("the scheduler planned an empty step with work queued")
+        if not self.ahead:
+            assert launched is not None
+            return self._resolve(launched)
+        previous, self._in_flight = self._in_flight, launched
+        return self._resolve(previous) if previous is not None else []
+
+    def _launch(self, plan: StepPlan, t0: float) -> _Launched:
+        """Issues the step (forward, sampling, the tokens' copy back) and records it as PENDING tokens."""
         gather0 = self.runner.attention.gather_s
         t1 = time.perf_counter()
         marks = [self.timer.mark()]
-        logits = self.runner.run(plan)
+        ahead = self._in_flight.tokens if self._in_flight is not None else None
+        logits = self.runner.run(plan, ahead)
         marks.append(self.timer.mark())
         sampling = [c.seq for c in plan.chunks if c.samples]
-        tokens = self.sampler.sample(logits, sampling) if sampling else []
+        tokens = self.sampler.sample_on_device(logits, sampling) if sampling else None
         marks.append(self.timer.mark())
-        t3 = time.perf_counter()
-        self.scheduler.update(plan, tokens)
-        finished = [seq for seq in sampling if self._check_stop(seq, t3)]
-        t4 = time.perf_counter()
+        readback = self.readback.start(tokens) if tokens is not None else None
+        self.scheduler.advance(plan)
+        for seq in sampling:  # NOTE: known now, whatever the token: nothing more to schedule for it
+            seq.draining = seq.num_completion >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        in_flight = InFlightTokens(tokens, sampling) if tokens is not None else None
         gathered = self.runner.attention.gather_s - gather0
+        return _Launched(plan, sampling, in_flight, readback, marks, gathered, t0, time.perf_counter() - t1)
+
+    def _resolve(self, step: _Launched) -> list[Sequence]:
+        """Reads a launched step's tokens back, fills them in, checks stops; returns who finished."""
+        stats, t3 = self.stats, time.perf_counter()
+        values = step.readback.values() if step.readback is not None else []
+        now = time.perf_counter()
+        finished = []
+        for seq, token in zip(step.sampling, values, strict=True):
+            if seq.status is Status.FINISHED:
+                continue  # it ended with a token of the step before; this one's token is void
+            # the first PENDING token: the last, or the one before it when the next step's is pending too
+            at = len(seq.tokens) - (2 if len(seq.tokens) > 1 and seq.tokens[-2] == PENDING else 1)
+            seq.tokens[at] = token
+            if self._check_stop(seq, at, now):
+                finished.append(seq)
+        t4 = time.perf_counter()
+        plan = step.plan
         stats.steps += 1
         stats.prefill_tokens += plan.prefill_tokens
         stats.decode_tokens += len(plan.decodes)
@@ -168,30 +231,34 @@ class Engine:
         stats.evictions = self.blocks.evictions
         stats.peak_blocks = self.blocks.peak_used
         stats.occupancy_sum += len(plan.chunks) / self.config.max_num_seqs
-        stats.host_s += (t1 - t0) + (t4 - t3)
-        stats.model_s += self.timer.seconds(marks[0], marks[1]) - gathered
-        stats.gather_s += gathered
-        stats.sample_s += self.timer.seconds(marks[1], marks[2])
+        stats.host_s += step.host_s + (t4 - t3)
+        stats.model_s += self.timer.seconds(step.marks[0], step.marks[1]) - step.gathered
+        stats.gather_s += step.gathered
+        stats.sample_s += self.timer.seconds(step.marks[1], step.marks[2])
         if self.trace_steps:
-            stats.step_trace.append((t0, t4, plan.prefill_tokens, len(plan.decodes)))
+            stats.step_trace.append((step.t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished
 
-    def _check_stop(self, seq: Sequence, now: float) -> bool:
+    def _check_stop(self, seq: Sequence, at: int, now: float) -> bool:
+        """Whether the token at `at` (just read back) ends `seq`; if so it ends there.
+
+        NOTE: a step ahead, a later PENDING token may follow it: an ending drops it."""
         if seq.first_token_s is None:
             seq.first_token_s = now
-        params, token = seq.params, seq.tokens[-1]
+        params, token = seq.params, seq.tokens[at]
         reason = None
         if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
             reason = "stop"
         elif params.stop and self.decode is not None:
-            text = self.decode(seq.completion)
+            text = self.decode(seq.tokens[seq.num_prompt : at + 1])
             cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
             if cuts:
                 seq.stop_text_cut, reason = min(cuts), "stop"
-        if reason is None and (seq.num_completion >= params.max_tokens or seq.num_tokens >= self.max_model_len):
+        if reason is None and (at + 1 - seq.num_prompt >= params.max_tokens or at + 1 >= self.max_model_len):
             reason = "length"
         if reason is None:
             return False
+        del seq.tokens[at + 1 :]
         seq.finish_s = now
         self.scheduler.finish(seq, reason)
         self.sampler.release(seq)

@@ -16,7 +16,7 @@ from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
 from .scheduler import StepPlan
-from .staging import StepStaging
+from .staging import InFlightTokens, StepStaging
 
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
 MIN_GROUP = 16
@@ -62,6 +62,7 @@ class ModelRunner:
         self._lens = np.zeros(max_num_seqs, dtype=np.int64)
         self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
         self._widths = np.zeros(max_num_seqs, dtype=np.int64)
+        self._from_ahead = np.zeros(max_num_seqs, dtype=np.int64)  # a decode's input: its row in the step ahead
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
         # NOTE: sized for tables of up to 64 blocks a sequence; it grows on the first longer steps.
         self.staging = StepStaging(self.device, 3 * tokens + 2 * max_num_seqs * (1 + min(self.max_blocks, 64)))
@@ -74,7 +75,9 @@ class ModelRunner:
                 model, cache, scratch_block, max_num_seqs, self.max_blocks, self.vocab_chunk, capture, kernel
             )
 
-    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
+    def prepare(
+        self, plan: StepPlan, ahead: InFlightTokens | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
         """ids [T], positions [T], the attention batch, and the flat index of each sampling token.
 
         The host fills its index arrays, then every one of them goes to the device in one copy
@@ -88,6 +91,7 @@ class ModelRunner:
         for row, i in enumerate(order):
             seq, p = plan.decodes[i].seq, plan.decodes[i].start
             self._ids[row] = seq.tokens[p]
+            self._from_ahead[row] = -1 if ahead is None else ahead.index_of(seq, p)
             self._pos[row] = p
             self._slots[row] = seq.block_table[p // bs] * bs + p % bs
             self._tables[row, : len(seq.block_table)] = seq.block_table
@@ -115,8 +119,10 @@ class ModelRunner:
         bounds = [] if in_place else self._group_bounds(nd)
         group_tables = [self._tables[s:e, : self._widths[e - 1]] for s, e in bounds]
         kernel = self._kernel_arrays(nd, spans, tables) if in_place else []
-        ids, pos, slots, sample_at, lens, *rest = self.staging.send(
+        pending = ahead is not None and bool((self._from_ahead[:nd] >= 0).any())
+        from_ahead, ids, pos, slots, sample_at, lens, *rest = self.staging.send(
             [
+                self._from_ahead[: nd if pending else 0],
                 self._ids[:offset],
                 self._pos[:offset],
                 self._slots[:offset],
@@ -127,6 +133,9 @@ class ModelRunner:
                 *kernel,
             ]
         )
+        if pending:
+            assert ahead is not None
+            ids[:nd] = ahead.fill(ids[:nd], from_ahead)
         blocks = rest[: len(bounds) + len(tables)]
         groups = [self._decode_group(s, e, lens, b) for (s, e), b in zip(bounds, blocks, strict=False)]
         segments = [
@@ -193,12 +202,15 @@ class ModelRunner:
         return PrefillSegment(offset, n, start, blocks, keys[None, :] <= queries[:, None])
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan) -> torch.Tensor:
-        """Runs one step; returns float32 logits [S, vocab] for the sampling chunks."""
+    def run(self, plan: StepPlan, ahead: InFlightTokens | None = None) -> torch.Tensor:
+        """Runs one step; returns float32 logits [S, vocab] for the sampling chunks.
+
+        `ahead`: the step still in flight, whose sampled tokens (on the device) are the inputs of
+        this step's decodes that have them PENDING."""
         if self.graphs is not None and not plan.prefills:
-            logits = self.graphs.run(plan.decodes)  # every decode samples, in plan order
+            logits = self.graphs.run(plan.decodes, ahead)  # every decode samples, in plan order
             if logits is not None:
                 return logits
-        ids, positions, batch, sample_at = self.prepare(plan)
+        ids, positions, batch, sample_at = self.prepare(plan, ahead)
         hidden = self.model(ids, positions, self.attention.bind(batch))
         return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)

@@ -36,6 +36,13 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
         """logits [S, vocab] float32, one row per sequence in `seqs` -> S token ids."""
+        return self.sample_on_device(logits, seqs).tolist()
+
+    def sample_on_device(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
+        """The S token ids as a tensor on the logits' device, without waiting for them (greedy rows).
+
+        NOTE: rows that draw still wait on the device now and then (a top-k/top-p row's bound,
+        parameters copied up): a step ahead keeps its overlap for greedy rows."""
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:
@@ -45,7 +52,7 @@ class Sampler:
                 # One draw from this row's own generator: the result never depends on the batch.
                 pick = draw(weights, self._generator(seqs[i]))
                 tokens[i] = pick if ids is None else ids[pick]
-        return tokens.tolist()
+        return tokens
 
 
 RACE_BLOCK = 256  # a full vocabulary races in blocks: one arrival per block, then one per token of the winner

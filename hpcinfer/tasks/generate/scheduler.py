@@ -11,6 +11,10 @@ running list and the free blocks:
    waits a step for it rather than computing it twice.
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it goes back to the front of its priority's queue.
+
+When the engine runs a step ahead (`advance`, then the tokens arrive a step later), a sequence
+whose last token is still on its way decodes it from the device; one that ends by length with
+that token (`draining`) is not scheduled again, nor preempted.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .sequence import Sequence, Status
+from .sequence import PENDING, Sequence, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ class Scheduler:
             for seq in [s for s in self.running if s.is_decode == decode_phase]:
                 if budget == 0:
                     break
-                if seq.status is not Status.RUNNING:  # preempted earlier in this step
+                if seq.status is not Status.RUNNING or seq.draining:  # preempted earlier in this step, or done
                     continue
                 n = 1 if decode_phase else min(seq.remaining, budget)
                 if not self._make_room(seq, n, plan):
@@ -138,7 +142,7 @@ class Scheduler:
         """
         while not self.blocks.can_grow(seq, n):
             scheduled = {id(c.seq) for c in plan.chunks}
-            victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
+            victim = next(s for s in reversed(self.running) if id(s) not in scheduled and not s.draining)
             self._preempt(victim)
             plan.preempted.append(victim)
             if victim is seq:
@@ -185,18 +189,33 @@ class Scheduler:
         sequences that received a token (the caller decides which of them finished).
         """
         tokens = iter(sampled)
+        grown = self.advance(plan)
+        for seq in grown:
+            seq.tokens[-1] = next(tokens)
+        return grown
+
+    def advance(self, plan: StepPlan) -> list[Sequence]:
+        """Records a step whose tokens are not known yet: computed tokens advance and each sampling
+        chunk's sequence gets a PENDING token, filled in when the step's tokens arrive. Returns
+        those sequences, in `plan.chunks` order."""
         grown = []
         for chunk in plan.chunks:
             chunk.seq.num_computed += chunk.length
             if chunk.samples:
-                chunk.seq.tokens.append(next(tokens))
+                chunk.seq.tokens.append(PENDING)
                 grown.append(chunk.seq)
         self.blocks.commit()
         return grown
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Ends `seq` now: its blocks are free for the next step's admissions."""
-        self.running.remove(seq)
+        """Ends `seq` now: its blocks are free for the next step's admissions.
+
+        NOTE: a sequence preempted while its last token was on its way may end from the queue.
+        """
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason

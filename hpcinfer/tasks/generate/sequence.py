@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
+
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -74,6 +76,8 @@ class Sequence:
     first_token_s: float | None = None
     finish_s: float | None = None
     stop_text_cut: int | None = None  # characters of the decoded completion to keep after a stop string
+    # Its last token (maybe still PENDING) ends it by length: nothing more is scheduled for it.
+    draining: bool = False
 
     def __post_init__(self) -> None:
         if not self.num_prompt:

@@ -5,15 +5,18 @@ packed back to back into the host buffer and copied with one asynchronous host-t
 what comes back are device views shaped as the arrays. A copy from pageable memory would block
 the host and cost a launch per array; from pinned memory the host goes straight on.
 
-NOTE: one buffer is enough: a step's copy is enqueued before its forward, and the host reads that
-step's sampled tokens back (which waits for both) before it fills the buffer for the next step.
-On the CPU nothing is copied: the views are the host buffer itself.
+NOTE: two host buffers, in turn: with the engine a step ahead, the host fills step N+1's inputs
+while step N's copy may still wait behind step N-1 on the device; by the time it fills step N+2's
+(the same buffer as step N's) it has read step N's tokens back, which came after that copy. On
+the CPU nothing is copied: the views are the host buffer itself.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from .sequence import Sequence
 
 
 class StepStaging:
@@ -24,8 +27,10 @@ class StepStaging:
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
-        self.host = torch.zeros(capacity, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._host_np = self.host.numpy()
+        pin = self.device.type == "cuda"
+        self._hosts = [torch.zeros(capacity, dtype=torch.int64, pin_memory=pin) for _ in range(2 if self.copy else 1)]
+        self._turn = 0
+        self.host = self._hosts[0]
         self.on_device = torch.zeros(capacity, dtype=torch.int64, device=self.device) if self.copy else self.host
 
     def send(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
@@ -33,12 +38,37 @@ class StepStaging:
         total = sum(a.size for a in arrays)
         if total > self.host.numel():  # NOTE: rare (the first steps size it); grown, never shrunk
             self._allocate(max(total, 2 * self.host.numel()))
+        self.host = self._hosts[self._turn]
+        self._turn = (self._turn + 1) % len(self._hosts)
+        host_np = self.host.numpy()
         spans, offset = [], 0
         for array in arrays:
-            self._host_np[offset : offset + array.size] = array.reshape(-1)
+            host_np[offset : offset + array.size] = array.reshape(-1)
             spans.append((offset, array.shape))
             offset += array.size
         if self.copy:
             self.on_device[:offset].copy_(self.host[:offset], non_blocking=True)
             self.uploads += 1
         return [self.on_device[start : start + int(np.prod(shape))].view(shape) for start, shape in spans]
+
+
+class InFlightTokens:
+    """The sampled tokens of the step in flight, on the device, as inputs for the step after it.
+
+    A decode whose input token is still PENDING takes it from here by its row (`index_of`);
+    `fill` puts those tokens into the step's ids on the device, so the host never waits for them.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seqs: list[Sequence]) -> None:
+        self.tokens = tokens  # [S] int64 on the device
+        self._row = {id(seq): row for row, seq in enumerate(seqs)}
+
+    def index_of(self, seq: Sequence, position: int) -> int:
+        """The row of the token at `position` of `seq` among the tokens in flight, or -1 if it is known."""
+        if seq.tokens[position] >= 0:
+            return -1
+        return self._row[id(seq)]
+
+    def fill(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """ids [n] with each entry whose row is >= 0 replaced by that token in flight."""
+        return torch.where(rows >= 0, self.tokens[rows.clamp(min=0)], ids)
