@@ -121,6 +121,14 @@ def test_triton_is_refused_on_cpu_and_auto_keeps_torch_there():
     assert "power of two" in triton_problem(KVLayout(1, 2, 8, 24, torch.float32), torch.device("cuda"))
 
 
+def test_auto_on_cuda_reads_blocks_in_place_where_flash_attn_cannot_run(monkeypatch):
+    # the gather path runs SDPA's math kernel on CUDA (a mask with GQA): K/V repeated per head in float32
+    monkeypatch.setattr(attention_module, "flash_attn_problem", lambda layout, device: "not installed")
+    layout = KVLayout(16, 8, 64, 16, torch.bfloat16)
+    assert attention_kind("auto", layout, torch.device("cuda")) == "triton"
+    assert attention_kind("auto", KVLayout(16, 8, 64, 24, torch.bfloat16), torch.device("cuda")) == "torch"
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static-decode"])
 def test_the_triton_path_gives_the_torch_paths_tokens(tmp_path, monkeypatch, static):
     monkeypatch.setattr(attention_module, "triton_problem", lambda layout, device: None)  # interpreted on the CPU

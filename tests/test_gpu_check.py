@@ -82,3 +82,20 @@ def test_one_visible_gpu_is_said_not_to_be_a_multi_device_result(monkeypatch, ca
     monkeypatch.setattr(multi_device_check, "hpcinfer", lambda *a: subprocess.CompletedProcess(a, 1, "", "no GPU"))
     assert multi_device_check.main(["--model", "unused", "--rows", "1"]) == 1
     assert "--devices all is cuda:0 alone" in capsys.readouterr().out
+
+
+def test_the_gpu_embedding_benchmark_runs_steady_work_for_every_setting(monkeypatch):
+    # the sample corpus is 3,000 rows: on a GPU one pass is mostly start-up and drain
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_embed import Corpus, parse_variants, tiled
+
+    corpus = tiled(Corpus(["a", "b", "c"], ["x", "y", "z"], True, BENCH), 4)
+    assert corpus.texts == ["a", "b", "c"] * 4 and corpus.ids == list(range(12)) and not corpus.has_ids
+    assert parse_variants("streams=1,graphs=0;streams=2,graphs=1") == [
+        {"streams": 1, "graphs": 0},
+        {"streams": 2, "graphs": 1},
+    ]
+    script = (BENCH / "gpu_check.sh").read_text()
+    gpu_size = script[script.index("DEVICE=cuda") :]
+    assert "--tile 40" in gpu_size and "--repeats 2" in gpu_size  # 120,000 rows, two rounds
+    assert "streams=1,graphs=0;streams=2,graphs=0;streams=2,graphs=1" in gpu_size
