@@ -67,7 +67,9 @@ def test_static_decode_gives_the_normal_paths_tokens(tiny, config):
 
 def test_padding_rows_write_only_the_scratch_block(tiny):
     model, prompts = tiny
-    engine = Engine(model, EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, cuda_graphs=True))
+    engine = Engine(
+        model, EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, kv_cache_memory=16 << 20, cuda_graphs=True)
+    )
     graphs, cache, bs = engine.runner.graphs, engine.cache, engine.cache.layout.block_size
     seqs = [engine.add(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in prompts[:3]]
     engine.step()  # the three prompts' prefill, on the normal path
