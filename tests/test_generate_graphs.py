@@ -151,7 +151,7 @@ def test_with_graphs_the_kv_pool_leaves_room_for_the_largest_decode_bucket(tiny,
     assert used_after <= free * CUDA_DEFAULT_FRACTION
     # a bound, not a wild guess: most of the budget is used (the bound assumes CUDA math kernel copies
     # the CPU one may skip)
-    assert used_after >= 0.6 * free * CUDA_DEFAULT_FRACTION
+    assert used_after >= 0.5 * free * CUDA_DEFAULT_FRACTION
     # the bound holds for every pool size, not only where the sizing landed
     peak = pool_reserve(model, config)
     for blocks in (64, 300, 1024, 5000):
