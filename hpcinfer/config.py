@@ -57,6 +57,12 @@ class DeviceConfig:
     threads: int | None = None  # CPU intra-op threads; None keeps torch's default
     devices: str | None = None  # several devices, one replica each: "cuda:0,cuda:1", "all", "cpu,cpu"
     dispatch: str = "tokens"  # which replica gets a batch: fewest outstanding tokens, or round_robin
+    # Circuit breakers (place/breaker.py), generation on several local devices: failures within the
+    # window that open a device's breaker, its cool-down, and the time after which a step is a hang.
+    breaker_failures: int = 2
+    breaker_window: float = 600.0
+    breaker_cooldown: float = 30.0
+    step_timeout: float | None = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,3 +52,15 @@ class StageError(Exception):
         self.stage = stage
         self.cause = cause
         super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")
+
+
+class DevicesFailed(StageError):
+    """Every device of a run failed (each one's circuit breaker is open): the run cannot go on."""
+
+    def __init__(self, failures: dict[str, str], cause: BaseException) -> None:
+        super().__init__(", ".join(failures), cause)
+        each = "; ".join(f"{stage}: {error}" for stage, error in failures.items())
+        self.args = (f"every device failed: {each}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])

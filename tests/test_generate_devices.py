@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.errors import ConfigError, StageError
+from hpcinfer.errors import ConfigError, DevicesFailed
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.profile import RecordingRanges
 from hpcinfer.obs.progress import Progress
@@ -147,18 +147,88 @@ def _committed_windows(manifest: Path) -> int:
     return len(json.loads(manifest.read_text())["windows"]) if manifest.exists() else 0
 
 
-def test_an_engine_that_fails_names_its_device_and_committed_windows_resume(rows_file, ckpt, tmp_path, one_device):
+def test_every_engine_failing_names_each_device_and_committed_windows_resume(rows_file, ckpt, tmp_path, one_device):
     out = tmp_path / "out.jsonl"
     cfg = config(rows_file, out, ckpt, "cpu,cpu")
-    with pytest.raises(StageError, match=r"stage 'engine@cpu#1' failed: RuntimeError: device lost"):
-        lost = _LostAfter(25, once_committed=Path(f"{out}.parts") / "manifest.json")  # about half its steps
-        run_generate(cfg, step_hooks={"cpu#1": lost})
-    manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
+    manifest_path = Path(f"{out}.parts") / "manifest.json"
+    with pytest.raises(
+        DevicesFailed,
+        match=r"every device failed: engine@cpu#0: RuntimeError: device lost; "
+        r"engine@cpu#1: RuntimeError: device lost",
+    ):
+        hooks = {label: _LostAfter(12, once_committed=manifest_path) for label in ("cpu#0", "cpu#1")}
+        run_generate(cfg, step_hooks=hooks)
+    manifest = json.loads(manifest_path.read_text())
     assert 0 < len(manifest["windows"]) < 10, "windows committed before the failure are kept"
     assert not out.exists()
     report = run_generate(replace(cfg, output=replace(cfg.output, resume=True)))
     assert report.rows_resumed == sum(w["rows"] for w in manifest["windows"]) > 0
     assert _texts(out) == one_device[0]
+
+
+def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "out.jsonl"
+    lost = _LostAfter(6)  # and every step after: its breaker opens on the second failure
+    report = run_generate(config(rows_file, out, ckpt, "cpu,cpu,cpu"), step_hooks={"cpu#1": lost})
+    assert _texts(out) == one_device[0]  # greedy, seeded and unseeded answers unchanged, byte for byte
+    opened = [t for t in report.device_faults if t["state"] == "open"]
+    assert [t["device"] for t in opened] == ["cpu#1"] and "device lost" in opened[0]["reason"]
+    assert report.moved_prompts.get("cpu#1", 0) > 0
+    assert sum(d["rows"] for d in report.devices) == report.rows
+    console = Console(file=io.StringIO(), width=200)
+    report.render(console)
+    assert "device cpu#1 at" in console.file.getvalue() and "prompts moved" in console.file.getvalue()
+
+
+class _FailsThenRecovers:
+    """Two failing steps (the breaker opens), then a healthy device again."""
+
+    def __init__(self, after: int) -> None:
+        self.step, self.after = 0, after
+
+    def __call__(self) -> None:
+        self.step += 1
+        if self.after < self.step <= self.after + 2:
+            raise RuntimeError("transient fault")
+
+
+def test_a_device_that_recovers_gets_work_again_after_the_cooldown(rows_file, ckpt, tmp_path, one_device):
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt, "cpu,cpu")
+    cfg = replace(cfg, device=replace(cfg.device, breaker_cooldown=0.2))
+    slow_other = _sleep(0.02)  # the healthy device is slower, so the run lasts past the cool-down
+    flaky = _FailsThenRecovers(after=2)
+    report = run_generate(cfg, step_hooks={"cpu#0": slow_other, "cpu#1": flaky})
+    assert _texts(out) == one_device[0]
+    states = [(t["device"], t["state"]) for t in report.device_faults]
+    assert states == [("cpu#1", "open"), ("cpu#1", "half-open"), ("cpu#1", "closed")], report.device_faults
+    closed_at = report.device_faults[-1]["at_s"]
+    assert flaky.step > 4 and report.devices[1]["rows"] > 0  # steps and answers after it recovered
+    assert closed_at > 0
+
+
+def test_a_hung_device_is_given_up_after_the_step_timeout(rows_file, ckpt, tmp_path, one_device):
+    release = threading.Event()
+    steps = {"n": 0}
+
+    def hangs() -> None:
+        steps["n"] += 1
+        if steps["n"] == 4:
+            release.wait(60)  # a step that does not come back (until the test ends)
+
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt, "cpu,cpu")
+    cfg = replace(cfg, device=replace(cfg.device, step_timeout=0.5))
+    try:
+        started = time.perf_counter()
+        report = run_generate(cfg, step_hooks={"cpu#1": hangs})
+        took = time.perf_counter() - started
+    finally:
+        release.set()
+    assert _texts(out) == one_device[0]
+    assert [(t["device"], t["state"]) for t in report.device_faults][:1] == [("cpu#1", "open")]
+    assert "step-timeout" in report.device_faults[0]["reason"] and report.moved_prompts["cpu#1"] > 0
+    assert took < 30  # nothing waited for the hung step
 
 
 def test_kill_9_and_resume_across_two_devices(rows_file, ckpt, tmp_path, one_device):
@@ -187,7 +257,9 @@ def test_devices_of_two_kinds_or_not_cpu_or_cuda_are_refused(rows_file, ckpt, tm
 
 
 def _pool(policy: str, *loads: tuple[int, float, int]) -> EnginePool:
-    workers = [SimpleNamespace(outstanding=o, rate=r, sent=s, outbox=None) for o, r, s in loads]
+    workers = [
+        SimpleNamespace(outstanding=o, rate=r, sent=s, outbox=None, label=f"d{i}") for i, (o, r, s) in enumerate(loads)
+    ]
     return EnginePool(workers, policy)  # type: ignore[arg-type]
 
 
@@ -209,7 +281,7 @@ class _Worker(SimpleNamespace):
 
 
 def test_a_prompt_goes_where_its_prefix_was_sent_unless_the_balance_says_otherwise():
-    workers = [_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None) for _ in range(2)]
+    workers = [_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None, label="d") for _ in range(2)]
     pool = EnginePool(workers, "tokens", prefix_block=4)  # type: ignore[arg-type]
     params = SamplingParams(max_tokens=2)
     shared = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -219,7 +291,7 @@ def test_a_prompt_goes_where_its_prefix_was_sent_unless_the_balance_says_otherwi
     assert [len(w.got) for w in workers] == [2, 1]
     pool.add([*shared, 4], params)  # the prefix's 8 tokens no longer outweigh 23 against 7 outstanding
     assert [len(w.got) for w in workers] == [2, 2]
-    without = EnginePool([_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None) for _ in range(2)])
+    without = EnginePool([_Worker(outstanding=0, rate=100.0, sent=1, got=[], outbox=None, label="d") for _ in range(2)])
     for tokens in ([*shared, 1], [40, 41, 42, 43, 44], [*shared, 2, 3]):
         without.add(tokens, params)
     assert [len(w.got) for w in without.workers] == [1, 2]  # without prefix caching: 11 + 12 > 7 + 12

@@ -15,6 +15,13 @@ says otherwise. `round_robin` deals prompts in turn, by rows,
 for comparison. Every request's seed derives from its input row (or its own `seed`), so the
 answers do not depend on which device ran them. Torch releases the GIL in its ops, so the
 threads overlap; CPU engines split the machine's threads between them.
+
+A device that fails is not the end of the run (place/breaker.py): its engine drops its
+sequences (their K/V is lost) and the pool sends them, by their prompts and seeds, to the others
+(so the answers do not change); its breaker, once open, keeps work away until a cool-down has
+passed. A step that runs past `step_timeout` counts as a hang: the device is opened at once, its
+work moved, and whatever that step returns later is dropped. The run fails only when every
+device is open.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from typing import Any
 
 import torch
 
-from ...errors import HpcinferError, StageError
+from ...errors import DevicesFailed, HpcinferError, StageError
 from ...obs.profile import RangeBackend
+from ...place.breaker import Breaker, BreakerLog, BreakerSettings
 from ...place.dispatch import soonest
 from .block_manager import prefix_keys
 from .engine import Engine, EngineStats
@@ -61,6 +69,18 @@ def tokens_left(seq: Sequence) -> int:
 
 
 @dataclass(slots=True)
+class DeviceFault:
+    """A device's step failed: its engine dropped these sequences (their prompts go elsewhere)."""
+
+    error: BaseException
+    dropped: list[int]  # seq ids
+
+    @property
+    def text(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+@dataclass(slots=True)
 class WorkerStats:
     """One device's figures, written by its thread only (dispatch reads the rate as it goes)."""
 
@@ -78,7 +98,7 @@ class EngineWorker:
         index: int,
         label: str,
         engine: Engine,
-        outbox: queue.Queue[tuple[int, list[Sequence] | BaseException]],
+        outbox: queue.Queue[tuple[int, list[Sequence] | DeviceFault | BaseException]],
         threads: int | None = None,
         hook: Callable[[], None] | None = None,
         ranges: RangeBackend | None = None,
@@ -93,6 +113,8 @@ class EngineWorker:
         self._engine_left = 0  # tokens_left summed over the engine's sequences, after its last step
         self._waiting = 0  # the engine's queue after its last step
         self._closing = False
+        self.epoch = 0  # bumped when the pool gives up on a hung step: what that step returns is dropped
+        self.step_started: float | None = None  # perf_counter seconds, while a step runs
         self._thread = threading.Thread(target=self._run, name=f"engine@{label}", daemon=True)
 
     # --- the job's side -------------------------------------------------------------------------
@@ -121,16 +143,30 @@ class EngineWorker:
         s = self.stats
         return s.computed_tokens / s.busy_s if s.busy_s > 0 else 0.0
 
+    def withdraw(self) -> list[_Prompt]:
+        """Takes back the prompts sent here and not yet in the engine."""
+        with self._cond:
+            prompts, self._inbox, self._inbox_charge = self._inbox, [], 0
+            return prompts
+
+    def abandon(self) -> None:
+        """Gives up on the step that runs now (hung): it, and its engine's sequences, no longer count."""
+        with self._cond:
+            self.epoch += 1
+            self._engine_left = self._waiting = 0
+
     def start(self) -> None:
         self._thread.start()
 
     def close(self, timeout: float = 60.0) -> None:
-        """Stops the thread after its current step (queued prompts are dropped) and waits for it."""
+        """Stops the thread after its current step (queued prompts are dropped) and waits for it
+        (not for a step given up on as hung)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
+            hung = self.step_started is not None and self.epoch > 0
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._thread.join(0.0 if hung else timeout)
 
     # --- the worker thread ----------------------------------------------------------------------
 
@@ -142,7 +178,16 @@ class EngineWorker:
                 torch.set_num_threads(self.threads)
             with torch.inference_mode():  # NOTE: thread-local; the job's own does not reach this thread
                 while self._take():
-                    self._step()
+                    try:
+                        self._step()
+                    except HpcinferError:
+                        raise
+                    except Exception as exc:  # a device fault: the pool moves the work, the thread goes on
+                        self.step_started = None
+                        dropped = [seq.seq_id for seq in self.engine.reset()]
+                        with self._cond:
+                            self._engine_left = self._waiting = 0
+                        self.outbox.put((self.index, DeviceFault(exc, dropped)))
         except BaseException as exc:  # sent to the job loop, which stops the run naming this device
             self.outbox.put((self.index, exc))
 
@@ -164,7 +209,12 @@ class EngineWorker:
         engine, stats = self.engine, self.stats
         prefill, decode = engine.stats.prefill_tokens, engine.stats.decode_tokens
         t0 = time.perf_counter()
+        epoch, self.step_started = self.epoch, t0
         finished = engine_step(engine, self.label, self.hook, self.ranges)  # NOTE: the hook inside the measured time
+        self.step_started = None
+        if epoch != self.epoch:  # given up on as hung: its sequences went elsewhere
+            engine.reset()
+            return
         t1 = time.perf_counter()
         prefill, decode = engine.stats.prefill_tokens - prefill, engine.stats.decode_tokens - decode
         stats.steps += 1
@@ -183,7 +233,14 @@ class EngineWorker:
 class EnginePool:
     """What admission feeds with several devices: `add` dispatches, `finished` collects, `queued` bounds."""
 
-    def __init__(self, workers: list[EngineWorker], policy: str = "tokens", prefix_block: int | None = None) -> None:
+    def __init__(
+        self,
+        workers: list[EngineWorker],
+        policy: str = "tokens",
+        prefix_block: int | None = None,
+        breaker: BreakerSettings | None = None,
+        step_timeout: float | None = None,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
         self.workers = workers
@@ -193,6 +250,12 @@ class EnginePool:
         self.prefix_block = prefix_block  # the KV block size with prefix caching on, else None
         self._homes: OrderedDict[bytes, int] = OrderedDict()  # prefix key -> the device last given it
         self._next = 0
+        self.breaker_log = BreakerLog()
+        self.breakers = [Breaker(w.label, breaker or BreakerSettings(), self.breaker_log) for w in workers]
+        self.step_timeout = step_timeout
+        self.moved = [0] * len(workers)  # prompts moved away from each device after its faults
+        self._ledger: list[dict[int, _Prompt]] = [{} for _ in workers]  # sent, not finished: by seq id
+        self._ids = iter(range(-1, -(1 << 62), -1))  # seq ids for prompts given none (never a row number)
 
     def start(self) -> None:
         for w in self.workers:
@@ -213,17 +276,22 @@ class EnginePool:
     def add(
         self, tokens: list[int], params: SamplingParams, tag: Any = None, seq_id: int | None = None, priority: int = 0
     ) -> None:
-        prompt = _Prompt(list(tokens), params, tag, seq_id, priority)
+        prompt = _Prompt(list(tokens), params, tag, next(self._ids) if seq_id is None else seq_id, priority)
         # NOTE: the last token is always computed, so only blocks before it can be found cached
         keys = prefix_keys(prompt.tokens, self.prefix_block, len(tokens) - 1) if self.prefix_block else []
         chosen = self.choose(prompt.charge, self._known_prefix(keys))
-        self.workers[chosen].submit(prompt)
+        self._send(chosen, prompt)
         self.in_flight += 1
         for key in keys:
             self._homes[key] = chosen
             self._homes.move_to_end(key)
         while len(self._homes) > PREFIX_MEMORY:
             self._homes.popitem(last=False)
+
+    def _send(self, device: int, prompt: _Prompt) -> None:
+        assert prompt.seq_id is not None
+        self._ledger[device][prompt.seq_id] = prompt
+        self.workers[device].submit(prompt)
 
     def _known_prefix(self, keys: list[bytes]) -> dict[int, int]:
         """{device: prompt tokens it was last given with this prompt's longest known prefix}."""
@@ -234,12 +302,48 @@ class EnginePool:
 
     def choose(self, charge: int, cached: dict[int, int] | None = None) -> int:
         """The device for a prompt of `charge` tokens (prompt + max_tokens); `cached[i]` of them device i may hold."""
+        live = [i for i, b in enumerate(self.breakers) if b.available()]
+        if not live:
+            self._fail()
         if self.policy == "round_robin":
+            while self._next not in live:
+                self._next = (self._next + 1) % len(self.workers)
             chosen, self._next = self._next, (self._next + 1) % len(self.workers)
             return chosen
-        workers = self.workers
+        workers = [self.workers[i] for i in live]
         outstanding, rates = [w.outstanding for w in workers], [w.rate for w in workers]
-        return soonest(outstanding, rates, [w.sent > 0 for w in workers], charge, cached)
+        held = {live.index(i): n for i, n in (cached or {}).items() if i in live}
+        return live[soonest(outstanding, rates, [w.sent > 0 for w in workers], charge, held)]
+
+    def _fail(self) -> None:
+        """Every breaker is open: the run ends, naming each device and its last error."""
+        raise DevicesFailed(
+            {f"engine@{b.device}": b.last_error for b in self.breakers},
+            RuntimeError(self.breakers[-1].last_error),
+        )
+
+    def _move(self, device: int, seq_ids: list[int]) -> None:
+        """Sends these prompts of `device` (and, when its breaker is open, all it has queued) elsewhere."""
+        ledger = self._ledger[device]
+        prompts = [ledger.pop(i) for i in seq_ids if i in ledger]
+        if not self.breakers[device].available():
+            taken = self.workers[device].withdraw()
+            prompts += [ledger.pop(p.seq_id) for p in taken if p.seq_id in ledger]  # type: ignore[arg-type]
+        for prompt in prompts:
+            self._send(self.choose(prompt.charge), prompt)
+        self.moved[device] += len(prompts)
+
+    def _watch(self) -> None:
+        """A step past `step_timeout` is a hang: its device is opened and all it holds moves elsewhere."""
+        if self.step_timeout is None:
+            return
+        now = time.perf_counter()
+        for i, worker in enumerate(self.workers):
+            started = worker.step_started
+            if started is not None and now - started > self.step_timeout and self._ledger[i]:
+                worker.abandon()
+                self.breakers[i].trip(f"a step ran past --step-timeout {self.step_timeout:g} s")
+                self._move(i, list(self._ledger[i]))
 
     def collect(self, wait: float | None) -> Iterator[tuple[int, list[Sequence]]]:
         """What the loop takes (see loop.py): the devices' finished sequences, waiting up to `wait`."""
@@ -248,21 +352,31 @@ class EnginePool:
     def finished(self, timeout: float) -> Iterator[tuple[int, list[Sequence]]]:
         """(device index, sequences) as they finish: waits up to `timeout` for the first, then takes what is there.
 
-        Raises the first device failure: a user error as itself, anything else as a StageError
-        naming the device.
+        A device fault moves that device's work elsewhere (see the module's docstring); a user
+        error raises as itself, anything else outside a step as a StageError naming the device,
+        and faults on every device as DevicesFailed.
         """
+        self._watch()
         try:
             item = self.outbox.get(timeout=timeout)
         except queue.Empty:
             return
         while True:
             index, got = item
-            if isinstance(got, BaseException):
+            if isinstance(got, DeviceFault):
+                self.breakers[index].failure(got.text)
+                self._move(index, got.dropped)
+            elif isinstance(got, BaseException):
                 if isinstance(got, HpcinferError):
                     raise got
                 raise StageError(f"engine@{self.workers[index].label}", got) from got
-            self.in_flight -= len(got)
-            yield index, got
+            else:
+                self.breakers[index].success()
+                ledger = self._ledger[index]
+                for seq in got:
+                    ledger.pop(seq.seq_id, None)
+                self.in_flight -= len(got)
+                yield index, got
             try:
                 item = self.outbox.get_nowait()
             except queue.Empty:

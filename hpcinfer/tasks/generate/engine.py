@@ -167,6 +167,19 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work or self._in_flight is not None
 
+    def reset(self) -> list[Sequence]:
+        """Drops every sequence, as after a device fault (their K/V can no longer be trusted);
+        returns them. The model and the KV pool stay; the counters carry on."""
+        old, blocks = self.scheduler, self.blocks
+        dropped = [*old.running, *old.waiting]
+        self.blocks = BlockManager(blocks.num_blocks, blocks.block_size, blocks.prefix_cache)
+        self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
+        self.scheduler = Scheduler(self.blocks, old.max_num_seqs, old.max_num_batched_tokens, old.chunked_prefill)
+        self.scheduler.preemptions, self.scheduler.cached_tokens = old.preemptions, old.cached_tokens
+        self.sampler = Sampler(self.sampler.device, self.config.seed)
+        self._in_flight = None
+        return dropped
+
     def step(self) -> list[Sequence]:
         """One engine step; returns the sequences that finished in it.
 

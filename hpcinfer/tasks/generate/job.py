@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +42,7 @@ from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...obs.timing import Span
 from ...obs.trace import write_trace
+from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...types import Reject
 from .. import pick_task
@@ -233,13 +234,17 @@ class GenerationJob:
             for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True))
         ]
         prefix_block = self.engine_config.block_size if self.engine_config.prefix_cache else None
-        pool = EnginePool(workers, self.config.device.dispatch, prefix_block)
+        d = self.config.device
+        breaker = BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)
+        pool = EnginePool(workers, d.dispatch, prefix_block, breaker, d.step_timeout)
         self.progress.set_devices(self.labels)
         try:
             pool.start()
             run_loop(self.admission, source, pool, self._finish, stop=stop, after=self._commit_ready)
         finally:
             pool.close()
+            self.report.device_faults = [asdict(t) for t in pool.breaker_log.transitions]
+            self.report.moved_prompts = {w.label: n for w, n in zip(workers, pool.moved, strict=True) if n}
         for counts, worker in zip(self.by_device, workers, strict=True):
             counts.last_step_end = worker.stats.last_step_end
 

@@ -58,6 +58,8 @@ class GenerateReport(JsonReport):
     latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
     step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
     devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
+    device_faults: list[dict[str, Any]] = field(default_factory=list)  # breaker transitions: device, at_s, state
+    moved_prompts: dict[str, int] = field(default_factory=dict)  # per device: prompts moved away after its faults
     config: dict[str, Any] = field(default_factory=dict)
 
     completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
@@ -99,6 +101,10 @@ class GenerateReport(JsonReport):
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
         self._device_rows(table)
+        for t in self.device_faults:
+            table.add_row(f"device {t['device']} at {t['at_s']:.1f} s", f"{t['state']}: {t['reason']}")
+        if self.moved_prompts:
+            table.add_row("prompts moved", ", ".join(f"from {d} {n:,}" for d, n in self.moved_prompts.items()))
         console.print(table)
 
     def _device_rows(self, table: Table) -> None:
