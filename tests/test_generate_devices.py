@@ -90,6 +90,7 @@ def test_two_cpu_engines_write_the_one_device_output_byte_for_byte(rows_file, ck
     report = run_generate(cfg, progress=progress)
     assert _texts(out) == (want, want_rejects)
     assert report.rejects == one.rejects == {"invalid_sampling": 1, "too_long": 1}
+    assert report.device_faults == [] and report.moved_prompts == {}  # bad rows are rejects, not device faults
     assert report.device == "cpu#0, cpu#1"
     devices = report.devices
     assert [d["device"] for d in devices] == ["cpu#0", "cpu#1"]
@@ -167,9 +168,14 @@ def test_every_engine_failing_names_each_device_and_committed_windows_resume(row
 
 
 def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, ckpt, tmp_path, one_device):
-    out = tmp_path / "out.jsonl"
+    out, trace = tmp_path / "out.jsonl", tmp_path / "trace.json"
     lost = _LostAfter(6)  # and every step after: its breaker opens on the second failure
-    report = run_generate(config(rows_file, out, ckpt, "cpu,cpu,cpu"), step_hooks={"cpu#1": lost})
+    stream = io.StringIO()
+    cfg = replace(config(rows_file, out, ckpt, "cpu,cpu,cpu"), trace_path=str(trace))
+    report = run_generate(cfg, step_hooks={"cpu#1": lost}, progress=Progress("log", stream=stream))
+    assert "hpcinfer: device cpu#1 open at" in stream.getvalue()  # the progress line says so at once
+    marks = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "breaker open"]
+    assert len(marks) == 1
     assert _texts(out) == one_device[0]  # greedy, seeded and unseeded answers unchanged, byte for byte
     opened = [t for t in report.device_faults if t["state"] == "open"]
     assert [t["device"] for t in opened] == ["cpu#1"] and "device lost" in opened[0]["reason"]

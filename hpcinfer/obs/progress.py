@@ -54,6 +54,17 @@ class Progress:
                 self.stream.write(self.line(elapsed) + "\n")
                 self.stream.flush()
 
+    def note(self, text: str) -> None:
+        """A line of its own (an event such as a device taken out of the run), in every mode but off."""
+        if self.mode == "off":
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(text, file=self.stream)
+            else:
+                self.stream.write(text + "\n")
+                self.stream.flush()
+
     def line(self, elapsed: float) -> str:
         rate = self.rows / elapsed
         done = f"{self.rows:,}" + (f"/{self.total:,}" if self.total else "")

@@ -39,15 +39,21 @@ class Transition:
 class BreakerLog:
     """Every breaker's transitions of one run, in order, timed from one start."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.perf_counter, listener: Callable[[Transition], None] | None = None
+    ) -> None:
         self.clock = clock
         self.start = clock()
+        self.listener = listener  # told of each transition (the progress line)
         self.transitions: list[Transition] = []
         self._lock = threading.Lock()
 
     def add(self, device: str, state: str, reason: str) -> None:
+        transition = Transition(device, round(self.clock() - self.start, 3), state, reason)
         with self._lock:
-            self.transitions.append(Transition(device, round(self.clock() - self.start, 3), state, reason))
+            self.transitions.append(transition)
+        if self.listener is not None:
+            self.listener(transition)
 
 
 class Breaker:

@@ -121,6 +121,7 @@ class GenerationJob:
             device=", ".join(self.labels), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
         self.by_device = [_DeviceCounts() for _ in self.devices]
+        self.breaker_start = 0.0  # perf_counter seconds the breakers' transitions count from
         self.windows: deque[_Window] = deque()
         self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
         self.admission = Admission(
@@ -237,6 +238,10 @@ class GenerationJob:
         d = self.config.device
         breaker = BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)
         pool = EnginePool(workers, d.dispatch, prefix_block, breaker, d.step_timeout)
+        pool.breaker_log.listener = lambda t: self.progress.note(
+            f"hpcinfer: device {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}"
+        )
+        self.breaker_start = pool.breaker_log.start
         self.progress.set_devices(self.labels)
         try:
             pool.start()
@@ -292,6 +297,9 @@ class GenerationJob:
                 for label, engine in zip(self.labels, engines, strict=True)
                 for a, b, p, d in engine.stats.step_trace
             ]
+            for t in r.device_faults:  # NOTE: a mark on the device's track where its breaker changed
+                at = int((self.breaker_start + t["at_s"]) * 1e9)
+                spans.append(Span(f"breaker {t['state']}", at, at, f"{t['device']}/engine", {"reason": t["reason"]}))
             write_trace(sorted(spans, key=lambda span: span.start_ns), self.config.trace_path)
         if self.config.report_path:
             r.write_json(self.config.report_path)
