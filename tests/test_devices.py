@@ -14,14 +14,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hpcinfer.api import run
 from hpcinfer.device.base import DeviceOutOfMemory
 from hpcinfer.device.simulated import SimulatedDevice
-from hpcinfer.errors import ConfigError, StageError
+from hpcinfer.errors import ConfigError, DevicesFailed
 from hpcinfer.obs.progress import Progress
 from hpcinfer.place.devices import device_labels, parse_devices
 from hpcinfer.place.dispatch import Dispatcher
 
-from .conftest import make_texts, run_job, small_config, write_jsonl
+from .conftest import make_texts, read_output, run_job, small_config, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 CRASH_RUN = Path(__file__).with_name("crash_run.py")
@@ -80,6 +81,7 @@ def test_two_cpu_replicas_give_the_one_device_output_bit_for_bit(rows_file, tiny
     assert [d["device"] for d in report.devices] == ["cpu#0", "cpu#1"]
     assert all(d["batches"] > 0 for d in report.devices)
     assert report.accounting["rows_written"] == 1499
+    assert report.device_faults == [] and report.restarts == []  # the empty row is a reject, not a fault
 
 
 class _FailingDevice(SimulatedDevice):
@@ -95,20 +97,83 @@ class _FailingDevice(SimulatedDevice):
             raise RuntimeError("device lost")
         super().before_forward(rows, width)
 
+    def renew(self) -> _FailingDevice:
+        self.close()
+        return _FailingDevice(0, seed=self._settings["seed"], max_delay_s=0.0005)  # broken for good
 
-def test_a_device_that_fails_stops_the_run_naming_it_and_committed_windows_resume(
-    rows_file, tiny_model, tmp_path, one_device
-):
+
+def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, tiny_model, tmp_path, one_device):
     out = tmp_path / "out.parquet"
-    devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), _FailingDevice(after=40, seed=1, max_delay_s=0.0005)]
+    devices = [
+        SimulatedDevice(seed=0, max_delay_s=0.0005),
+        _FailingDevice(after=40, seed=1, max_delay_s=0.0005),
+        SimulatedDevice(seed=2, max_delay_s=0.0005),
+    ]
+    stream = io.StringIO()
     try:
-        with pytest.raises(StageError, match=r"stage '\w+@simulated#1' failed: RuntimeError: device lost"):
+        report = run(small_config(rows_file, out, tiny_model), devices=devices, progress=Progress("log", stream))
+    finally:
+        for d in devices:
+            d.close()
+    table = read_output(str(out))
+    assert table.equals(one_device)  # bit for bit: the uncommitted windows were redone on the others
+    assert [(t["device"], t["state"]) for t in report.device_faults] == [("simulated#1", "open")]
+    assert [r["device"] for r in report.restarts] == ["simulated#1", "simulated#1"]  # it failed twice
+    assert "device lost" in report.restarts[0]["error"] and "device simulated#1 open" in stream.getvalue()
+    assert report.accounting["rows_written"] + report.rows_resumed == 1499
+
+
+class _FailsTwice(SimulatedDevice):
+    """Fails at a forward of each of two runs, then is a healthy device again (renewed: its streams
+    fresh, the count kept)."""
+
+    def __init__(self, after: int, failed: list[int] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.after, self.failed = after, failed if failed is not None else [0]
+
+    def before_forward(self, rows: int, width: int) -> None:
+        self.after -= 1
+        if self.after < 0 and self.failed[0] < 2:
+            self.failed[0] += 1
+            raise RuntimeError("transient fault")
+        super().before_forward(rows, width)
+
+    def renew(self) -> _FailsTwice:
+        self.close()
+        return _FailsTwice(0, self.failed, seed=1, max_delay_s=0.0005)
+
+
+def test_a_device_that_recovers_is_back_after_the_cooldown(rows_file, tiny_model, tmp_path, one_device):
+    out = tmp_path / "out.parquet"
+    devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), _FailsTwice(after=30, seed=1, max_delay_s=0.0005)]
+    cfg = small_config(rows_file, out, tiny_model, device={"breaker_cooldown": 0.0})
+    try:
+        report, table = run_job(cfg, devices=devices)
+    finally:
+        for d in devices:
+            d.close()
+    assert table.equals(one_device)
+    states = [(t["device"], t["state"]) for t in report.device_faults]
+    assert states == [("simulated#1", "open"), ("simulated#1", "half-open"), ("simulated#1", "closed")], states
+    assert len(report.restarts) == 2
+    assert report.devices[1]["batches"] > 0  # it worked again after the cool-down
+
+
+def test_every_device_failing_names_each_and_committed_windows_resume(rows_file, tiny_model, tmp_path, one_device):
+    out = tmp_path / "out.parquet"
+    devices = [_FailingDevice(after=60, seed=k, max_delay_s=0.0005) for k in range(2)]
+    try:
+        with pytest.raises(
+            DevicesFailed,
+            match=r"every device failed: device@simulated#0: RuntimeError: device "
+            r"lost; device@simulated#1: RuntimeError: device lost",
+        ):
             run_job(small_config(rows_file, out, tiny_model), devices=devices)
     finally:
         for d in devices:
             d.close()
     manifest = json.loads((Path(f"{out}.parts") / "manifest.json").read_text())
-    assert manifest["windows"], "windows committed before the failure are kept"
+    assert manifest["windows"], "windows committed before the failures are kept"
     report, table = run_job(small_config(rows_file, out, tiny_model, output={"resume": True}))
     assert report.rows_resumed == sum(w["rows"] for w in manifest["windows"]) > 0
     assert table.equals(one_device)

@@ -111,10 +111,9 @@ OPTIONS: tuple[Opt, ...] = (
         "length) bucket and replay them (CUDA only).", commands=RUNS, switch=True),
     opt("--threads", "device.threads", "Devices", "CPU threads for compute.", type=int,
         default_help="torch's choice"),
-    opt("--breaker-failures", "device.breaker_failures", "Devices", "Generation on several devices: a device "
-        "failing this many times within --breaker-window gets no more work (its prompts go to the others) "
-        "until --breaker-cooldown has passed; the run fails only when every device is out.", commands=RUNS,
-        type=int),
+    opt("--breaker-failures", "device.breaker_failures", "Devices", "With --devices: a device failing this "
+        "many times within --breaker-window gets no more work until --breaker-cooldown has passed (its "
+        "work goes to the others); the run fails only when every device is out.", commands=RUNS, type=int),
     opt("--breaker-window", "device.breaker_window", "Devices", "Seconds within which --breaker-failures "
         "count.", commands=RUNS, type=float),
     opt("--breaker-cooldown", "device.breaker_cooldown", "Devices", "Seconds a failed device rests before it "

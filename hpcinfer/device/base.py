@@ -153,6 +153,11 @@ class Device(ABC):
         """Stops background workers, if any."""
         return None
 
+    def renew(self) -> Device:
+        """The same device with fresh streams, for a trial after a fault (an error on a stream is
+        sticky); this one is closed. A device without streams of its own is itself."""
+        return self
+
 
 @dataclass(slots=True)
 class StagingSlot:

@@ -140,6 +140,10 @@ class CudaDevice(Device):
     def close(self) -> None:
         torch.cuda.synchronize(self.torch_device)
 
+    def renew(self) -> CudaDevice:
+        # NOTE: fresh streams and events; an error that poisoned the CUDA context fails the trial again
+        return CudaDevice(self.torch_device, len(self.compute_streams))
+
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()

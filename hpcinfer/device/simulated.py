@@ -166,6 +166,14 @@ class SimulatedDevice(Device):
         seconds_per_token: float = 0.0,
         speed: float = 1.0,
     ) -> None:
+        self._settings = {
+            "streams": streams,
+            "seed": seed,
+            "max_delay_s": max_delay_s,
+            "capture_delay_s": capture_delay_s,
+            "seconds_per_token": seconds_per_token,
+            "speed": speed,
+        }
         rng = random.Random(seed)
         self.torch_device = torch.device("cpu")
         # A forward of rows x width tokens also takes rows * width * seconds_per_token / speed on its
@@ -268,3 +276,7 @@ class SimulatedDevice(Device):
     def close(self) -> None:
         for stream in [self.copy_stream, *self.compute_streams]:
             stream.close()  # type: ignore[attr-defined]
+
+    def renew(self) -> SimulatedDevice:
+        self.close()
+        return SimulatedDevice(**self._settings)

@@ -44,6 +44,10 @@ class RunReport(JsonReport):
     config: dict[str, Any] = field(default_factory=dict)
     # --engine ray: replicas, actors seen, the slowest actor, Ray's spill and failed-task counts
     cluster: dict[str, Any] = field(default_factory=dict)
+    # --devices: breaker transitions (device, at_s, state, reason), and each restart after a device
+    # fault (device, error, rows committed then: the rest was done on the devices left)
+    device_faults: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
     padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
     rows_per_s = property(lambda self: ratio(self.rows, self.wall_s))
@@ -61,6 +65,11 @@ class RunReport(JsonReport):
             console.print(cluster_line(self))
         if (line := saturation_line(self)) is not None:
             console.print(line)
+        for t in self.device_faults:
+            console.print(f"device {t['device']} at {t['at_s']:.1f} s: {t['state']}: {t['reason']}")
+        for r in self.restarts:
+            where = f"from {r['committed_rows']:,} committed rows"
+            console.print(f"restarted after {r['device']} failed ({r['error']}) {where}")
 
 
 def summary_table(report: RunReport) -> Table:
