@@ -106,7 +106,7 @@ def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, ti
     out = tmp_path / "out.parquet"
     devices = [
         SimulatedDevice(seed=0, max_delay_s=0.0005),
-        _FailingDevice(after=40, seed=1, max_delay_s=0.0005),
+        _FailingDevice(after=8, seed=1, max_delay_s=0.0005),
         SimulatedDevice(seed=2, max_delay_s=0.0005),
     ]
     stream = io.StringIO()
@@ -161,7 +161,7 @@ def test_a_device_that_recovers_is_back_after_the_cooldown(rows_file, tiny_model
 
 def test_every_device_failing_names_each_and_committed_windows_resume(rows_file, tiny_model, tmp_path, one_device):
     out = tmp_path / "out.parquet"
-    devices = [_FailingDevice(after=60, seed=k, max_delay_s=0.0005) for k in range(2)]
+    devices = [_FailingDevice(after=30, seed=k, max_delay_s=0.0005) for k in range(2)]
     try:
         with pytest.raises(
             DevicesFailed,
