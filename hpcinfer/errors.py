@@ -54,6 +54,10 @@ class StageError(Exception):
         super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")
 
 
+class DeviceHung(RuntimeError):
+    """A device stopped returning results within --step-timeout (a fault, as an error would be)."""
+
+
 class DevicesFailed(StageError):
     """Every device of a run failed (each one's circuit breaker is open): the run cannot go on."""
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +158,37 @@ def test_a_device_that_recovers_is_back_after_the_cooldown(rows_file, tiny_model
     assert states == [("simulated#1", "open"), ("simulated#1", "half-open"), ("simulated#1", "closed")], states
     assert len(report.restarts) == 2
     assert report.devices[1]["batches"] > 0  # it worked again after the cool-down
+
+
+class _HangsAt(SimulatedDevice):
+    """A forward that never comes back (until the test releases it)."""
+
+    def __init__(self, at: int, release: threading.Event, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.at, self.release = at, release
+
+    def before_forward(self, rows: int, width: int) -> None:
+        self.at -= 1
+        if self.at == 0:
+            self.release.wait(60)
+        super().before_forward(rows, width)
+
+
+def test_a_hung_device_is_given_up_after_the_step_timeout(rows_file, tiny_model, tmp_path, one_device):
+    release = threading.Event()
+    devices = [SimulatedDevice(seed=0, max_delay_s=0.0005), _HangsAt(8, release, seed=1, max_delay_s=0.0005)]
+    cfg = small_config(rows_file, tmp_path / "out.parquet", tiny_model, device={"step_timeout": 1.0})
+    started = time.perf_counter()
+    try:
+        report, table = run_job(cfg, devices=devices)
+    finally:
+        release.set()
+        for d in devices:
+            d.close()
+    assert time.perf_counter() - started < 30  # nothing waited for the hung forward
+    assert table.equals(one_device)
+    assert [(t["device"], t["state"]) for t in report.device_faults] == [("simulated#1", "open")]
+    assert "DeviceHung: no batch finished in 1 s" in report.restarts[0]["error"]
 
 
 def test_every_device_failing_names_each_and_committed_windows_resume(rows_file, tiny_model, tmp_path, one_device):

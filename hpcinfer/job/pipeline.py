@@ -88,6 +88,10 @@ def describe(item: Any) -> dict[str, Any]:
     return {"block": getattr(item, "block_id", -1), "rows": len(item)}
 
 
+WATCH_EVERY_S = 0.1  # how often a watchdog is asked
+HUNG_GRACE_S = 2.0  # after a hang, how long the other threads get to stop
+
+
 class _Failure:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -219,9 +223,16 @@ def run_overlapped(
     hooks: dict[str, Callable[[Any], None]] | None = None,
     ranges: RangeBackend | None = None,
     thread_init: Callable[[], None] | None = None,
+    watchdog: Callable[[], tuple[str, BaseException] | None] | None = None,
 ) -> None:
-    """`thread_init` runs first in every thread the pipeline starts (the device's bind_thread)."""
+    """`thread_init` runs first in every thread the pipeline starts (the device's bind_thread).
+
+    `watchdog`, polled while the stages run, names a hung stage and its error (a device that
+    stopped returning results): the run fails as if that stage had raised, and the pipeline gives
+    up on threads still blocked in it (daemons, left behind) instead of waiting for them forever.
+    """
     runner = Runner(timings, stop, hooks or {}, ranges, thread_init)
+    hung = threading.Event()
     queues = [queue.Queue(maxsize=queue_depth) for _ in stages]
 
     def source_loop() -> None:
@@ -306,8 +317,16 @@ def run_overlapped(
     for t in threads:
         t.daemon = True
         t.start()
-    for t in threads:
-        t.join()
+    given_up = 0.0
+    while alive := [t for t in threads if t.is_alive()]:
+        alive[0].join(WATCH_EVERY_S)
+        if watchdog is not None and not hung.is_set() and (found := watchdog()) is not None:
+            runner.failure.set(*found)
+            stop.set()
+            hung.set()
+            given_up = time.perf_counter() + HUNG_GRACE_S
+        if hung.is_set() and time.perf_counter() > given_up:
+            break  # NOTE: the threads still alive wait on the hung device; they are daemons
     runner.failure.raise_if_set()
 
 

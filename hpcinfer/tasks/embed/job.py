@@ -19,7 +19,7 @@ import torch
 
 from ...config import RunConfig, flatten, resolve_plan
 from ...device import Device, resolve_dtype
-from ...errors import ConfigError, DevicesFailed, HpcinferError, Interrupted, StageError
+from ...errors import ConfigError, DeviceHung, DevicesFailed, HpcinferError, Interrupted, StageError
 from ...files.arrivals import ArrivalReplay
 from ...files.parts import PartStore, fingerprint
 from ...files.read import Reader
@@ -123,7 +123,10 @@ def _run_degrading(config: RunConfig, devices: list[Device], extras: RunExtras) 
                 raise  # a user's problem, or a stage that is not a device's
             failed = live[local.index(where)]
             error = f"{type(exc.cause).__name__}: {exc.cause}"
-            breakers[failed].failure(error)
+            if isinstance(exc.cause, DeviceHung):
+                breakers[failed].trip(error)  # NOTE: a hung device is out at once
+            else:
+                breakers[failed].failure(error)
             faulted.add(failed)
             restarts.append({"device": labels[failed], "error": error, "committed_rows": _committed_rows(config)})
             # NOTE: from here the output is this run's own: resume it, never overwrite it
@@ -288,11 +291,37 @@ class _EmbedRun:
         config, common = self.config, {"stop": self.stop, "hooks": hooks, "ranges": ranges, "thread_init": thread_init}
         if config.pipeline.overlap:
             workers = {"tokenize": config.tokenize.threads}
+            timeout = config.device.step_timeout
+            watchdog = self.hang_watch(timeout) if timeout and len(self.labels) > 1 else None
             run_overlapped(
-                source, stages, self.timings, queue_depth=config.pipeline.queue_depth, workers=workers, **common
+                source,
+                stages,
+                self.timings,
+                queue_depth=config.pipeline.queue_depth,
+                workers=workers,
+                watchdog=watchdog,
+                **common,
             )
         else:
             run_serial(source, stages, self.timings, **common)
+
+    def hang_watch(self, timeout_s: float) -> Callable[[], tuple[str, BaseException] | None]:
+        """A watchdog for the pipeline: a device with work outstanding and no batch written for
+        `timeout_s` is hung (its stage is named, as a device fault, for the breakers)."""
+        loads, stats = self.dispatcher.loads, self.device_log.stats
+        since = [time.perf_counter_ns()] * len(loads)  # when each device last made progress or was idle
+
+        def watch() -> tuple[str, BaseException] | None:
+            now = time.perf_counter_ns()
+            for i, (load, s) in enumerate(zip(loads, stats, strict=True)):
+                if load.outstanding <= 0:
+                    since[i] = now
+                elif now - max(since[i], s.last_done_ns) > timeout_s * 1e9:
+                    error = DeviceHung(f"no batch finished in {timeout_s:g} s (--step-timeout)")
+                    return f"execute@{self.labels[i]}", error
+            return None
+
+        return watch
 
     def finish(self, windows: int, written_now: int, final_tokens: int, start_ns: int, end_ns: int) -> RunReport:
         """The report's closing figures; written as JSON (--report) and the trace (--trace)."""
