@@ -118,8 +118,8 @@ OPTIONS: tuple[Opt, ...] = (
         "count.", commands=RUNS, type=float),
     opt("--breaker-cooldown", "device.breaker_cooldown", "Devices", "Seconds a failed device rests before it "
         "gets work on trial.", commands=RUNS, type=float),
-    opt("--step-timeout", "device.step_timeout", "Devices", "Generation on several devices: a step running "
-        "longer than this many seconds is a hung device: its work moves to the others.", commands=RUNS,
+    opt("--step-timeout", "device.step_timeout", "Devices", "With --devices: a device that returns nothing "
+        "for this many seconds while it has work is hung: its work moves to the others.", commands=RUNS,
         type=float),
     # -- Cluster
     opt("--engine", "cluster.engine", "Cluster", "local: this machine; ray: the same job in Ray Data actors, "
