@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,40 @@ class PagedBatch:
     kernel: KernelTokens | None = None  # for the Triton path: decodes and continued prefill chunks
 
 
-class TorchPagedAttention:
+_Bound = TypeVar("_Bound", bound="_BoundToStep")
+
+
+class _BoundToStep:
+    """What every paged attention does first: take a step's batch (`bind`), write this step's K/V."""
+
+    cache: KVCache
+    batch: PagedBatch | None = None
+
+    def bind(self: _Bound, batch: PagedBatch) -> _Bound:
+        self.batch = batch
+        return self
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> PagedBatch:
+        batch = self.batch
+        assert batch is not None, "bind() a step's PagedBatch first"
+        self.cache.write(layer, batch.slots, k, v)
+        return batch
+
+
+def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A fresh prefill chunk (every key is this step's): q [n, H, D], k/v [n, Hkv, D] -> [n, H, D].
+
+    NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones go to
+    the math path, which materialises the scores and runs about half as fast. No mask: on CUDA it
+    runs the flash kernel.
+    """
+    out = F.scaled_dot_product_attention(
+        _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, enable_gqa=True
+    )
+    return out[0].transpose(0, 1)
+
+
+class TorchPagedAttention(_BoundToStep):
     """The reference paged attention (SDPA over gathered blocks). `gather_s` times the gathers."""
 
     name = "torch"
@@ -75,15 +109,9 @@ class TorchPagedAttention:
         self._kbuf = cache.k.new_empty(0, *cache.k.shape[2:])
         self._vbuf = cache.v.new_empty(0, *cache.v.shape[2:])
 
-    def bind(self, batch: PagedBatch) -> TorchPagedAttention:
-        self.batch = batch
-        return self
-
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
-        batch = self.batch
-        assert batch is not None, "bind() a step's PagedBatch first"
-        self.cache.write(layer, batch.slots, k, v)
+        batch = self._write(layer, k, v)
         t, heads, dim = q.shape
         if len(batch.decodes) == 1 and not batch.prefills:
             return self._decode(layer, batch.decodes[0], q).reshape(t, heads * dim)
@@ -128,16 +156,9 @@ class TorchPagedAttention:
     def _prefill(
         self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too.
-
-        NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones
-        go to the math path, which materialises the scores and runs about half as fast.
-        """
+        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
         if seg.start == 0:
-            out = F.scaled_dot_product_attention(
-                _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, enable_gqa=True
-            )
-            return out[0].transpose(0, 1)
+            return causal_self_attention(q, k, v)
         kk, vv = self._gather(layer, seg.blocks)
         total = seg.start + seg.length
         out = F.scaled_dot_product_attention(
@@ -155,7 +176,7 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).unsqueeze(0)
 
 
-class FlashAttnPagedAttention:
+class FlashAttnPagedAttention(_BoundToStep):
     """flash-attn 2's paged kernel: `flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table)`.
 
     The pools already have its paged layout, [num_blocks, block_size, Hkv, D]. This step's K/V are
@@ -173,7 +194,7 @@ class FlashAttnPagedAttention:
         self.batch: PagedBatch | None = None
         self._calls: list[tuple[slice, bool, torch.Tensor, torch.Tensor]] = []
 
-    def bind(self, batch: PagedBatch) -> FlashAttnPagedAttention:
+    def bind(self, batch: PagedBatch) -> FlashAttnPagedAttention:  # type: ignore[override]
         """Converts the step's tables and lengths once to the kernel's int32, for every layer."""
         self.batch = batch
         calls = []
@@ -190,9 +211,7 @@ class FlashAttnPagedAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
-        batch = self.batch
-        assert batch is not None, "bind() a step's PagedBatch first"
-        self.cache.write(layer, batch.slots, k, v)
+        self._write(layer, k, v)
         t, heads, dim = q.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
         out = q.new_empty(t, heads, dim)
@@ -204,7 +223,7 @@ class FlashAttnPagedAttention:
         return out.view(t, heads * dim)
 
 
-class TritonPagedAttention:
+class TritonPagedAttention(_BoundToStep):
     """The Triton kernel (paged_kernel.py) reads K/V blocks in place for decodes and continued
     prefill chunks, in one launch a layer; a fresh prefill chunk (its keys are all this step's)
     runs SDPA's causal kernel on its own K/V, which needs no mask (flash on CUDA)."""
@@ -219,15 +238,9 @@ class TritonPagedAttention:
         self.kernel = paged_attention
         self.batch: PagedBatch | None = None
 
-    def bind(self, batch: PagedBatch) -> TritonPagedAttention:
-        self.batch = batch
-        return self
-
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
-        batch = self.batch
-        assert batch is not None, "bind() a step's PagedBatch first"
-        self.cache.write(layer, batch.slots, k, v)
+        batch = self._write(layer, k, v)
         t, heads, dim = q.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
         paged = batch.kernel
@@ -241,10 +254,7 @@ class TritonPagedAttention:
         for seg in batch.prefills:
             if seg.start == 0:
                 rows = slice(seg.offset, seg.offset + seg.length)
-                got = F.scaled_dot_product_attention(
-                    _heads_first(q[rows]), _heads_first(k[rows]), _heads_first(v[rows]), is_causal=True, enable_gqa=True
-                )
-                out[rows] = got[0].transpose(0, 1)
+                out[rows] = causal_self_attention(q[rows], k[rows], v[rows])
         return out.view(t, heads * dim)
 
 
