@@ -210,6 +210,7 @@ def test_a_device_that_recovers_gets_work_again_after_the_cooldown(rows_file, ck
     assert states == [("cpu#1", "open"), ("cpu#1", "half-open"), ("cpu#1", "closed")], report.device_faults
     closed_at = report.device_faults[-1]["at_s"]
     assert flaky.step > 4 and report.devices[1]["rows"] > 0  # steps and answers after it recovered
+    assert 0 < report.share_after_recovery["cpu#1"] <= 1  # its share of the tokens generated since
     assert closed_at > 0
 
 

@@ -42,7 +42,7 @@ from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...obs.timing import Span
 from ...obs.trace import write_trace
-from ...place.breaker import BreakerSettings
+from ...place.breaker import CLOSED, BreakerLog, BreakerSettings
 from ...place.devices import device_labels
 from ...types import Reject
 from .. import pick_task
@@ -137,6 +137,7 @@ class GenerationJob:
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
+        self.finished_at: list[tuple[float, int, int]] = []  # (finish time, device, completion tokens)
 
     def _window_for(self, row: int) -> _Window:
         wid = row // self.config.generate.window_rows
@@ -168,6 +169,7 @@ class GenerationJob:
         r.prompt_tokens += seq.num_prompt
         r.completion_tokens += seq.num_completion
         r.finish_reasons[seq.finish_reason] = r.finish_reasons.get(seq.finish_reason, 0) + 1
+        self.finished_at.append((seq.finish_s or 0.0, device, seq.num_completion))
         d = self.by_device[device]
         d.rows += 1
         d.prompt_tokens += seq.num_prompt
@@ -250,8 +252,22 @@ class GenerationJob:
             pool.close()
             self.report.device_faults = [asdict(t) for t in pool.breaker_log.transitions]
             self.report.moved_prompts = {w.label: n for w, n in zip(workers, pool.moved, strict=True) if n}
+            self.report.share_after_recovery = self._share_after_recovery(pool.breaker_log)
         for counts, worker in zip(self.by_device, workers, strict=True):
             counts.last_step_end = worker.stats.last_step_end
+
+    def _share_after_recovery(self, log: BreakerLog) -> dict[str, float]:
+        """Per device whose breaker closed again: its share of the tokens generated since then."""
+        shares = {}
+        for t in log.transitions:
+            if t.state != CLOSED:
+                continue
+            since = log.start + t.at_s
+            after = [(device, tokens) for at, device, tokens in self.finished_at if at >= since]
+            total = sum(tokens for _, tokens in after)
+            mine = sum(tokens for device, tokens in after if self.labels[device] == t.device)
+            shares[t.device] = round(mine / total, 4) if total else 0.0
+        return shares
 
     def _summarise(self, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
         r, s = self.report, combined_stats([e.stats for e in engines])

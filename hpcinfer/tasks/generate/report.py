@@ -60,6 +60,7 @@ class GenerateReport(JsonReport):
     devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
     device_faults: list[dict[str, Any]] = field(default_factory=list)  # breaker transitions: device, at_s, state
     moved_prompts: dict[str, int] = field(default_factory=dict)  # per device: prompts moved away after its faults
+    share_after_recovery: dict[str, float] = field(default_factory=dict)  # a recovered device's token share since
     config: dict[str, Any] = field(default_factory=dict)
 
     completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
@@ -105,6 +106,8 @@ class GenerateReport(JsonReport):
             table.add_row(f"device {t['device']} at {t['at_s']:.1f} s", f"{t['state']}: {t['reason']}")
         if self.moved_prompts:
             table.add_row("prompts moved", ", ".join(f"from {d} {n:,}" for d, n in self.moved_prompts.items()))
+        for device, share in self.share_after_recovery.items():
+            table.add_row(f"device {device} after it recovered", f"{share:.0%} of the tokens generated since")
         console.print(table)
 
     def _device_rows(self, table: Table) -> None:
