@@ -52,6 +52,7 @@ def run(
         from .tasks.generate.job import run_generate
 
         return run_generate(config, progress=progress, ranges=ranges)  # type: ignore[return-value]
-    from .tasks.embed.job import RunExtras, run_embed
+    from .tasks.embed.given import RunExtras
+    from .tasks.embed.job import run_embed
 
     return run_embed(config, RunExtras(progress, hooks, ranges, batch_profiler, model), device=device, devices=devices)

@@ -105,7 +105,8 @@ class TrialRunner:
         self.on_repeat = on_repeat
 
     def _run_quietly(self, config: RunConfig) -> RunReport:
-        from ..tasks.embed.job import RunExtras, run_embed
+        from ..tasks.embed.given import RunExtras
+        from ..tasks.embed.job import run_embed
 
         return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
 
