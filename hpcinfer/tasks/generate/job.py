@@ -48,9 +48,10 @@ from ...types import Reject
 from .. import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table
-from .devices import EnginePool, EngineWorker, combined_stats, device_summary
+from .devices import EngineWorker, combined_stats, device_summary
 from .engine import Engine
 from .loop import EngineSink, run_loop
+from .pool import EnginePool
 from .report import GenerateReport, percentiles
 from .requests import Request
 from .sequence import Sequence
