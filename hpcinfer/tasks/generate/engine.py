@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ...device.readback import Readback, readback
 from ...device.step_timer import step_timer
 from ...errors import ConfigError
@@ -126,10 +128,7 @@ class Engine:
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
         self.max_model_len = min(model.cfg.max_model_len, usable * config.block_size)
-        self.blocks = BlockManager(usable, config.block_size, config.prefix_cache)
-        self.scheduler = Scheduler(
-            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill
-        )
+        self._start_empty(usable, device)
         self.runner = ModelRunner(
             model,
             self.cache,
@@ -140,11 +139,9 @@ class Engine:
             scratch,
             config.attention,
         )
-        self.sampler = Sampler(device, config.seed)
         self.timer = step_timer(device)
         self.readback = readback(device, config.max_num_seqs)
         self.ahead = config.ahead if config.ahead is not None else device.type == "cuda"
-        self._in_flight: _Launched | None = None
         self.eos = frozenset(eos_token_ids)
         self.decode = decode
         self.trace_steps = trace_steps
@@ -167,17 +164,22 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work or self._in_flight is not None
 
+    def _start_empty(self, usable_blocks: int, device: torch.device) -> None:
+        """A block manager, scheduler and sampler with nothing in them, and no step in flight."""
+        c = self.config
+        self.blocks = BlockManager(usable_blocks, c.block_size, c.prefix_cache)
+        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill)
+        self.sampler = Sampler(device, c.seed)
+        self._in_flight: _Launched | None = None
+
     def reset(self) -> list[Sequence]:
         """Drops every sequence, as after a device fault (their K/V can no longer be trusted);
         returns them. The model and the KV pool stay; the counters carry on."""
         old, blocks = self.scheduler, self.blocks
         dropped = [*old.running, *old.waiting]
-        self.blocks = BlockManager(blocks.num_blocks, blocks.block_size, blocks.prefix_cache)
+        self._start_empty(blocks.num_blocks, self.sampler.device)
         self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
-        self.scheduler = Scheduler(self.blocks, old.max_num_seqs, old.max_num_batched_tokens, old.chunked_prefill)
         self.scheduler.preemptions, self.scheduler.cached_tokens = old.preemptions, old.cached_tokens
-        self.sampler = Sampler(self.sampler.device, self.config.seed)
-        self._in_flight = None
         return dropped
 
     def step(self) -> list[Sequence]:
