@@ -54,6 +54,15 @@ class StageError(Exception):
         super().__init__(f"stage '{stage}' failed: {type(cause).__name__}: {cause}")
 
 
+class DeviceResultFailed(RuntimeError):
+    """A device's failure, raised where a stage off the device (the writer) awaited its result:
+    it counts against device `replica` (its index in the run's devices), whichever stage saw it."""
+
+    def __init__(self, replica: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.replica = replica
+
+
 class DeviceHung(RuntimeError):
     """A device stopped returning results within --step-timeout (a fault, as an error would be)."""
 

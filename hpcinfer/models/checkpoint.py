@@ -138,7 +138,10 @@ def _native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def weights_file(path: Path) -> Path | None:
-    """model.safetensors, else pytorch_model.bin (loaded with weights_only: tensors, never code)."""
+    """model.safetensors, else pytorch_model.bin (loaded with weights_only: tensors, never code); a
+    single-file checkpoint (GGUF) is its own weights file."""
+    if path.is_file():
+        return path
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return path / name

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from ..errors import ModelError
 from .checkpoint import read_model_json
+from .gguf_checkpoint import GGUFFile, find_gguf
+from .gguf_tokenizer import gguf_tokenizer
 from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
 
 
@@ -26,10 +30,17 @@ class DecoderInfo:
     eos_token_ids: tuple[int, ...]
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... for templates
+    gguf: bool = False  # `path` is a GGUF file, not a HF directory
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return [self.path] if self.gguf else weight_files(self.path)
 
 
 def is_causal_lm(path: Path) -> bool:
-    """True when config.json names a `*ForCausalLM` architecture (supported or not)."""
+    """True for a GGUF file and when config.json names a `*ForCausalLM` architecture (supported or not)."""
+    if find_gguf(path) is not None:
+        return True
     file = path / "config.json"
     if not file.is_file():
         return False
@@ -52,7 +63,9 @@ def _token_text(value: Any) -> str | None:
 
 
 def inspect_decoder(path: Path) -> DecoderInfo:
-    """Validates a causal-LM checkpoint directory and reads everything but the weights."""
+    """Validates a causal-LM checkpoint (a HF directory or a GGUF file) and reads everything but the weights."""
+    if (file := find_gguf(path)) is not None:
+        return inspect_gguf(file)
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
     for name in ("config.json", "tokenizer.json"):
@@ -61,12 +74,7 @@ def inspect_decoder(path: Path) -> DecoderInfo:
     if not weight_files(path):
         raise ModelError("model directory has no model.safetensors (nor model.safetensors.index.json)", path=str(path))
     raw = read_model_json(path / "config.json")
-    try:
-        config = DecoderConfig.from_hf(raw)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
-    except ModelError as exc:
-        raise ModelError(str(exc), path=str(path)) from None
+    config = _config(raw, path)
     eos = _ids(raw.get("eos_token_id"))
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
@@ -83,6 +91,42 @@ def inspect_decoder(path: Path) -> DecoderInfo:
         if (text := _token_text(tok_cfg.get(key))) is not None
     }
     return DecoderInfo(path, config, tuple(eos), template, special)
+
+
+def _config(raw: dict[str, Any], path: Path) -> DecoderConfig:
+    try:
+        return DecoderConfig.from_hf(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"incomplete config ({exc})", path=str(path)) from None
+    except ModelError as exc:
+        raise ModelError(str(exc), path=str(path)) from None
+
+
+def inspect_gguf(file: Path) -> DecoderInfo:
+    """A GGUF file's config, EOS ids, chat template and special tokens, from its metadata."""
+    gguf = open_gguf(file)
+    template = gguf.value("tokenizer.chat_template")
+    return DecoderInfo(
+        file, _config(gguf.hf_config(), file), gguf.eos_token_ids(), template, gguf.special_tokens(), gguf=True
+    )
+
+
+@lru_cache(maxsize=2)
+def open_gguf(file: Path) -> GGUFFile:
+    """Parsing a GGUF's metadata takes seconds (every vocabulary entry is a field): once per process."""
+    return GGUFFile(file)
+
+
+def load_tokenizer(info: DecoderInfo) -> Tokenizer:
+    """The checkpoint's fast tokenizer: its tokenizer.json, or rebuilt from a GGUF's metadata."""
+    try:
+        if info.gguf:
+            return gguf_tokenizer(open_gguf(info.path).metadata("tokenizer.ggml."))
+        return Tokenizer.from_file(str(info.path / "tokenizer.json"))
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot load tokenizer ({exc})", path=str(info.path)) from None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -141,27 +185,60 @@ def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return state
 
 
+def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A GGUF's tensors dequantized one at a time straight to `device` and `dtype`, q/k/v and gate/up
+    fused as soon as a layer's parts are in: at most one layer's parts are held twice."""
+    config = info.config
+    family = ARCHITECTURES[config.architecture]
+    state: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor, position in open_gguf(info.path).native_tensors(family, config.num_heads, config.num_kv_heads):
+        tensor = tensor.to(device=device, dtype=dtype)
+        if position is None:
+            state[name] = tensor
+            continue
+        parts = fused.setdefault(name, {})
+        parts[position] = tensor
+        if len(parts) == (3 if ".qkv." in name else 2):
+            state[name] = torch.cat([parts[i] for i in sorted(parts)])
+            del fused[name]
+    if fused:
+        raise ModelError(f"GGUF lacks parts of {sorted(fused)[:2]}", path=str(info.path))
+    return state
+
+
 def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype) -> LlamaDecoder:
     """Builds the decoder on `device` in `dtype`; strict about missing tensors."""
-    weights: dict[str, torch.Tensor] = {}
-    for file in weight_files(info.path):
-        try:
-            weights.update(load_file(str(file)))
-        except Exception as exc:  # safetensors raises its own error types
-            raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+    if info.gguf:
+        state = gguf_state_dict(info, device, dtype)
+    else:
+        weights: dict[str, torch.Tensor] = {}
+        for file in weight_files(info.path):
+            try:
+                weights.update(load_file(str(file)))
+            except Exception as exc:  # safetensors raises its own error types
+                raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+        state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights).items()}
     with torch.device("meta"):
         model = LlamaDecoder(info.config)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights).items()}
     if info.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     elif "lm_head.weight" not in state and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # some checkpoints omit a head equal to the embedding
-    missing = sorted(set(model.state_dict()) - set(state))
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelError(f"weights are missing {missing[:4]}", path=str(info.path))
+    wrong = [
+        f"{k} {tuple(state[k].shape)} (config gives {tuple(v.shape)})"
+        for k, v in expected.items()
+        if state[k].shape != v.shape
+    ]
+    if wrong:
+        raise ModelError(f"weights do not match the config: {', '.join(wrong[:2])}", path=str(info.path))
     model.load_state_dict(state, strict=False, assign=True)
     model.build_rope()
     return model.eval().requires_grad_(False)
 
 
-__all__ = ["ARCHITECTURES", "DecoderInfo", "inspect_decoder", "is_causal_lm", "load_decoder"]
+__all__ = ["ARCHITECTURES", "DecoderInfo", "inspect_decoder", "is_causal_lm", "load_decoder", "load_tokenizer"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...config import RunConfig
 from ...device import Device
-from ...errors import DeviceHung, DevicesFailed, HpcinferError, StageError
+from ...errors import DeviceHung, DeviceResultFailed, DevicesFailed, HpcinferError, StageError
 from ...obs.progress import Progress
 from ...place.breaker import Breaker, BreakerLog, BreakerSettings
 from ...place.devices import device_labels
@@ -58,10 +58,13 @@ def run_degrading(
             stage, _, where = exc.stage.partition("@")
             if len(live) == 1 and stage in DEVICE_STAGES:
                 where = local[0]  # one device: its stages carry no device name
+            if isinstance(exc.cause, DeviceResultFailed):
+                where = local[exc.cause.replica]  # a device's failure the writer saw first
             if isinstance(exc.cause, HpcinferError) or where not in local:
                 raise  # a user's problem, or a stage that is not a device's
             failed = live[local.index(where)]
-            error = f"{type(exc.cause).__name__}: {exc.cause}"
+            cause = exc.cause.__cause__ if isinstance(exc.cause, DeviceResultFailed) else exc.cause
+            error = f"{type(cause).__name__}: {cause}"
             if isinstance(exc.cause, DeviceHung):
                 breakers[failed].trip(error)  # NOTE: a hung device is out at once
             else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...device import OutputPool
+from ...errors import DeviceResultFailed
 from ...files.parts import PartStore
 from ...job.rejects import RejectCounter
 from ...obs.latency import LatencyLog
@@ -78,7 +79,10 @@ class Writer:
 
     @staticmethod
     def wait_result(pending: Pending) -> None:
-        pending.out.events["d2h_done"].synchronize()
+        try:
+            pending.out.events["d2h_done"].synchronize()
+        except Exception as exc:  # NOTE: the device's own failure, surfacing in this stage
+            raise DeviceResultFailed(pending.replica, exc) from exc
 
     def _commit_ready(self) -> None:
         while (state := self._open.get(self._next_window)) and state.batches_done == state.window.num_batches:

@@ -11,9 +11,10 @@ from tokenizers import Tokenizer
 
 from ...config import RunConfig
 from ...device import dtype_for
-from ...errors import ConfigError, ModelError
+from ...errors import ConfigError
 from ...files.parts import fingerprint
-from ...models.decoder_checkpoint import DecoderInfo, weight_files
+from ...models.decoder_checkpoint import DecoderInfo
+from ...models.decoder_checkpoint import load_tokenizer as checkpoint_tokenizer
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
 from .engine import EngineConfig
@@ -64,7 +65,7 @@ def generation_fingerprint(
         "dtype": str(dtype),
         "window_rows": g.window_rows,
         "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
-        "weights": [f.name for f in weight_files(info.path)],
+        "weights": [f.name for f in info.weight_files],
         "id_column": config.input.id_column,
     }
     return fingerprint(files, info.path, options)
@@ -72,10 +73,7 @@ def generation_fingerprint(
 
 def load_tokenizer(info: DecoderInfo) -> Tokenizer:
     """The checkpoint's tokenizer, with no truncation or padding (prompts are checked, not cut)."""
-    try:
-        tokenizer = Tokenizer.from_file(str(info.path / "tokenizer.json"))
-    except Exception as exc:
-        raise ModelError(f"cannot load tokenizer ({exc})", path=str(info.path)) from None
+    tokenizer = checkpoint_tokenizer(info)
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer

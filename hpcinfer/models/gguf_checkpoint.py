@@ -1,0 +1,178 @@
+"""Read a GGUF file (llama.cpp's format) as a decoder checkpoint, with `gguf`, llama.cpp's own reader.
+
+The file's metadata becomes the HF-style config the native decoder validates (so a GGUF and a
+safetensors checkpoint of one model build the same `DecoderConfig`), its tokenizer metadata becomes
+a fast tokenizer (gguf_tokenizer.py), and its tensors are dequantized one at a time, from the
+memory-mapped file, into the decoder's own names: the quantized file is never copied into memory
+and the float weights exist once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+
+# GGUF `general.architecture` -> the HF architecture whose native decoder runs it. Mistral files
+# say "llama". llama.cpp's converter permutes Llama's q/k rows for its rotary layout; Qwen's not.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_PERMUTED_QK = {"llama", "mistral"}  # native decoder families
+
+_LAYER_TENSORS = {  # GGUF name inside blk.N -> (native name, position in a fused tensor or None)
+    "attn_q": ("qkv", 0),
+    "attn_k": ("qkv", 1),
+    "attn_v": ("qkv", 2),
+    "ffn_gate": ("gate_up", 0),
+    "ffn_up": ("gate_up", 1),
+    "attn_output": ("o_proj", None),
+    "ffn_down": ("down", None),
+}
+_LAYER_NORMS = {"attn_norm": "input_norm", "ffn_norm": "post_norm", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
+_TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm", "output.weight": "lm_head.weight"}
+
+
+def find_gguf(path: Path) -> Path | None:
+    """The GGUF file `path` names: the file itself, or the one .gguf in a directory without config.json."""
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise ModelError(
+            f"directory holds {len(found)} GGUF files; name one ({', '.join(f.name for f in found)})", path=str(path)
+        )
+    return found[0] if found else None
+
+
+class GGUFFile:
+    """One open GGUF file: its metadata as plain values and its tensors by name, memory-mapped."""
+
+    def __init__(self, file: Path) -> None:
+        from gguf import GGUFReader  # numpy-only, but only GGUF checkpoints need it
+
+        self.file = file
+        try:
+            self.reader = GGUFReader(str(file), "r")
+        except Exception as exc:  # the reader raises ValueError and struct errors on a bad file
+            raise ModelError(f"cannot read GGUF file ({exc})", path=str(file)) from None
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def value(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def metadata(self, prefix: str = "") -> dict[str, Any]:
+        return {key: field.contents() for key, field in self.reader.fields.items() if key.startswith(prefix)}
+
+    def hf_config(self) -> dict[str, Any]:
+        """The config.json a HF checkpoint of this model would carry, from llama.cpp's keys."""
+        arch = str(self.value("general.architecture"))
+        if arch not in ARCHITECTURES:
+            raise ModelError(
+                f"unsupported GGUF architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})", path=str(self.file)
+            )
+        if "rope_freqs.weight" in self.tensors:
+            raise ModelError("GGUF rope_freqs (per-dimension RoPE factors) are not supported", path=str(self.file))
+
+        def key(name: str, default: Any = None) -> Any:
+            return self.value(f"{arch}.{name}", default)
+
+        heads = int(key("attention.head_count"))
+        hidden = int(key("embedding_length"))
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        config: dict[str, Any] = {
+            "architectures": [ARCHITECTURES[arch]],
+            "vocab_size": int(key("vocab_size") or (len(tokens.data) if tokens is not None else 0)),
+            "hidden_size": hidden,
+            "intermediate_size": int(key("feed_forward_length")),
+            "num_hidden_layers": int(key("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(key("attention.head_count_kv") or heads),
+            "head_dim": int(key("attention.key_length") or hidden // heads),
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            "max_position_embeddings": int(key("context_length", 2048)),
+            "rope_theta": float(key("rope.freq_base", 10000.0)),
+            "tie_word_embeddings": "output.weight" not in self.tensors,
+        }
+        scaling = key("rope.scaling.type")
+        if scaling and scaling != "none":
+            config["rope_scaling"] = {
+                "rope_type": str(scaling),
+                "factor": float(key("rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": int(key("rope.scaling.original_context_length", 0)) or None,
+            }
+        if arch == "llama" and "blk.0.attn_q.bias" in self.tensors:
+            config["attention_bias"] = True
+        return config
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = [self.value(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+    def special_tokens(self) -> dict[str, str]:
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            return {}
+        out = {}
+        for name, key in (
+            ("bos_token", "bos"),
+            ("eos_token", "eos"),
+            ("unk_token", "unknown"),
+            ("pad_token", "padding"),
+        ):
+            index = self.value(f"tokenizer.ggml.{key}_token_id")
+            if index is not None and 0 <= int(index) < len(tokens.data):
+                out[name] = tokens.contents(int(index))
+        return out
+
+    def float_tensor(self, name: str) -> torch.Tensor:
+        """One tensor dequantized to float32 ([out, in] for a matrix), read from the mapped file."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        tensor = self.tensors[name]
+        try:
+            array = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            kind = GGMLQuantizationType(tensor.tensor_type).name
+            raise ModelError(f"GGUF tensor type {kind} is not supported (tensor {name})", path=str(self.file)) from None
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
+        array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
+        # An F32 tensor comes back as a read-only view of the mapped file: copy it into the model's own memory.
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+    def native_tensors(self, arch: str, heads: int, kv_heads: int) -> Iterator[tuple[str, torch.Tensor, int | None]]:
+        """(native name, float32 tensor, position in a fused tensor) for every tensor the decoder uses."""
+        for name in self.tensors:
+            if name in _TOP:
+                yield _TOP[name], self.float_tensor(name), None
+                continue
+            block, _, rest = name.partition(".")
+            layer, _, rest = rest.partition(".")
+            if block != "blk" or not layer.isdigit():
+                continue
+            module, _, kind = rest.rpartition(".")
+            if module in _LAYER_NORMS and kind == "weight":
+                yield f"layers.{layer}.{_LAYER_NORMS[module]}", self.float_tensor(name), None
+            elif module in _LAYER_TENSORS:
+                target, position = _LAYER_TENSORS[module]
+                tensor = self.float_tensor(name)
+                if arch in _PERMUTED_QK and module in ("attn_q", "attn_k"):
+                    tensor = unpermute_rotary(tensor, heads if module == "attn_q" else kv_heads)
+                yield f"layers.{layer}.{target}.{kind}", tensor, position
+
+
+def unpermute_rotary(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undoes llama.cpp's q/k row order (each head's halves interleaved) back to HF's rotate-half order."""
+    rows = tensor.shape[0]
+    half = rows // heads // 2
+    return tensor.reshape(heads, half, 2, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
+
+
+__all__ = ["ARCHITECTURES", "GGUFFile", "find_gguf", "unpermute_rotary"]
