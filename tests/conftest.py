@@ -18,6 +18,11 @@ if not torch.cuda.is_available():
     # interpreter, the only way they run without a GPU (tasks/generate/paged_kernel.py).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # NOTE: `pytest -n 2` runs two workers on the machine's two cores: two torch threads each would
+    # put four busy threads on two cores. Subprocesses a test starts keep torch's default.
+    torch.set_num_threads(1)
+
 from hpcinfer.api import run
 from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
 from hpcinfer.models.tiny import build_tiny_bert
