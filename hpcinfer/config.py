@@ -51,6 +51,7 @@ class PlanConfig:
 class DeviceConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | simulated
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    quantize: str = "none"  # none | fp8: the decoder's linear weights in float8_e4m3fn (generation)
     streams: int = 1
     staging_buffers: int = 2
     cuda_graphs: bool = False
@@ -104,6 +105,7 @@ class GenerateConfig:
     prefix_order: bool = True  # admit a window's prompts sorted by token ids (rows sharing a prefix together)
     priority_column: str = "priority"  # optional integer column: higher is admitted first
     attention: str = "auto"  # auto | torch | flash-attn | triton: the paged attention kernel, chosen at start-up
+    kv_cache_dtype: str = "auto"  # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
 
 
 @dataclass(frozen=True, slots=True)

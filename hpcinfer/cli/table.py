@@ -95,6 +95,9 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: on CUDA flash-attn "
         "where it can run (--kv-block-size 256), else triton (reads KV blocks in place); torch on CPU.",
         commands=RUNS, type=choice(["auto", "torch", "flash-attn", "triton"])),
+    opt("--kv-cache-dtype", "generate.kv_cache_dtype", "Generation", "KV cache storage; fp8: float8_e4m3fn "
+        "with a scale per layer, twice the tokens in the same memory (torch attention reads it; measure the "
+        "answers on your model).", commands=RUNS, type=choice(["auto", "fp8"])),
     # -- Devices
     opt("--device", "device.device", "Devices", "auto, cpu, cuda or cuda:N."),
     opt("--devices", "device.devices", "Devices", "Run on several devices, one model replica each: "
@@ -104,6 +107,9 @@ OPTIONS: tuple[Opt, ...] = (
         "fewest outstanding tokens, or in turn.", commands=RUNS, type=choice(["tokens", "round_robin"])),
     opt("--dtype", "device.dtype", "Devices", "Compute dtype; auto is float32 on CPU, bfloat16 on CUDA "
         "(float16 on a GPU without bfloat16).", type=choice(["auto", "float32", "bfloat16", "float16"])),
+    opt("--quantize", "device.quantize", "Devices", "Weights of a causal LM's linear layers: fp8 is "
+        "float8_e4m3fn with a scale per output channel, multiplied in FP8 (CUDA 8.9+ and CPU) or dequantized.",
+        commands=RUNS, type=choice(["none", "fp8"])),
     opt("--streams", "device.streams", "Devices", "Compute streams on CUDA.", commands=RUNS, type=int),
     opt("--staging-buffers", "device.staging_buffers", "Devices", "Pinned staging slots (2 = double "
         "buffering).", commands=RUNS, type=int),

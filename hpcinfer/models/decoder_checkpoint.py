@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .checkpoint import read_model_json
+from .fp8 import quantize_decoder_fp8
 from .gguf_checkpoint import GGUFFile, find_gguf
 from .gguf_tokenizer import gguf_tokenizer
 from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
@@ -207,8 +208,14 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
     return state
 
 
-def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype) -> LlamaDecoder:
-    """Builds the decoder on `device` in `dtype`; strict about missing tensors."""
+QUANTIZE = ("none", "fp8")
+
+
+def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaDecoder:
+    """Builds the decoder on `device` in `dtype`, its linear layers' weights in FP8 with
+    `quantize="fp8"` (models/fp8.py); strict about missing tensors."""
+    if quantize not in QUANTIZE:
+        raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZE)} for a causal LM (got {quantize!r})")
     if info.gguf:
         state = gguf_state_dict(info, device, dtype)
     else:
@@ -238,7 +245,8 @@ def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype) ->
         raise ModelError(f"weights do not match the config: {', '.join(wrong[:2])}", path=str(info.path))
     model.load_state_dict(state, strict=False, assign=True)
     model.build_rope()
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    return quantize_decoder_fp8(model, device) if quantize == "fp8" else model
 
 
 __all__ = ["ARCHITECTURES", "DecoderInfo", "inspect_decoder", "is_causal_lm", "load_decoder", "load_tokenizer"]

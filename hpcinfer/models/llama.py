@@ -169,7 +169,7 @@ class DecoderLayer(nn.Module):
             q, k = qk[:, :heads], qk[:, heads:]
         x = x + self.o_proj(attn(self.index, q, k, v))
         h = rms_norm(x, self.post_norm, cfg.rms_norm_eps)
-        if x.device.type == "cpu" and 0 < CPU_MLP_SLICE < cfg.intermediate_size:
+        if x.device.type == "cpu" and 0 < CPU_MLP_SLICE < cfg.intermediate_size and isinstance(self.gate_up, nn.Linear):
             return x + self.down(self._sliced_act(h, CPU_MLP_SLICE))
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)

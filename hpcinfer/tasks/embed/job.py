@@ -59,6 +59,10 @@ def run_embed(
 
 
 def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -> RunReport:
+    if config.device.quantize != "none":
+        raise ConfigError(
+            f"--quantize {config.device.quantize} applies to causal LMs (generation); embedding runs in --dtype"
+        )
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
     info = inspect_checkpoint(resolve_model_path(config.model))

@@ -106,8 +106,8 @@ class TorchPagedAttention(_BoundToStep):
         self.batch: PagedBatch | None = None
         self.timed = timed
         self.gather_s = 0.0
-        self._kbuf = cache.k.new_empty(0, *cache.k.shape[2:])
-        self._vbuf = cache.v.new_empty(0, *cache.v.shape[2:])
+        self._kbuf = cache.raw(cache.k).new_empty(0, *cache.k.shape[2:])
+        self._vbuf = cache.raw(cache.v).new_empty(0, *cache.v.shape[2:])
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -131,7 +131,8 @@ class TorchPagedAttention(_BoundToStep):
         tensor per layer and step costs page faults that make the gather several times slower.
         """
         start = time.perf_counter() if self.timed else 0.0
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        cache = self.cache
+        pool_k, pool_v = cache.raw(cache.k[layer]), cache.raw(cache.v[layer])
         flat = blocks.reshape(-1)
         n = flat.numel()
         if self._kbuf.shape[0] < n:
@@ -139,8 +140,8 @@ class TorchPagedAttention(_BoundToStep):
             self._kbuf = pool_k.new_empty(size, *pool_k.shape[1:])
             self._vbuf = pool_v.new_empty(size, *pool_v.shape[1:])
         shape = (*blocks.shape[:-1], -1, *pool_k.shape[2:])
-        kk = torch.index_select(pool_k, 0, flat, out=self._kbuf[:n]).view(shape)
-        vv = torch.index_select(pool_v, 0, flat, out=self._vbuf[:n]).view(shape)
+        kk = cache.dequantize(torch.index_select(pool_k, 0, flat, out=self._kbuf[:n]), layer, key=True).view(shape)
+        vv = cache.dequantize(torch.index_select(pool_v, 0, flat, out=self._vbuf[:n]), layer, key=False).view(shape)
         if self.timed:
             self.gather_s += time.perf_counter() - start
         return kk, vv
@@ -266,6 +267,8 @@ def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
     """Why flash-attn's paged kernel cannot run this cache on `device`, or None when it can."""
     if device.type != "cuda":
         return f"needs a CUDA device (the run is on {device})"
+    if layout.quantized:
+        return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
     if layout.dtype not in (torch.float16, torch.bfloat16):
         return f"runs float16 or bfloat16, not {str(layout.dtype).removeprefix('torch.')} (--dtype)"
     if layout.block_size % FLASH_ATTN_BLOCK:
@@ -281,6 +284,8 @@ def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
     """Why the Triton kernel cannot run this cache on `device`, or None when it can."""
     if device.type != "cuda":
         return f"needs a CUDA device (the run is on {device}; on the CPU Triton only interprets)"
+    if layout.quantized:
+        return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
     size = layout.block_size
     if size & (size - 1):
         return f"needs --kv-block-size a power of two (got {size})"

@@ -55,6 +55,8 @@ def graph_peak(
     heads, kv_heads, dim = cfg.num_heads, layout.num_kv_heads, layout.head_dim
     upcast = 2 * kv_heads * dim * 4 if elem < 4 else 0
     per_key = 2 * kv_heads * dim * elem + upcast + 3 * heads * dim * 4 + 2 * heads * 4 + elem + 1
+    if layout.quantized:  # an FP8 cache is gathered as bytes before it is dequantized
+        per_key += 2 * kv_heads * dim * torch.empty(0, dtype=layout.stored).element_size()
     per_key *= gathers
     per_row = 4 * (6 * cfg.hidden_size + 3 * cfg.intermediate_size + (heads + 2 * kv_heads) * dim)
     per_row += cfg.vocab_size * (4 + elem + (4 if elem < 4 else 0))  # static, LM head output, float32 copy
@@ -108,7 +110,7 @@ class StaticDecodeAttention:
             return self
         keys = width * self.cache.layout.block_size
         inside = self._key_pos[:keys][None, :] < self.lens[:rows, None]
-        zero = torch.zeros((), dtype=self.cache.k.dtype, device=inside.device)
+        zero = torch.zeros((), dtype=self.cache.layout.dtype, device=inside.device)
         self.mask = torch.where(inside, zero, -torch.inf).view(rows, 1, 1, keys)
         return self
 
@@ -122,8 +124,9 @@ class StaticDecodeAttention:
             return self.kernel(q, pool_k, pool_v, tables, which, self.lens[:rows]).reshape(rows, -1)
         flat = self.tables[:rows, :width].reshape(-1)
         shape = (rows, -1, *pool_k.shape[2:])
-        kk = pool_k.index_select(0, flat).view(shape)  # [rows, width * block_size, Hkv, D]
-        vv = pool_v.index_select(0, flat).view(shape)
+        cache = self.cache
+        kk = cache.dequantize(cache.raw(pool_k).index_select(0, flat), layer, key=True).view(shape)
+        vv = cache.dequantize(cache.raw(pool_v).index_select(0, flat), layer, key=False).view(shape)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=self.mask, enable_gqa=True
         )

@@ -52,6 +52,7 @@ class EngineConfig:
     # reach step N+1's inputs on the device). None: on CUDA, where the host and device overlap.
     ahead: bool | None = None
     attention: str = "auto"  # auto | torch | flash-attn | triton (attention.py, chosen once at start-up)
+    kv_storage: torch.dtype | None = None  # the pools' dtype when not the model's: float8_e4m3fn (kv_cache.py)
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ def pool_reserve(model: LlamaDecoder, config: EngineConfig) -> Callable[[int], i
     if not config.cuda_graphs:
         return None
     max_blocks = blocks_for(model.cfg.max_model_len, config.block_size)
-    layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+    layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
     gathers = attention_kind(config.attention, layout, model.norm.device) != "triton"
     return graph_peak(model.cfg, layout, config.max_num_seqs, max_blocks, gathers)
 
@@ -116,7 +117,7 @@ class Engine:
     ) -> None:
         device = model.norm.device
         self.config = config
-        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype)
+        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
         num_blocks = size_pool(layout, config.kv_cache_memory, device, pool_reserve(model, config))
         self.cache = KVCache(layout, num_blocks, device)
         scratch = None

@@ -219,7 +219,7 @@ class GenerationJob:
     def _engine(self, device: torch.device) -> Engine:
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            model = load_decoder(self.info, device, self.dtype)
+            model = load_decoder(self.info, device, self.dtype, self.config.device.quantize)
             return Engine(
                 model,
                 self.engine_config,

@@ -144,7 +144,7 @@ class GenerateReplica:
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
         with torch.inference_mode():
-            model = load_decoder(self.info, device, dtype)
+            model = load_decoder(self.info, device, dtype, config.device.quantize)
         # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one
         # window serves the next, as in a local run.
         self.engine = Engine(

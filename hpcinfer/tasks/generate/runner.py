@@ -169,7 +169,7 @@ class ModelRunner:
         keys = blocks.shape[1] * self.block_size
         beyond = self._key_pos[:keys][None, :] >= lens[start:end, None]
         # An additive float mask: SDPA's CPU kernel runs faster with it than with a boolean one.
-        mask = torch.zeros(beyond.shape, dtype=self.cache.k.dtype, device=self.device)
+        mask = torch.zeros(beyond.shape, dtype=self.cache.layout.dtype, device=self.device)
         mask.masked_fill_(beyond, -torch.inf)
         return DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end])
 

@@ -18,7 +18,7 @@ from ...models.decoder_checkpoint import load_tokenizer as checkpoint_tokenizer
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
 from .engine import EngineConfig
-from .kv_cache import parse_kv_memory
+from .kv_cache import kv_storage, parse_kv_memory
 from .requests import RequestReader
 from .sequence import SamplingParams
 
@@ -66,6 +66,7 @@ def generation_fingerprint(
         "window_rows": g.window_rows,
         "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
         "weights": [f.name for f in info.weight_files],
+        "quantize": [config.device.quantize, g.kv_cache_dtype],
         "id_column": config.input.id_column,
     }
     return fingerprint(files, info.path, options)
@@ -108,4 +109,5 @@ def engine_config(config: RunConfig) -> EngineConfig:
         timed=True,
         cuda_graphs=config.device.cuda_graphs,
         attention=g.attention,
+        kv_storage=kv_storage(g.kv_cache_dtype),
     )

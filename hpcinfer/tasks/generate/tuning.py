@@ -98,11 +98,14 @@ def search_generation(
         torch.set_num_threads(base.device.threads)
     tokenizer = load_tokenizer(info)
     reader = request_reader(base, info, tokenizer)  # NOTE: refuses bad sampling defaults before the model loads
-    model = load_decoder(info, device, dtype)
+    model = load_decoder(info, device, dtype, base.device.quantize)
     engine = engine_config(base)
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
     blocks = size_pool(
-        KVLayout.of(model.cfg, g.kv_block_size, dtype), engine.kv_cache_memory, device, pool_reserve(model, engine)
+        KVLayout.of(model.cfg, g.kv_block_size, dtype, engine.kv_storage),
+        engine.kv_cache_memory,
+        device,
+        pool_reserve(model, engine),
     )
     kv_tokens = blocks * g.kv_block_size
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
