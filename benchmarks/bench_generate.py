@@ -6,19 +6,21 @@ tokenizer in benchmarks/minilm_tokenizer, the GPU default), 128 prompts of 16-25
 max_tokens drawn from 16-128 and ignore_eos. "Useful" tokens are the ones each request asked for:
 a static batch that runs to its longest request generates more, and those extra tokens are waste.
 
-hpcinfer runs once per `--variants` entry (attention kernel, decode graphs); transformers'
+hpcinfer runs once per `--variants` entry (attention kernel, decode graphs, FP8 weights and KV
+cache); transformers'
 `generate` once per `--static-batches` size, and its continuous batching (`paged|sdpa`, the
 manager behind `generate_batch`) once. Every engine's greedy tokens are compared with the first
 hpcinfer variant's; on CUDA each engine's peak memory is reported.
 
     python benchmarks/bench_generate.py [--device cpu|cuda] [--shape tiny|50m|llama-1b] [--prompts 128]
-        [--variants 'attention=torch,graphs=0;attention=triton,graphs=1'] [--static-batches 8,16]
+        [--variants 'attention=torch,graphs=0;attention=triton,graphs=1;kv=fp8,quantize=fp8'] [--static-batches 8,16]
         [--skip-static] [--skip-cb] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import random
@@ -35,9 +37,10 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # NOTE: runs from a checkout, installed or not
 
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
+from hpcinfer.models.fp8 import quantize_decoder_fp8  # noqa: E402
 from hpcinfer.models.tiny_decoder import build_tiny_decoder  # noqa: E402
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.tasks.generate.kv_cache import parse_kv_memory  # noqa: E402
+from hpcinfer.tasks.generate.kv_cache import kv_storage, parse_kv_memory  # noqa: E402
 from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
 
 TOKENIZER = Path(__file__).resolve().parent / "minilm_tokenizer"
@@ -68,13 +71,20 @@ def pct(values: list[float], q: float) -> float:
 
 
 def parse_variants(text: str) -> list[dict[str, Any]]:
-    """'attention=torch,graphs=0;attention=triton,graphs=1' -> [{'attention': 'torch', 'graphs': False}, ...]."""
+    """'attention=torch,graphs=0;attention=auto,kv=fp8,quantize=fp8' -> [{'attention': 'torch', ...}, ...]."""
     out = []
     for part in filter(None, (x.strip() for x in text.split(";"))):
         fields = dict(kv.split("=", 1) for kv in part.split(","))
-        if set(fields) - {"attention", "graphs"}:
-            raise SystemExit(f"bench_generate: unknown variant field in {part!r} (attention, graphs)")
-        out.append({"attention": fields.get("attention", "auto"), "graphs": fields.get("graphs", "0") == "1"})
+        if set(fields) - {"attention", "graphs", "kv", "quantize"}:
+            raise SystemExit(f"bench_generate: unknown variant field in {part!r} (attention, graphs, kv, quantize)")
+        out.append(
+            {
+                "attention": fields.get("attention", "auto"),
+                "graphs": fields.get("graphs", "0") == "1",
+                "kv": fields.get("kv", "auto"),  # auto | fp8: the KV cache's storage (--kv-cache-dtype)
+                "quantize": fields.get("quantize", "none"),  # none | fp8: the linear weights (--quantize)
+            }
+        )
     return out
 
 
@@ -102,7 +112,10 @@ def run_hpcinfer(model, prompts, max_tokens, args, variant) -> tuple[tuple[float
         timed=True,
         cuda_graphs=variant["graphs"],
         attention=variant["attention"],
+        kv_storage=kv_storage(variant["kv"]),
     )
+    if variant["quantize"] == "fp8":
+        model = quantize_decoder_fp8(copy.deepcopy(model), args.device)
     engine = Engine(model, cfg, eos_token_ids=())
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens]
     engine.generate([prompts[0]], [SamplingParams(max_tokens=4, ignore_eos=True)])  # warm-up: kernels, graphs
@@ -197,7 +210,10 @@ def parse_args() -> argparse.Namespace:
     args.shape = args.shape or ("llama-1b" if cuda else "50m")
     args.dtype = ("bfloat16" if cuda else "float32") if args.dtype == "auto" else args.dtype
     args.kv_cache_memory = parse_kv_memory(args.kv_cache_memory or ("0.5" if cuda else "1GiB"))
-    default_variants = "attention=torch,graphs=0;attention=triton,graphs=0;attention=auto,graphs=1"
+    default_variants = (
+        "attention=torch,graphs=0;attention=triton,graphs=0;attention=auto,graphs=1;"
+        "attention=auto,graphs=1,quantize=fp8;attention=torch,graphs=1,kv=fp8"
+    )
     args.variants = parse_variants(args.variants or (default_variants if cuda else "attention=torch,graphs=0"))
     args.static_batches = [int(x) for x in (args.static_batches or ("64,128" if cuda else "8,16,32,64")).split(",")]
     return args
@@ -261,6 +277,11 @@ def main() -> int:
         fresh_peak(device)
         (wall, cpu), tokens, detail = run_hpcinfer(model, prompts, max_tokens, args, variant)
         name = f"hpcinfer {detail['attention']}{' + decode graphs' if variant['graphs'] else ''}"
+        name += "".join(
+            f" + fp8 {what}"
+            for what, on in (("weights", variant["quantize"] == "fp8"), ("KV", variant["kv"] == "fp8"))
+            if on
+        )
         record(name, wall, cpu, tokens, **detail)
         split = ", ".join(f"{k} {v:.0%}" for k, v in detail["split"].items())
         print(

@@ -19,8 +19,9 @@
 #      steady work (120,000 rows), two interleaved rounds: rows/s, the ratios, the device's busy
 #      share and H2D/compute overlap;
 #   6. bench_generate.py on the GPU: a random model of Llama-3.2-1B's shape in bfloat16, hpcinfer
-#      (torch and Triton attention eager, decode graphs) against transformers' static generate and
-#      continuous batching: useful tokens/s, peak memory, greedy tokens against hpcinfer's.
+#      (torch and Triton attention eager, decode graphs; FP8 weights with decode graphs, the FP8 KV
+#      cache on the torch path) against transformers' static generate and continuous batching: useful
+#      tokens/s, peak memory, greedy tokens against hpcinfer's first variant (FP8's agreement).
 # Everything it measures lands in the output folder (--out DIR; default $OUT where the device tool
 # sets it, else gpu_check-<UTC time>/): the log (gpu_check.log, or --log PATH), the benchmarks'
 # bench.json and generate.json, and steps.json (each step's status and seconds).
@@ -62,7 +63,7 @@ if [ "$DRY" = 1 ]; then
   DEVICE=simulated BENCH_DEVICE=cpu CHECK_SIZE=(--rows 48 --max-length 32)
   BENCH_SIZE=(--rows 48 --tile 2 --variants "streams=1,graphs=0;streams=2,graphs=0" --st-batch-sizes 32)
   GEN=(--device cpu --shape tiny --prompts 8 --static-batches 8 --kv-cache-memory 64MiB
-       --variants "attention=torch,graphs=0;attention=torch,graphs=1")
+       --variants "attention=torch,graphs=0;attention=torch,graphs=1;attention=torch,graphs=1,kv=fp8,quantize=fp8")
   MULTI=(--rows 200 --gen-rows 16 --dry-run)
   # NOTE: no GPU: Triton kernels run in Triton's interpreter, chosen before anything imports Triton
   export TRITON_INTERPRET=1
