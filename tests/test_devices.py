@@ -111,8 +111,13 @@ def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, ti
         SimulatedDevice(seed=2, max_delay_s=0.0005),
     ]
     stream = io.StringIO()
+    trace = tmp_path / "trace.json"
     try:
-        report = run(small_config(rows_file, out, tiny_model), devices=devices, progress=Progress("log", stream))
+        report = run(
+            small_config(rows_file, out, tiny_model, trace_path=str(trace)),
+            devices=devices,
+            progress=Progress("log", stream),
+        )
     finally:
         for d in devices:
             d.close()
@@ -121,6 +126,11 @@ def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, ti
     assert [(t["device"], t["state"]) for t in report.device_faults] == [("simulated#1", "open")]
     assert [r["device"] for r in report.restarts] == ["simulated#1", "simulated#1"]  # it failed twice
     assert "device lost" in report.restarts[0]["error"] and "device simulated#1 open" in stream.getvalue()
+    events = json.loads(trace.read_text())["traceEvents"]  # the transition is a mark on the device's track
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    marks = [(e["name"], tracks[e["tid"]]) for e in events if e["name"].startswith("breaker")]
+    assert ("breaker open", "simulated#1/breaker") in marks
+    assert any(e["name"] == "execute" for e in events)  # with the stages' spans
     assert report.accounting["rows_written"] + report.rows_resumed == 1499
 
 

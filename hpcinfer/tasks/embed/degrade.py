@@ -17,7 +17,8 @@ from ...config import RunConfig
 from ...device import Device
 from ...errors import DeviceHung, DeviceResultFailed, DevicesFailed, HpcinferError, StageError
 from ...obs.progress import Progress
-from ...place.breaker import Breaker, BreakerLog, BreakerSettings
+from ...obs.timing import Span
+from ...place.breaker import Breaker, BreakerLog, BreakerSettings, Transition
 from ...place.devices import device_labels
 from .given import RunExtras
 from .report import RunReport
@@ -39,9 +40,16 @@ def run_degrading(
         config.device.breaker_failures, config.device.breaker_window, config.device.breaker_cooldown
     )
     progress = extras.progress or Progress(config.pipeline.progress)
-    log = BreakerLog(listener=lambda t: progress.note(f"hpcinfer: device {t.device} {t.state}: {t.reason}"))
+    marks: list[Span] = []  # NOTE: each transition is also an instant on the trace, on its device's track
+
+    def tell(t: Transition) -> None:
+        progress.note(f"hpcinfer: device {t.device} {t.state}: {t.reason}")
+        at = int((log.start + t.at_s) * 1e9)  # the stages' clock: perf_counter, in ns
+        marks.append(Span(f"breaker {t.state}", at, at, f"{t.device}/breaker", {"reason": t.reason}))
+
+    log = BreakerLog(listener=tell)
     breakers = [Breaker(label, settings, log) for label in labels]
-    extras = replace(extras, progress=progress)
+    extras = replace(extras, progress=progress, trace_marks=marks)
     restarts: list[dict[str, Any]] = []
     faulted: set[int] = set()  # devices that failed since they last ran
     while True:

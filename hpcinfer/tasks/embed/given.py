@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ from ...models.checkpoint import CheckpointInfo
 from ...models.registry import LoadedModel
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
+from ...obs.timing import Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class RunExtras:
     ranges: RangeBackend | None = None  # a profiler range per work item (hpcinfer profile)
     batch_profiler: Any = None  # torch.profiler over a few batches
     model: LoadedModel | None = None  # loaded already for the (first) device and dtype
+    trace_marks: list[Span] = field(default_factory=list)  # instants the trace shows besides the stages (breakers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,7 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
         raise
     finally:
         run.progress.close()
-    return run.finish(planner.windows, writer.rows_written, budget.tokens, start_ns, end_ns)
+    return run.finish(planner.windows, writer.rows_written, budget.tokens, start_ns, end_ns, extras.trace_marks)
 
 
 def check_lengths(config: RunConfig, info: CheckpointInfo) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from ...job.serial import run_serial
 from ...models.registry import LoadedModel, load_tokenizer
 from ...obs.latency import LatencyLog
 from ...obs.progress import Progress
-from ...obs.timing import Timings, bottleneck
+from ...obs.timing import Span, Timings, bottleneck
 from ...obs.trace import write_trace
 from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
@@ -147,7 +147,9 @@ class EmbedRun:
 
         return watch
 
-    def finish(self, windows: int, written_now: int, final_tokens: int, start_ns: int, end_ns: int) -> RunReport:
+    def finish(
+        self, windows: int, written_now: int, final_tokens: int, start_ns: int, end_ns: int, marks: Sequence[Span] = ()
+    ) -> RunReport:
         """The report's closing figures; written as JSON (--report) and the trace (--trace)."""
         report, config, devices, store = self.report, self.config, self.job.devices, self.job.store
         report.rows = store.rows_written
@@ -167,7 +169,7 @@ class EmbedRun:
         if config.report_path:
             report.write_json(config.report_path)
         if config.trace_path:
-            write_trace(self.timings.spans, config.trace_path)
+            write_trace([*self.timings.spans, *marks], config.trace_path)
         return report
 
 
