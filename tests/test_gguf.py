@@ -82,6 +82,27 @@ def test_tiny_gguf_tokenizer_and_template(tmp_path):
     assert [ours.encode(t).ids for t in texts] == [theirs(t)["input_ids"] for t in texts]
 
 
+def test_a_sentencepiece_vocabulary_tokenizes_as_transformers_does(tmp_path):
+    file = build_tiny_gguf(tmp_path / "spm.gguf", tokenizer="llama", seed=2)
+    info = inspect_decoder(file)
+    assert info.eos_token_ids == (2,) and info.special_tokens["bos_token"] == "<s>"
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=file.name)
+    texts = [
+        *make_texts(40, seed=3),
+        " the heat",
+        "  two spaces",
+        "ünïcödé ☕ 12",
+        "<s>the</s>",
+        "<|im_start|>x<|im_end|>",
+    ]
+    ours = load_tokenizer(info)
+    assert [ours.encode(t).ids for t in texts] == [theirs(t)["input_ids"] for t in texts]
+    ids = ours.encode(texts[0]).ids
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    outputs, reference_logits = logits_of_both(file)
+    assert (outputs - reference_logits).abs().max() < 1e-4
+
+
 def test_unsupported_files_are_one_line_errors(tmp_path):
     (tmp_path / "two").mkdir()
     build_tiny_gguf(tmp_path / "two" / "a.gguf")

@@ -63,10 +63,54 @@ def _respell(token: str, alphabet: frozenset[str]) -> str:
 def gguf_tokenizer(meta: Mapping[str, Any]) -> Tokenizer:
     """The fast tokenizer of a GGUF's `tokenizer.ggml.*` metadata; ModelError for a kind we don't build."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', byte-level BPE)")
-    tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
+    tokens: Sequence[str] = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise ModelError("GGUF file has no tokenizer.ggml.tokens")
     kinds: Sequence[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "gpt2":
+        tokenizer, spelled = _byte_level(meta, tokens)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    elif kind == "llama":
+        tokenizer, spelled = _sentencepiece(meta, tokens), None
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))  # llama.cpp's default for these
+    else:
+        raise ModelError(
+            f"GGUF tokenizer model {kind!r} is not supported "
+            "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
+        )
+    named = {meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")}
+    # Control tokens (<|im_start|>, </s>) and the named ones match whole and are special; in a
+    # byte-level vocabulary one spelled outside the byte alphabet is a mislabel of the converter.
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(token, normalized=False, special=True)
+            for index, (token, k) in enumerate(zip(tokens, kinds, strict=True))
+            if (k == CONTROL or index in named) and (spelled is None or set(token) <= spelled)
+        ]
+    )
+    vocab = tokenizer.get_vocab()
+    tokenizer.add_tokens(
+        [
+            AddedToken(token, normalized=False, special=False)
+            for token, k in zip(tokens, kinds, strict=True)
+            if k == USER_DEFINED and token in vocab
+        ]
+    )
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    with_bos = add_bos and bos is not None
+    with_eos = bool(meta.get("tokenizer.ggml.add_eos_token")) and eos is not None
+    if with_bos or with_eos:
+        head = f"{tokens[int(bos)]} " if with_bos else ""
+        tail = f" {tokens[int(eos)]}" if with_eos else ""
+        ends = {tokens[int(i)]: int(i) for i, on in ((bos, with_bos), (eos, with_eos)) if on}
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B:1{tail}", special_tokens=list(ends.items())
+        )
+    return tokenizer
+
+
+def _byte_level(meta: Mapping[str, Any], tokens: Sequence[str]) -> tuple[Tokenizer, frozenset[str]]:
+    """A byte-level BPE: the file's merges, split as `tokenizer.ggml.pre` says, bytes decoded back."""
     merges = meta.get("tokenizer.ggml.merges")
     if not merges:
         raise ModelError("GGUF byte-level tokenizer has no tokenizer.ggml.merges")
@@ -85,28 +129,39 @@ def gguf_tokenizer(meta: Mapping[str, Any]) -> Tokenizer:
             ]
         )
     tokenizer.decoder = decoders.ByteLevel()
-    # Control tokens (<|im_start|>, <|endoftext|>) match whole and are special; one spelled outside
-    # the byte alphabet is a mislabel of the converter and would not be in the model's vocabulary.
-    tokenizer.add_special_tokens(
-        [
-            AddedToken(token, normalized=False, special=True)
-            for token, k in zip(tokens, kinds, strict=True)
-            if k == CONTROL and set(token) <= alphabet
-        ]
+    return tokenizer, alphabet
+
+
+def _sentencepiece(meta: Mapping[str, Any], tokens: Sequence[str]) -> Tokenizer:
+    """A SentencePiece BPE (Llama 2, Mistral): pieces spelled with ▁, unknown characters as
+    <0xXX> byte tokens, and merges from the file or, as SentencePiece files carry none, from the
+    pieces' scores (a piece's splits into two pieces, best score first)."""
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges:
+        pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    else:
+        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        pairs = merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
+    tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=True, byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    tokenizer.add_tokens(
-        [
-            AddedToken(token, normalized=False, special=False)
-            for token, k in zip(tokens, kinds, strict=True)
-            if k == USER_DEFINED and token in vocab
-        ]
-    )
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], int(bos))]
-        )
     return tokenizer
 
 
-__all__ = ["PRE_TOKENIZER_SPLITS", "byte_alphabet", "gguf_tokenizer"]
+def merges_from_scores(vocab: Mapping[str, int], scores: Mapping[str, float]) -> list[tuple[str, str]]:
+    """BPE merges a SentencePiece vocabulary implies: every split of a piece into two pieces, ranked
+    by the piece's score (higher merges first), then by the lengths of its halves."""
+    found = []
+    for piece, score in scores.items():
+        splits = [
+            (piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab
+        ]
+        found.extend(sorted(splits, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+__all__ = ["PRE_TOKENIZER_SPLITS", "byte_alphabet", "gguf_tokenizer", "merges_from_scores"]

@@ -29,6 +29,17 @@ def tiny_vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [" ".join(pair) for pair in _MERGES]
 
 
+def tiny_sentencepiece_vocabulary() -> tuple[list[str], list[int], list[float]]:
+    """(tokens, types, scores) of a small SentencePiece vocabulary as Llama 2's files hold one:
+    <unk>, <s>, </s>, the 256 byte tokens, pieces spelled with ▁ ranked by score, ChatML tokens."""
+    pieces = ["▁", *"etaoinshrdlucmfwypvbgkqjxz", "▁t", "he", "▁the", "in", "▁a", "er", "on", "▁s", "re", "at"]
+    pieces += ["▁th", "an", "en", "▁w", "▁o", "is", "▁i", "it", "es", "or", "▁c", "ed", "▁b", "ing", "▁f"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces, "<|im_start|>", "<|im_end|>"]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(pieces), 3, 3]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0, 0.0]
+    return tokens, types, scores
+
+
 def _permute_rotary(weight: Any, heads: int) -> Any:
     """llama.cpp's converter: each head's rotate-half rows interleaved (the inverse of the reader's)."""
     rows = weight.shape[0]
@@ -49,10 +60,12 @@ def build_tiny_gguf(
     rope_theta: float = 10000.0,
     tie: bool = False,
     seed: int = 0,
+    tokenizer: str = "gpt2",
 ) -> Path:
     """Writes a random `architecture` model as a GGUF whose matrices are `qtype`; returns the file.
 
     Rows must fill whole quantization blocks: 256 (the default hidden size) fits every block size.
+    `tokenizer`: "gpt2" (byte-level BPE with merges) or "llama" (SentencePiece pieces and scores).
     """
     import numpy as np
     import torch
@@ -61,7 +74,11 @@ def build_tiny_gguf(
     from gguf.quants import quantize
 
     arch = GGUF_ARCH[architecture]
-    tokens, types, merges = tiny_vocabulary()
+    if tokenizer == "llama":
+        tokens, types, scores = tiny_sentencepiece_vocabulary()
+        merges: list[str] = []
+    else:
+        tokens, types, merges = tiny_vocabulary()
     family = architecture.removesuffix("ForCausalLM")
     config = getattr(transformers, f"{family}Config")(
         vocab_size=len(tokens),
@@ -75,7 +92,7 @@ def build_tiny_gguf(
         initializer_range=0.1,
         tie_word_embeddings=tie,
         bos_token_id=tokens.index("<|im_start|>"),
-        eos_token_id=tokens.index("<|im_end|>"),
+        eos_token_id=tokens.index("<|im_end|>" if tokenizer == "gpt2" else "</s>"),
     )
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
@@ -100,14 +117,20 @@ def build_tiny_gguf(
     writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_float32(f"{arch}.rope.freq_base", rope_theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(config.rms_norm_eps))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_model(tokenizer)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index("<|im_start|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    if tokenizer == "llama":
+        writer.add_token_scores(scores)
+        writer.add_bos_token_id(tokens.index("<s>"))
+        writer.add_eos_token_id(tokens.index("</s>"))
+        writer.add_unk_token_id(tokens.index("<unk>"))
+    else:
+        writer.add_tokenizer_pre("default")
+        writer.add_token_merges(merges)
+        writer.add_bos_token_id(tokens.index("<|im_start|>"))
+        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML)
 
     def put(name: str, array: Any) -> None:
@@ -151,4 +174,4 @@ def build_tiny_gguf(
     return path
 
 
-__all__ = ["CHATML", "GGUF_ARCH", "build_tiny_gguf", "tiny_vocabulary"]
+__all__ = ["CHATML", "GGUF_ARCH", "build_tiny_gguf", "tiny_sentencepiece_vocabulary", "tiny_vocabulary"]
