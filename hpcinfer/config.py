@@ -33,6 +33,17 @@ class TokenizeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedConfig:
+    """What an embedding is, where the checkpoint's sentence-transformers files leave a choice."""
+
+    pooling: str | None = None  # cls | mean | max | mean_sqrt_len | last; None: the checkpoint's
+    normalize: bool | None = None  # L2-normalise; None: as the checkpoint's modules say
+    dimensions: int | None = None  # keep the first N dimensions (Matryoshka), then normalise if normalising
+    prompt: str | None = None  # text put before every row's text ("query: ")
+    prompt_name: str | None = None  # a prompt the checkpoint names (config_sentence_transformers.json)
+
+
+@dataclass(frozen=True, slots=True)
 class PlanConfig:
     sort_window: int = 100_000
     max_batch_tokens: int | None = None  # rows x padded length, padding included; None: per device
@@ -121,6 +132,7 @@ class RunConfig:
     input: InputConfig = field(default_factory=InputConfig)
     model: str = "default"
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

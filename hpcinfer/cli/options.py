@@ -76,8 +76,8 @@ def build_run_config(values: dict[str, Any], command: str) -> RunConfig:
         if o.field is None or o.field.startswith("tune."):
             continue
         value = values[o.name]
-        if value is None:  # not given, and without a default of its own: the field keeps its default
-            continue
+        if value is None or (o.switch and not value):  # not given: the field keeps its default
+            continue  # NOTE: so `--normalize` and `--no-normalize` can share a field that defaults to None
         if o.negates:
             value = not value
         elif o.multiple:

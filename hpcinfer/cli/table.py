@@ -48,6 +48,18 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates, an encoder embeds.",
         type=choice(["auto", "embed", "generate"])),
     # -- Embedding
+    opt("--pooling", "embed.pooling", "Embedding", "How token states become one vector; default: the "
+        "checkpoint's sentence-transformers Pooling module (mean without one).",
+        type=choice(["cls", "mean", "max", "mean_sqrt_len", "last"])),
+    opt("--normalize", "embed.normalize", "Embedding", "L2-normalise each embedding (default: as the "
+        "checkpoint's modules.json says).", switch=True),
+    opt("--no-normalize", "embed.normalize", "Embedding", "Do not L2-normalise, whatever the checkpoint "
+        "says.", switch=True, negates=True),
+    opt("--dimensions", "embed.dimensions", "Embedding", "Keep the first N dimensions (Matryoshka models), "
+        "normalised again when normalising.", type=int, metavar="N"),
+    opt("--prompt", "embed.prompt", "Embedding", "Text put before every row's text, e.g. 'query: '."),
+    opt("--prompt-name", "embed.prompt_name", "Embedding", "A prompt the checkpoint names in "
+        "config_sentence_transformers.json (e.g. query)."),
     opt("--max-length", "tokenize.max_length", "Embedding", "Truncate to this many tokens.", type=int,
         default_help="the model's max_seq_length, 256 for the default"),
     opt("--on-long", "tokenize.on_long", "Embedding", "A row longer than --max-length is truncated (and "

@@ -29,10 +29,13 @@ class BatchModel(Protocol):
 
 
 def pool(hidden: torch.Tensor, token_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """hidden [b, n, h] + token_mask [b, n] -> [b, h] float32."""
+    """hidden [b, n, h] + token_mask [b, n] -> [b, h] float32 (modes: checkpoint.POOLING_MODES)."""
     hidden = hidden.float()
     if mode == "cls":
         return hidden[:, 0]
+    if mode == "last":  # the last real token of each row (padding is on the right)
+        last = token_mask.sum(dim=1).clamp_min(1) - 1
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     mask = token_mask.unsqueeze(-1).to(hidden.dtype)
     if mode == "max":
         return hidden.masked_fill(~token_mask.unsqueeze(-1), float("-inf")).amax(dim=1)
@@ -52,7 +55,7 @@ class SentenceEmbedder:
         self.encoder = encoder
         self.pooling = pooling
         self.dtype = dtype
-        self.output_dim = encoder.cfg.hidden_size
+        self.output_dim = pooling.dimensions or encoder.cfg.hidden_size
 
     def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ids, lengths
@@ -63,6 +66,8 @@ class SentenceEmbedder:
     def postprocess(self, outputs: object) -> torch.Tensor:
         hidden, token_mask = outputs  # type: ignore[misc]
         pooled = pool(hidden, token_mask, self.pooling.mode)
+        if self.pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
+            pooled = pooled[:, : self.pooling.dimensions]
         return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
 
     @torch.inference_mode()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,13 +17,17 @@ from safetensors.torch import load_file
 from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
 
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
+
 
 @dataclass(frozen=True, slots=True)
 class PoolingSpec:
-    """How token states become one vector: 'mean', 'cls', 'max' or 'mean_sqrt_len'."""
+    """How token states become one vector: 'mean', 'cls', 'max', 'mean_sqrt_len' or 'last' (the
+    last real token), L2-normalised or not, its first `dimensions` kept (all when None)."""
 
     mode: str = "mean"
     normalize: bool = False
+    dimensions: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,12 @@ class CheckpointInfo:
     config: BertConfig
     pooling: PoolingSpec
     max_seq_length: int  # the length sentence-transformers truncates to
+    prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
+    prompt: str = ""  # put before every text
+
+    @property
+    def output_dim(self) -> int:
+        return self.pooling.dimensions or self.config.hidden_size
 
 
 def read_model_json(path: Path) -> dict | list:
@@ -60,7 +70,12 @@ def _pooling_from_modules(path: Path) -> PoolingSpec:
 
 def _pooling_mode(cfg: dict, where: Path) -> str:
     if "pooling_mode" in cfg:
-        return str(cfg["pooling_mode"])
+        mode = {"lasttoken": "last", "cls_token": "cls"}.get(str(cfg["pooling_mode"]), str(cfg["pooling_mode"]))
+        if mode not in POOLING_MODES:
+            raise ModelError(
+                f"unsupported pooling mode {mode!r} (supported: {', '.join(POOLING_MODES)})", path=str(where)
+            )
+        return mode
     chosen = [
         name
         for key, name in (
@@ -68,6 +83,7 @@ def _pooling_mode(cfg: dict, where: Path) -> str:
             ("pooling_mode_mean_tokens", "mean"),
             ("pooling_mode_max_tokens", "max"),
             ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+            ("pooling_mode_lasttoken", "last"),
         )
         if cfg.get(key)
     ]
@@ -97,7 +113,15 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
     st_file = path / "sentence_bert_config.json"
     if st_file.is_file():
         max_len = min(max_len, int(read_model_json(st_file).get("max_seq_length") or max_len))
-    return CheckpointInfo(path, config, _pooling_from_modules(path), max_len)
+    prompts: dict[str, str] = {}
+    prompt = ""
+    st_config = path / "config_sentence_transformers.json"
+    if st_config.is_file():
+        raw_st = read_model_json(st_config)
+        if isinstance(raw_st, dict):
+            prompts = {str(k): str(v) for k, v in (raw_st.get("prompts") or {}).items()}
+            prompt = prompts.get(str(raw_st.get("default_prompt_name")), "")  # as sentence-transformers encodes
+    return CheckpointInfo(path, config, _pooling_from_modules(path), max_len, prompts, prompt)
 
 
 _RENAMES = [

@@ -30,6 +30,8 @@ def build_tiny_bert(
     prefix: str = "",
     tokenizer_dir: str | Path | None = None,
     scale: float = 0.2,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
 ) -> Path:
     """Writes the checkpoint and returns its directory.
 
@@ -101,11 +103,15 @@ def build_tiny_bert(
         "mean_tokens": pooling == "mean",
         "max_tokens": pooling == "max",
         "mean_sqrt_len_tokens": pooling == "mean_sqrt_len",
+        "lasttoken": pooling == "last",
     }
     pool_cfg = {"word_embedding_dimension": hidden, **{f"pooling_mode_{k}": v for k, v in modes.items()}}
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pool_cfg, indent=2), encoding="utf-8")
     st_cfg = {"max_seq_length": max_seq_length, "do_lower_case": False}
     (path / "sentence_bert_config.json").write_text(json.dumps(st_cfg), encoding="utf-8")
+    if prompts:
+        named = {"prompts": prompts, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}
+        (path / "config_sentence_transformers.json").write_text(json.dumps(named), encoding="utf-8")
     return path
 
 

@@ -20,8 +20,8 @@ from ..config import RunConfig
 from ..errors import InputError
 from ..files.parts import id_array
 from ..files.read import Reader
-from ..models.checkpoint import inspect_checkpoint
-from ..models.registry import load_tokenizer, resolve_model_path
+from ..models.registry import load_tokenizer
+from ..tasks.embed.options import embed_checkpoint
 
 
 @dataclass(slots=True)
@@ -54,7 +54,7 @@ def stratified_indices(lengths: np.ndarray, n: int, seed: int) -> np.ndarray:
 
 
 def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows: int) -> Sample:
-    info = inspect_checkpoint(resolve_model_path(config.model))
+    info = embed_checkpoint(config)
     max_length = config.tokenize.max_length or info.max_seq_length
     tokenizer = load_tokenizer(info.path, max_length)
     reader = Reader(replace(config.input, limit=scan_rows, rate=None), window_rows=max(scan_rows, 1))

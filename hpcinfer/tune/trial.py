@@ -19,9 +19,9 @@ from ..config import RunConfig
 from ..device import make_device, resolve_dtype
 from ..device.base import is_out_of_memory
 from ..errors import StageError
-from ..models.checkpoint import inspect_checkpoint
-from ..models.registry import LoadedModel, load_model, resolve_model_path
+from ..models.registry import LoadedModel, load_model
 from ..obs.progress import Progress
+from ..tasks.embed.options import embed_checkpoint
 from ..tasks.embed.report import RunReport
 from .search import Trial
 
@@ -118,7 +118,7 @@ class TrialRunner:
             device = make_device("cuda:0" if first == "all" else first, 1)
             try:
                 dtype = resolve_dtype(config.device.dtype, device)
-                info = inspect_checkpoint(resolve_model_path(config.model))
+                info = embed_checkpoint(config)
                 self._loaded = load_model(info, device.torch_device, dtype)
             finally:
                 device.close()

@@ -16,14 +16,14 @@ from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.read import Reader
 from ...files.sources import Source
-from ...models.checkpoint import CheckpointInfo, inspect_checkpoint
-from ...models.registry import resolve_model_path
+from ...models.checkpoint import CheckpointInfo
 from ...obs.timing import bottleneck
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ...ray_engine.merge import cluster_figures, merge_stages, per_actor
 from ...ray_engine.units import Unit
 from .job import check_lengths, embed_fingerprint
+from .options import embed_checkpoint
 from .replica import Committed, UnitResult
 from .report import RunReport
 
@@ -36,7 +36,7 @@ class EmbedCluster:
     reader: Reader | None = None  # set by settle(): the whole input's sources
 
     def prepare(self, config: RunConfig) -> None:
-        self.info = inspect_checkpoint(resolve_model_path(config.model))
+        self.info = embed_checkpoint(config)
         self.model = str(self.info.path)
 
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
@@ -45,7 +45,7 @@ class EmbedCluster:
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype)
-        return config, PartStore(config.output.path, fmt, self.info.config.hidden_size, fp)
+        return config, PartStore(config.output.path, fmt, self.info.output_dim, fp)
 
     def window_rows(self, config: RunConfig) -> int:
         return config.plan.sort_window

@@ -22,12 +22,12 @@ from ...job.accounting import settle
 from ...job.claim import claimed, open_store
 from ...job.output_checks import check_output, output_format
 from ...job.signals import signals_stop
-from ...models.checkpoint import CheckpointInfo, inspect_checkpoint
-from ...models.registry import resolve_model_path
+from ...models.checkpoint import CheckpointInfo
 from ...obs.progress import Progress
 from ...place.devices import make_run_devices
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
+from .options import embed_checkpoint
 from .plan import max_padded_len
 from .report import RunReport
 from .run import EmbedRun
@@ -65,13 +65,13 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
         )
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
-    info = inspect_checkpoint(resolve_model_path(config.model))
+    info = embed_checkpoint(config)
     max_length = check_lengths(config, info)
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
     dtype = resolve_dtype(config.device.dtype, devices[0])
     store = PartStore(
-        config.output.path, fmt, info.config.hidden_size, embed_fingerprint(config, info, reader, max_length, dtype)
+        config.output.path, fmt, info.output_dim, embed_fingerprint(config, info, reader, max_length, dtype)
     )
     with claimed(store, config.output.path):
         return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
@@ -133,6 +133,8 @@ def embed_fingerprint(
             "max_length": max_length,
             "pooling": info.pooling.mode,
             "normalize": info.pooling.normalize,
+            "dimensions": info.pooling.dimensions,
+            "prompt": info.prompt,
             "dtype": str(dtype),
             "sort_window": config.plan.sort_window,
             "on_long": config.tokenize.on_long,

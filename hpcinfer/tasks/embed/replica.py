@@ -30,6 +30,7 @@ from ...files.sources import Source
 from ...obs.progress import Progress
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import RowBlock
+from .options import embed_checkpoint
 from .report import RunReport
 
 
@@ -152,8 +153,7 @@ class EmbedReplica:
 
     def __init__(self, config: RunConfig) -> None:
         from ...device import resolve_dtype
-        from ...models.checkpoint import inspect_checkpoint
-        from ...models.registry import load_model, resolve_model_path
+        from ...models.registry import load_model
         from ...place.devices import make_run_devices
         from . import job
 
@@ -161,7 +161,7 @@ class EmbedReplica:
         # NOTE: the driver resolved the plan; inside the actor the run is one local run per unit.
         self.config = replace(config, report_path=None, trace_path=None)
         self.devices = make_run_devices(self.config)
-        self.info = inspect_checkpoint(resolve_model_path(self.config.model))
+        self.info = embed_checkpoint(self.config)
         self.max_length = job.check_lengths(self.config, self.info)
         self.dtype = resolve_dtype(self.config.device.dtype, self.devices[0])
         self.model = load_model(self.info, self.devices[0].torch_device, self.dtype)
@@ -171,7 +171,7 @@ class EmbedReplica:
         result = UnitResult(unit.window_id, self.name, started=time.time())
         try:
             reader = RangeReader(self.config.input, self.config.plan.sort_window, unit)
-            store = CollectedStore(self.info.config.hidden_size)
+            store = CollectedStore(self.info.output_dim)
             job = self._job.EmbedJob(
                 self.config, self.devices, store, reader, self.info, self.max_length, self.dtype, unit.window_id
             )

@@ -69,7 +69,7 @@ class EmbedRun:
         writer = Writer(job.store, outputs, self.rejects, first_window, self.on_batch, self.latency)
         tokenizer = load_tokenizer(info.path, job.max_length)
         vocab, on_long = info.config.vocab_size, config.tokenize.on_long
-        tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report)
+        tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report, info.prompt)
         online, timeout = config.input.rate is not None, plan.batch_timeout_ms
         planner = Planner(
             plan, budget, first_window, self.rejects.add, online=online, timeout_ms=timeout, max_width=max_width
@@ -176,8 +176,10 @@ class EmbedRun:
 class _CountingTokenizer(TokenizeStage):
     """The tokenize stage, also counting truncated rows into the report."""
 
-    def __init__(self, tokenizer: Any, max_length: int, vocab: int, on_long: str, report: RunReport) -> None:
-        super().__init__(tokenizer, max_length, vocab, on_long)
+    def __init__(
+        self, tokenizer: Any, max_length: int, vocab: int, on_long: str, report: RunReport, prompt: str = ""
+    ) -> None:
+        super().__init__(tokenizer, max_length, vocab, on_long, prompt)
         self._report = report
         self._lock = threading.Lock()
 

@@ -22,11 +22,16 @@ class TokenizeStage:
 
     name = "tokenize"
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int, vocab_size: int, on_long: str = "truncate") -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, max_length: int, vocab_size: int, on_long: str = "truncate", prompt: str = ""
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.vocab_size = vocab_size
         self.on_long = on_long
+        self.prompt = (
+            prompt  # put before every text (--prompt); it counts toward max_length, as in sentence-transformers
+        )
 
     def process(self, block: RowBlock) -> Iterator[TokenBlock]:
         """Flat numpy arrays all the way: no per-token Python objects (they would fragment the heap)."""
@@ -81,6 +86,8 @@ class TokenizeStage:
         NOTE: one failing text fails the whole batch call, so only then is the block encoded row by row
         (a refused row stands in as the encoding of "", and is dropped with the rejects).
         """
+        if self.prompt:
+            texts = [self.prompt + text for text in texts]
         try:
             return self.tokenizer.encode_batch(texts, add_special_tokens=True), {}
         except Exception:  # noqa: BLE001 - the tokenizer's own error types are not public

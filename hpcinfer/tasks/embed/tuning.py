@@ -16,13 +16,12 @@ from typing import Any
 import torch
 
 from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
-from ...models.checkpoint import inspect_checkpoint
-from ...models.registry import resolve_model_path
 from ...tune.options import TuneOptions
 from ...tune.sample import draw_sample
 from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
 from ...tune.trial import TrialRunner
 from . import tune_view
+from .options import embed_checkpoint
 from .plan import round_up
 
 
@@ -41,7 +40,7 @@ class EmbedTuning:
     def search(self, base: RunConfig, opts: TuneOptions, goal: Goal, on_sample: OnSample, on_trial: OnTrial) -> tuple:
         assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
         kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
-        info = inspect_checkpoint(resolve_model_path(base.model))
+        info = embed_checkpoint(base)
         max_length = base.tokenize.max_length or info.max_seq_length
         with tempfile.TemporaryDirectory(prefix="hpcinfer-tune-") as tmp:
             workdir = Path(tmp)
