@@ -164,6 +164,16 @@ class BlockManager:
         self._planned.clear()
         self._pending.clear()
 
+    def abort(self, seqs: Iterable[Sequence]) -> None:
+        """The step did not run: the blocks it planned to fill stay unfindable, and its sequences
+        forget their keys (named again when the blocks are filled, at a later growth)."""
+        planned = {key for key, _ in self._planned}
+        for seq in seqs:
+            while seq.block_keys and seq.block_keys[-1] in planned:
+                seq.block_keys.pop()
+        self._planned.clear()
+        self._pending.clear()
+
     def free(self, seq: Sequence) -> None:
         """Releases every block of `seq` (finish or preemption); cached ones stay findable."""
         for block in reversed(seq.block_table):

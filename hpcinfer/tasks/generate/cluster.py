@@ -118,6 +118,7 @@ _ADDED = (
     "prefill_tokens",
     "decode_tokens",
     "preemptions",
+    "oom_splits",
     "prefill_tokens_saved",
     "kv_evictions",
 )

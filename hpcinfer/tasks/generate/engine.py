@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...device.base import is_out_of_memory
 from ...device.readback import Readback, readback
 from ...device.step_timer import step_timer
 from ...errors import ConfigError
@@ -81,6 +82,7 @@ class EngineStats:
     peak_blocks: int = 0
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
+    oom_splits: int = 0  # steps that ran out of device memory and were split (engine._shrink_after_oom)
     host_s: float = 0.0  # scheduling, input preparation, stop checks
     # Device time (timed events on CUDA: device/step_timer.py): the forward pass minus the
     # attention gathers (timed on the CPU path only), and sampling.
@@ -194,7 +196,12 @@ class Engine:
         plan = self.scheduler.schedule()
         launched = None
         if plan.chunks:
-            launched = self._launch(plan, t0)
+            try:
+                launched = self._launch(plan, t0)
+            except Exception as exc:
+                if not is_out_of_memory(exc) or not self._shrink_after_oom(plan):
+                    raise
+                return []  # NOTE: the step's work is back in the queue; nothing of it ran
         elif self._in_flight is None:
             raise RuntimeError("the scheduler planned an empty step with work queued")
         if not self.ahead:
@@ -202,6 +209,28 @@ class Engine:
             return self._resolve(launched)
         previous, self._in_flight = self._in_flight, launched
         return self._resolve(previous) if previous is not None else []
+
+    def _shrink_after_oom(self, plan: StepPlan) -> bool:
+        """The step ran out of device memory: an out-of-memory is the batch's size, not the
+        device's fault. Its newest half of sequences goes back to the queue (recomputed later,
+        their answers unchanged), and the step's token budget and its sequences halve, for the
+        rest of the run; False when there is nothing left to split (one sequence at the smallest
+        budget), and the error stands.
+        """
+        seqs = list(dict.fromkeys(c.seq for c in plan.chunks))
+        budget = self.scheduler.max_num_batched_tokens
+        if len(seqs) == 1 and budget <= self.config.block_size:
+            return False
+        self.blocks.abort(seqs)
+        if self.sampler.device.type == "cuda":
+            torch.cuda.empty_cache()  # NOTE: the failed step's blocks of the caching allocator
+        newest = sorted(seqs, key=self.scheduler.running.index)[len(seqs) // 2 :] if len(seqs) > 1 else []
+        for seq in reversed(newest):
+            self.scheduler.preempt(seq)
+        self.scheduler.max_num_batched_tokens = max(self.config.block_size, budget // 2)
+        self.scheduler.max_num_seqs = max(1, min(self.scheduler.max_num_seqs, len(seqs) - len(newest)))
+        self.stats.oom_splits += 1
+        return True
 
     def _launch(self, plan: StepPlan, t0: float) -> _Launched:
         """Issues the step (forward, sampling, the tokens' copy back) and records it as PENDING tokens."""

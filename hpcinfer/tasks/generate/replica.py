@@ -229,6 +229,7 @@ _ENGINE_FIGURES = (
     ("prefill_tokens", "prefill_tokens"),
     ("decode_tokens", "decode_tokens"),
     ("preemptions", "preemptions"),
+    ("oom_splits", "oom_splits"),
     ("prefill_tokens_saved", "cached_tokens"),
     ("kv_evictions", "evictions"),
     ("occupancy_sum", "occupancy_sum"),

@@ -44,6 +44,7 @@ class GenerateReport(JsonReport):
     prefill_tokens: int = 0  # recomputation after preemption included
     decode_tokens: int = 0
     preemptions: int = 0
+    oom_splits: int = 0  # steps that ran out of device memory and were split (their rows recomputed)
     prefix_cache: bool = True
     prompt_tokens_cached: int = 0  # prompt tokens served from the prefix cache (first admissions)
     prefill_tokens_saved: int = 0  # prefill tokens the cache saved, recomputations after preemption included
@@ -91,6 +92,8 @@ class GenerateReport(JsonReport):
         )
         table.add_row("KV blocks peak / pool", f"{self.peak_kv_blocks:,} / {self.kv_blocks:,} x {self.kv_block_size}")
         table.add_row("preemptions", f"{self.preemptions:,}")
+        if self.oom_splits:
+            table.add_row("out-of-memory steps split", f"{self.oom_splits:,} (the step budget halved each time)")
         if self.prefix_cache:
             table.add_row(
                 "prefix cache",

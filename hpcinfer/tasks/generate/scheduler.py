@@ -149,6 +149,10 @@ class Scheduler:
                 return False
         return True
 
+    def preempt(self, seq: Sequence) -> None:
+        """Sends a running sequence back to the queue (the engine, after a step it could not run)."""
+        self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
