@@ -106,6 +106,10 @@ class GenerateConfig:
     seed: int | None = None  # None: each row's seed derives from its input row number
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0  # transformers' rule; rows may set their own
+    presence_penalty: float = 0.0  # OpenAI's
+    frequency_penalty: float = 0.0  # OpenAI's
+    min_tokens: int = 0  # EOS barred until the answer is this long
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     kv_block_size: int = 16

@@ -87,6 +87,15 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--seed", "generate.seed", "Generation", "Run seed; each row's stream also depends on its row.",
         type=int),
     opt("--stop", "generate.stop", "Generation", "Stop string (repeatable).", multiple=True),
+    opt("--repetition-penalty", "generate.repetition_penalty", "Generation", "A token already in the prompt "
+        "or answer has its logit divided by this when positive, multiplied when negative (transformers' rule; "
+        "a row's repetition_penalty overrides).", type=float),
+    opt("--presence-penalty", "generate.presence_penalty", "Generation", "Subtracted from a token's logit "
+        "once it is in the answer (OpenAI's; -2 to 2).", type=float),
+    opt("--frequency-penalty", "generate.frequency_penalty", "Generation", "Subtracted from a token's logit "
+        "per time it is in the answer (OpenAI's; -2 to 2).", type=float),
+    opt("--min-tokens", "generate.min_tokens", "Generation", "EOS and stop token ids are barred until the "
+        "answer has this many tokens.", type=int),
     opt("--ignore-eos", "generate.ignore_eos", "Generation", "Keep generating past EOS (benchmarks).",
         switch=True),
     opt("--max-num-seqs", "generate.max_num_seqs", "Generation", "Sequences a step.", commands=RUNS, type=int),

@@ -29,6 +29,7 @@ from .attention import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
 from .kv_cache import KVCache, KVLayout, size_pool
+from .penalties import penalize
 from .runner import ModelRunner
 from .sampling import Sampler
 from .scheduler import Scheduler, StepPlan
@@ -241,6 +242,8 @@ class Engine:
         logits = self.runner.run(plan, ahead)
         marks.append(self.timer.mark())
         sampling = [c.seq for c in plan.chunks if c.samples]
+        if sampling:
+            logits = penalize(logits, sampling, self.eos, ahead)  # NOTE: before greedy or sampled choice
         tokens = self.sampler.sample_on_device(logits, sampling) if sampling else None
         marks.append(self.timer.mark())
         readback = self.readback.start(tokens) if tokens is not None else None

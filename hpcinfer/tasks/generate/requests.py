@@ -4,7 +4,8 @@ Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/comple
 same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
 `messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
 override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
-and may carry an integer priority (`--priority-column`, higher first).
+`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_tokens`, and may
+carry an integer priority (`--priority-column`, higher first).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def prefix_order(requests: list[Request]) -> list[Request]:
     return sorted(requests, key=lambda r: r.tokens)
 
 
-def _params(defaults: SamplingParams, obj: dict[str, Any]) -> SamplingParams:
+def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:
     """Row overrides on the run's defaults; a malformed value raises ValueError (a reject)."""
     over: dict[str, Any] = {}
     for name in _PARAM_NAMES:
@@ -64,11 +65,20 @@ def _params(defaults: SamplingParams, obj: dict[str, Any]) -> SamplingParams:
             value = obj.get("max_completion_tokens")
         if value is None:
             continue
-        if name in ("stop", "stop_token_ids"):
+        if name == "logit_bias":  # OpenAI's {"token id": bias}
+            if not isinstance(value, dict):
+                raise ValueError(f"logit_bias must be an object of token id to bias, got {value!r}")
+            try:
+                value = tuple(sorted((int(k), float(v)) for k, v in value.items()))
+            except (TypeError, ValueError):
+                raise ValueError("logit_bias keys must be token ids and values numbers") from None
+            if any(not 0 <= k < vocab_size for k, _ in value):
+                raise ValueError(f"logit_bias names a token id outside the vocabulary (0..{vocab_size - 1})")
+        elif name in ("stop", "stop_token_ids"):
             value = (value,) if isinstance(value, str | int) else tuple(value)
             if not all(isinstance(v, str if name == "stop" else int) for v in value):
                 raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
-        elif name in ("max_tokens", "top_k", "seed"):
+        elif name in ("max_tokens", "top_k", "seed", "min_tokens"):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -168,7 +178,7 @@ class RequestReader:
             self._id_taken(row, row_id, line, path)
         try:
             tokens, kind = self._tokens(body)
-            params = _params(self.defaults, body)
+            params = _params(self.defaults, body, self.vocab)
             priority = obj.get(self.priority_column, body.get(self.priority_column))
             if priority is None:
                 priority = 0

@@ -31,11 +31,26 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Penalties (penalties.py), applied to the logits before greedy or sampled choice:
+    repetition_penalty: float = 1.0  # transformers': a seen token's logit / p if > 0, * p if < 0 (prompt too)
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token is in the answer
+    frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token is in the answer
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
 
     def problem(self) -> str | None:
         """Why these parameters are invalid (a reject reason), or None."""
         if self.max_tokens < 1:
             return f"max_tokens must be >= 1, got {self.max_tokens}"
+        if not self.repetition_penalty > 0:
+            return f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                return f"{name} must be in [-2, 2], got {getattr(self, name)}"
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            return "logit_bias values must be in [-100, 100]"
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            return f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"
         if not self.temperature >= 0:
             return f"temperature must be >= 0, got {self.temperature}"
         if not 0 < self.top_p <= 1:
@@ -49,6 +64,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty, bias or minimum length changes this request's logits."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
 
 
 @dataclass(slots=True, eq=False)

@@ -49,10 +49,23 @@ def first_device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
 def sampling_defaults(config: RunConfig) -> SamplingParams:
     g = config.generate
     params = SamplingParams(
-        g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, None, tuple(g.stop), (), g.ignore_eos
+        g.max_tokens,
+        g.temperature,
+        g.top_p,
+        g.top_k,
+        g.min_p,
+        None,
+        tuple(g.stop),
+        (),
+        g.ignore_eos,
+        repetition_penalty=g.repetition_penalty,
+        presence_penalty=g.presence_penalty,
+        frequency_penalty=g.frequency_penalty,
+        min_tokens=g.min_tokens,
     )
     if (problem := params.problem()) is not None:
-        raise ConfigError(problem.replace("max_tokens", "--max-tokens", 1))
+        name = problem.split(" ", 1)[0]
+        raise ConfigError(problem.replace(name, "--" + name.replace("_", "-"), 1))
     return params
 
 
@@ -65,6 +78,7 @@ def generation_fingerprint(
         "dtype": str(dtype),
         "window_rows": g.window_rows,
         "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
+        "penalties": [g.repetition_penalty, g.presence_penalty, g.frequency_penalty, g.min_tokens],
         "weights": [f.name for f in info.weight_files],
         "quantize": [config.device.quantize, g.kv_cache_dtype],
         "id_column": config.input.id_column,
