@@ -120,6 +120,7 @@ class GenerateConfig:
     prefix_order: bool = True  # admit a window's prompts sorted by token ids (rows sharing a prefix together)
     priority_column: str = "priority"  # optional integer column: higher is admitted first
     attention: str = "auto"  # auto | torch | flash-attn | triton: the paged attention kernel, chosen at start-up
+    max_model_len: int | None = None  # cap the context below the checkpoint's (positions, KV pool, prompts)
     kv_cache_dtype: str = "auto"  # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
 
 

@@ -116,6 +116,8 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: on CUDA flash-attn "
         "where it can run (--kv-block-size 256), else triton (reads KV blocks in place); torch on CPU.",
         commands=RUNS, type=choice(["auto", "torch", "flash-attn", "triton"])),
+    opt("--max-model-len", "generate.max_model_len", "Generation", "Cap the context (prompt + answer) below "
+        "the checkpoint's; a longer prompt is a too_long reject.", type=int, default_help="the checkpoint's"),
     opt("--kv-cache-dtype", "generate.kv_cache_dtype", "Generation", "KV cache storage; fp8: float8_e4m3fn "
         "with a scale per layer, twice the tokens in the same memory (torch attention reads it; measure the "
         "answers on your model).", commands=RUNS, type=choice(["auto", "fp8"])),

@@ -52,6 +52,7 @@ class DecoderConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    context_cap: int | None = None  # --max-model-len: a context shorter than the checkpoint's
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
@@ -99,10 +100,10 @@ class DecoderConfig:
 
     @property
     def max_model_len(self) -> int:
-        """Longest sequence we run exactly: positions, capped by a sliding window we don't implement."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+        """Longest sequence we run exactly: positions, capped by a sliding window we don't implement
+        and by --max-model-len."""
+        caps = [c for c in (self.sliding_window, self.context_cap) if c]
+        return min([self.max_position_embeddings, *caps])
 
 
 class Attention(Protocol):

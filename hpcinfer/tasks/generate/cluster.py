@@ -23,8 +23,7 @@ from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...job.accounting import AccountingError
-from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
-from ...models.registry import resolve_model_path
+from ...models.decoder_checkpoint import DecoderInfo
 from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
@@ -34,7 +33,7 @@ from .answers import GenerationStore, answers_table
 from .replica import GenerateUnitResult
 from .report import GenerateReport, percentiles
 from .requests import RequestReader
-from .setup import generation_fingerprint, load_tokenizer, request_reader
+from .setup import generation_fingerprint, load_tokenizer, request_reader, run_decoder_info
 
 
 class GenerateCluster:
@@ -47,7 +46,7 @@ class GenerateCluster:
     def prepare(self, config: RunConfig) -> None:
         if config.device.cuda_graphs:
             raise ConfigError("--cuda-graphs is not available for generation yet")
-        self.info = inspect_decoder(resolve_model_path(config.model))
+        self.info = run_decoder_info(config)
         self.reader = request_reader(config, self.info, load_tokenizer(self.info))  # input problems surface here
         self.model = str(self.info.path)
 

@@ -36,8 +36,7 @@ from ...job.claim import claimed, open_store
 from ...job.output_checks import check_output, output_format
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
-from ...models.decoder_checkpoint import inspect_decoder, load_decoder
-from ...models.registry import resolve_model_path
+from ...models.decoder_checkpoint import load_decoder
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...obs.timing import Span
@@ -55,7 +54,14 @@ from .pool import EnginePool
 from .report import GenerateReport, percentiles
 from .requests import Request
 from .sequence import Sequence
-from .setup import engine_config, generation_devices, generation_fingerprint, load_tokenizer, request_reader
+from .setup import (
+    engine_config,
+    generation_devices,
+    generation_fingerprint,
+    load_tokenizer,
+    request_reader,
+    run_decoder_info,
+)
 
 
 def wants_generation(config: RunConfig) -> bool:
@@ -98,7 +104,7 @@ class GenerationJob:
         self.config = config
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
-        self.info = inspect_decoder(resolve_model_path(config.model))
+        self.info = run_decoder_info(config)
         self.devices, self.dtype = generation_devices(config)
         self.device = self.devices[0]
         self.labels = device_labels([str(d) for d in self.devices])

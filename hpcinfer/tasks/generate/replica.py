@@ -27,8 +27,7 @@ from ...config import RunConfig
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
-from ...models.decoder_checkpoint import inspect_decoder, load_decoder
-from ...models.registry import resolve_model_path
+from ...models.decoder_checkpoint import load_decoder
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import Reject
 from .admission import Admission
@@ -37,7 +36,7 @@ from .engine import Engine
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader, _parse
 from .sequence import Sequence
-from .setup import engine_config, first_device, load_tokenizer, request_reader
+from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
 
 _BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
 
@@ -139,7 +138,7 @@ class GenerateReplica:
 
     def __init__(self, config: RunConfig) -> None:
         self.config = replace(config, report_path=None, trace_path=None)
-        self.info = inspect_decoder(resolve_model_path(config.model))
+        self.info = run_decoder_info(config)
         device, dtype = first_device(config)
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)

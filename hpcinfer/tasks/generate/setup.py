@@ -4,6 +4,7 @@ engine's budgets, and the options that enter its resume fingerprint."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,8 +14,9 @@ from ...config import RunConfig
 from ...device import dtype_for
 from ...errors import ConfigError
 from ...files.parts import fingerprint
-from ...models.decoder_checkpoint import DecoderInfo
+from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
 from ...models.decoder_checkpoint import load_tokenizer as checkpoint_tokenizer
+from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
 from .engine import EngineConfig
@@ -44,6 +46,19 @@ def first_device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
     since every device gets the same per-device budgets."""
     devices, dtype = generation_devices(config)
     return devices[0], dtype
+
+
+def run_decoder_info(config: RunConfig) -> DecoderInfo:
+    """The checkpoint's facts, its context capped by --max-model-len (positions, the KV pool's
+    longest sequence and the longest prompt follow); a cap past the checkpoint's context is refused."""
+    info = inspect_decoder(resolve_model_path(config.model))
+    cap = config.generate.max_model_len
+    if cap is None:
+        return info
+    own = info.config.max_model_len
+    if not 2 <= cap <= own:
+        raise ConfigError(f"--max-model-len {cap}: the checkpoint's context is {own} tokens (give 2..{own})")
+    return replace(info, config=replace(info.config, context_cap=cap))
 
 
 def sampling_defaults(config: RunConfig) -> SamplingParams:
@@ -79,6 +94,7 @@ def generation_fingerprint(
         "window_rows": g.window_rows,
         "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
         "penalties": [g.repetition_penalty, g.presence_penalty, g.frequency_penalty, g.min_tokens],
+        "max_model_len": info.config.max_model_len,
         "weights": [f.name for f in info.weight_files],
         "quantize": [config.device.quantize, g.kv_cache_dtype],
         "id_column": config.input.id_column,

@@ -13,13 +13,12 @@ import torch
 
 from ...config import GenerateConfig, RunConfig
 from ...errors import ConfigError
-from ...models.decoder_checkpoint import inspect_decoder, load_decoder
-from ...models.registry import resolve_model_path
+from ...models.decoder_checkpoint import load_decoder
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
 from .engine import pool_reserve
 from .kv_cache import KVLayout, size_pool
-from .setup import engine_config, first_device, load_tokenizer, request_reader
+from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
 from .tune_search import GenerationSearch, NoisyGoal, generation_space, prefix_line
 from .tune_trial import GenerationTrialRunner, RequestSample, draw_requests
 
@@ -92,7 +91,7 @@ def search_generation(
 ) -> tuple[RequestSample, GenerationSearch, str]:
     """Runs the generation search; returns the sample, the search and the device kind."""
     g = base.generate
-    info = inspect_decoder(resolve_model_path(base.model))
+    info = run_decoder_info(base)
     device, dtype = first_device(base)
     if base.device.threads:
         torch.set_num_threads(base.device.threads)
