@@ -22,6 +22,18 @@ CHAT_TEMPLATE = (
 SEP_ID = 102  # MiniLM's [SEP]: the tiny checkpoints' EOS
 
 
+def random_causal_lm(architecture: str, vocab_size: int, seed: int, **config: Any) -> Any:
+    """`transformers`' own `architecture` with random weights drawn from `seed`, in eval mode."""
+    import torch
+    import transformers
+
+    family = architecture.removesuffix("ForCausalLM")
+    torch.manual_seed(seed)
+    return getattr(transformers, architecture)(
+        getattr(transformers, f"{family}Config")(vocab_size=vocab_size, **config)
+    ).eval()
+
+
 def build_tiny_decoder(
     path: str | Path,
     architecture: str = "LlamaForCausalLM",
@@ -49,32 +61,23 @@ def build_tiny_decoder(
     draws a billion-parameter model in a moment, a CPU takes a while).
     """
     import torch
-    import transformers
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     source = Path(tokenizer_dir) if tokenizer_dir is not None else resolve_model_path("default")
     shutil.copy(source / "tokenizer.json", path / "tokenizer.json")
     vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
-    family = architecture.removesuffix("ForCausalLM")
-    config = getattr(transformers, f"{family}Config")(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_positions,
-        initializer_range=initializer_range,
-        tie_word_embeddings=tie,
-        bos_token_id=101,
-        eos_token_id=SEP_ID,
-        pad_token_id=0,
-        **extra,
-    )
-    torch.manual_seed(seed)
+    shape = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads}
+    shape |= {
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+    }
     with torch.device(init_device):
-        model = getattr(transformers, architecture)(config).eval().to(getattr(torch, dtype))
+        model = random_causal_lm(
+            architecture, vocab, seed, initializer_range=initializer_range, tie_word_embeddings=tie,
+            bos_token_id=101, eos_token_id=SEP_ID, pad_token_id=0, **shape, **extra,
+        ).to(getattr(torch, dtype))  # fmt: skip
     model.save_pretrained(path, max_shard_size="200KB" if shards else "2GB", safe_serialization=True)
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",

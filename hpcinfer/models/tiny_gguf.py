@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf_tokenizer import byte_alphabet
+from .tiny_decoder import random_causal_lm
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -68,8 +69,6 @@ def build_tiny_gguf(
     `tokenizer`: "gpt2" (byte-level BPE with merges) or "llama" (SentencePiece pieces and scores).
     """
     import numpy as np
-    import torch
-    import transformers
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
@@ -79,23 +78,14 @@ def build_tiny_gguf(
         merges: list[str] = []
     else:
         tokens, types, merges = tiny_vocabulary()
-    family = architecture.removesuffix("ForCausalLM")
-    config = getattr(transformers, f"{family}Config")(
-        vocab_size=len(tokens),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_positions,
-        rope_theta=rope_theta,
-        initializer_range=0.1,
-        tie_word_embeddings=tie,
+    model = random_causal_lm(
+        architecture, len(tokens), seed, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
+        rope_theta=rope_theta, initializer_range=0.1, tie_word_embeddings=tie,
         bos_token_id=tokens.index("<|im_start|>"),
         eos_token_id=tokens.index("<|im_end|>" if tokenizer == "gpt2" else "</s>"),
-    )
-    torch.manual_seed(seed)
-    model = getattr(transformers, architecture)(config).eval()
+    )  # fmt: skip
+    config = model.config
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     kind = GGMLQuantizationType[qtype]
 
