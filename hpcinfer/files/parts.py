@@ -79,6 +79,9 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+RAW_LINE = "_json_line"  # a table column of finished JSON lines: a JSONL part writes them as they are
+
+
 def fingerprint(files: list[str], model_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
     """What must not change between a run and its resume."""
     weights = weights_file(model_dir)
@@ -193,6 +196,8 @@ class PartStore:
         def write(tmp: Path) -> None:
             if self.fmt == "parquet":
                 pq.write_table(table, tmp, compression="zstd")
+            elif RAW_LINE in table.column_names:  # rows already JSON, each exactly as its task wrote it
+                tmp.write_text("".join(line + "\n" for line in table.column(RAW_LINE).to_pylist()), encoding="utf-8")
             else:
                 _write_jsonl(tmp, table.to_pylist())
 

@@ -3,13 +3,17 @@ window's answers as one table, and the parts store that assembles them."""
 
 from __future__ import annotations
 
+import json
+import os
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
 from tokenizers import Tokenizer
 
 from ...errors import ConfigError
-from ...files.parts import PartStore, id_array
+from ...files.parts import RAW_LINE, PartStore, id_array
 from .requests import Request
 from .sequence import Sequence
 
@@ -43,11 +47,13 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
     if not request.openai:  # NOTE: ids keep their kind, as embedding's do (text only where kinds mix)
         return {"id": request.id, "text": text, "finish_reason": seq.finish_reason, **usage}
     chat = request.kind == "chat"
-    choice: dict[str, Any] = {"index": 0, "finish_reason": seq.finish_reason, "logprobs": None}
+    logprobs = openai_logprobs(seq, ids, tokenizer, chat) if seq.params.logprobs is not None else None
+    choice: dict[str, Any] = {"index": 0, "finish_reason": seq.finish_reason, "logprobs": logprobs}
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
         "object": "chat.completion" if chat else "text_completion",
+        "created": created(request.source),
         "model": model,
         "choices": [choice],
         "usage": {**usage, "total_tokens": seq.num_prompt + seq.num_completion},
@@ -60,12 +66,56 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
     }
 
 
+@lru_cache(maxsize=64)
+def created(source: str) -> int:
+    """An answer's `created`: its input file's modification time, in whole seconds. NOTE: not the
+    clock, so a resumed run, a Ray replica and an uninterrupted run write the same bytes."""
+    try:
+        return int(os.path.getmtime(source))
+    except OSError:
+        return 0
+
+
+def openai_logprobs(seq: Sequence, ids: list[int], tokenizer: Tokenizer, chat: bool) -> dict[str, Any]:
+    """The answer tokens' log-probabilities in OpenAI's shape: chat's `content` list, or
+    completions' parallel lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
+
+    def piece(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False)
+
+    entries = list(zip(ids, seq.logprobs[: len(ids)], strict=True))
+    # NOTE: an answer token's text is what it adds to the decoded answer, so the pieces join into
+    # the answer's text with any tokenizer (a WordPiece token alone decodes without its space)
+    prefixes = [tokenizer.decode(ids[: k + 1], skip_special_tokens=True) for k in range(len(entries))]
+    pieces = [text[len(before) :] for before, text in zip(["", *prefixes], prefixes, strict=False)]
+    if chat:
+
+        def item(text: str, logprob: float) -> dict[str, Any]:
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content = [
+            {**item(text, lp), "top_logprobs": [item(piece(i), v) for i, v in top]}
+            for text, (_, (lp, top)) in zip(pieces, entries, strict=True)
+        ]
+        return {"content": content, "refusal": None}
+    offsets = [0, *accumulate(len(p) for p in pieces)][: len(pieces)]
+    return {
+        "tokens": pieces,
+        "token_logprobs": [lp for _, (lp, _) in entries],
+        "top_logprobs": [{piece(i): v for i, v in top} for _, (_, top) in entries] if seq.params.logprobs else None,
+        "text_offset": offsets,
+    }
+
+
 def answers_table(rows: list[dict[str, Any]], fmt: str) -> pa.Table:
     """One window's answer rows (input order) as the table of its part (OpenAI answers: by custom_id)."""
     if rows and "custom_id" in rows[0]:
         if fmt == "parquet":
             raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
-        return pa.Table.from_pylist(rows)
+        # NOTE: each answer as its own JSON line: an Arrow struct would give every row the union of
+        # all rows' keys (a chat choice a null `text`, a token's top_logprobs every token's)
+        lines = [json.dumps(row, default=str) for row in rows]
+        return pa.table({"custom_id": pa.array([row["custom_id"] for row in rows]), RAW_LINE: lines})
     columns = {"id": id_array([row["id"] for row in rows])}
     for f in SCHEMA:
         if f.name != "id":

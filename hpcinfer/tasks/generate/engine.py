@@ -29,6 +29,7 @@ from .attention import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
 from .kv_cache import KVCache, KVLayout, size_pool
+from .logprobs import StepLogprobs, step_logprobs
 from .penalties import penalize
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -69,6 +70,7 @@ class _Launched:
     gathered: float  # attention gather seconds (the CPU path)
     t0: float  # when its planning began
     host_s: float  # host seconds spent launching it
+    logprobs: StepLogprobs | None = None  # the model's log-probabilities, for the rows that asked
 
 
 @dataclass(slots=True)
@@ -242,9 +244,11 @@ class Engine:
         logits = self.runner.run(plan, ahead)
         marks.append(self.timer.mark())
         sampling = [c.seq for c in plan.chunks if c.samples]
+        raw = logits  # NOTE: logprobs are the model's own, before penalties and temperature (as vLLM's)
         if sampling:
             logits = penalize(logits, sampling, self.eos, ahead)  # NOTE: before greedy or sampled choice
         tokens = self.sampler.sample_on_device(logits, sampling) if sampling else None
+        logprobs = step_logprobs(raw, sampling, tokens) if tokens is not None else None
         marks.append(self.timer.mark())
         readback = self.readback.start(tokens) if tokens is not None else None
         self.scheduler.advance(plan)
@@ -252,7 +256,8 @@ class Engine:
             seq.draining = seq.num_completion >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
         in_flight = InFlightTokens(tokens, sampling) if tokens is not None else None
         gathered = self.runner.attention.gather_s - gather0
-        return _Launched(plan, sampling, in_flight, readback, marks, gathered, t0, time.perf_counter() - t1)
+        host_s = time.perf_counter() - t1
+        return _Launched(plan, sampling, in_flight, readback, marks, gathered, t0, host_s, logprobs)
 
     def _resolve(self, step: _Launched) -> list[Sequence]:
         """Reads a launched step's tokens back, fills them in, checks stops; returns who finished."""
@@ -260,9 +265,12 @@ class Engine:
         values = step.readback.values() if step.readback is not None else []
         now = time.perf_counter()
         finished = []
-        for seq, token in zip(step.sampling, values, strict=True):
+        asked = step.logprobs.on_host() if step.logprobs is not None else {}
+        for row, (seq, token) in enumerate(zip(step.sampling, values, strict=True)):
             if seq.status is Status.FINISHED:
                 continue  # it ended with a token of the step before; this one's token is void
+            if row in asked:
+                seq.logprobs.append(asked[row])
             # the first PENDING token: the last, or the one before it when the next step's is pending too
             at = len(seq.tokens) - (2 if len(seq.tokens) > 1 and seq.tokens[-2] == PENDING else 1)
             seq.tokens[at] = token

@@ -65,7 +65,13 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
             value = obj.get("max_completion_tokens")
         if value is None:
             continue
-        if name == "logit_bias":  # OpenAI's {"token id": bias}
+        if name == "logprobs":  # chat: logprobs true + top_logprobs K; completions: logprobs K
+            if value is False:
+                continue
+            value = obj.get("top_logprobs") or 0 if value is True else value
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"logprobs must be true or an integer, got {value!r}")
+        elif name == "logit_bias":  # OpenAI's {"token id": bias}
             if not isinstance(value, dict):
                 raise ValueError(f"logit_bias must be an object of token id to bias, got {value!r}")
             try:
@@ -192,6 +198,8 @@ class RequestReader:
             return reject("tokenize_error", f"the tokenizer refused this prompt ({type(exc).__name__}: {exc})", row_id)
         if (problem := params.problem()) is not None:
             return reject("invalid_sampling", problem, row_id)
+        if params.logprobs is not None and not openai:
+            return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
         return Request(row, row_id, tokens, params, kind, openai, path, priority)

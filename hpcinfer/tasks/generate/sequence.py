@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
 
 
 class Status(enum.Enum):
@@ -37,6 +38,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token is in the answer
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
+    logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
 
     def problem(self) -> str | None:
         """Why these parameters are invalid (a reject reason), or None."""
@@ -51,6 +53,8 @@ class SamplingParams:
             return "logit_bias values must be in [-100, 100]"
         if not 0 <= self.min_tokens <= self.max_tokens:
             return f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            return f"logprobs (top_logprobs) must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
         if not self.temperature >= 0:
             return f"temperature must be >= 0, got {self.temperature}"
         if not 0 < self.top_p <= 1:
@@ -104,6 +108,8 @@ class Sequence:
     stop_text_cut: int | None = None  # characters of the decoded completion to keep after a stop string
     # Its last token (maybe still PENDING) ends it by length: nothing more is scheduled for it.
     draining: bool = False
+    # With params.logprobs: per answer token, (its log-probability, [(token id, log-probability)] of the best)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_prompt:

@@ -1,0 +1,100 @@
+"""Log-probabilities in OpenAI batch answers: the model's own values (against transformers), in the
+shapes the `openai` package's types accept; asked outside an OpenAI body, a reject."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.tasks.generate.job import run_generate
+
+from .conftest import write_jsonl
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_logprobs_in_openai_shapes_equal_transformers(tmp_path):
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=4)
+    chat = {
+        "messages": [{"role": "user", "content": "the quick fox"}],
+        "max_tokens": 6,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    rows = [
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "text", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "a batch of tokens", "max_tokens": 5, "logprobs": 2}},
+        {"custom_id": "penalized", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "a batch of tokens", "max_tokens": 5, "logprobs": 0, "repetition_penalty": 1.5}},
+        {"custom_id": "none", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 2}},
+    ]  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    run_generate(
+        RunConfig(
+            input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
+            model=str(path),
+            output=OutputConfig(str(out)),
+            pipeline=PipelineConfig(progress="off"),
+            generate=GenerateConfig(kv_cache_memory="8MiB", ignore_eos=True),
+        )
+    )
+    bodies = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.read_text().splitlines())}
+    chat_answer = ChatCompletion.model_validate(bodies["chat"])  # the openai package's own types
+    text_answer = Completion.model_validate(bodies["text"])
+    assert Completion.model_validate(bodies["none"]).choices[0].logprobs is None
+
+    content = chat_answer.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)  # greedy: the best is chosen
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob, abs=1e-5) for c in content)
+    text_lp = text_answer.choices[0].logprobs
+    assert len(text_lp.tokens) == len(text_lp.token_logprobs) == 5 and all(len(t) == 2 for t in text_lp.top_logprobs)
+    assert text_lp.text_offset[0] == 0 and "".join(text_lp.tokens) == text_answer.choices[0].text
+
+    penalized = Completion.model_validate(bodies["penalized"]).choices[0].logprobs
+    assert penalized.top_logprobs is None and len(penalized.token_logprobs) == 5
+
+    # the values are the model's own: transformers' greedy answer and its raw logits, step by step
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()  # as the engine's reader takes it
+    ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = torch.tensor([tokenizer.encode("a batch of tokens").ids])
+    with torch.no_grad():
+        out = ref.generate(prompt, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    answer = out.sequences[0, prompt.shape[1] :].tolist()
+    expected = [float(torch.log_softmax(logits[0], -1)[t]) for logits, t in zip(out.logits, answer, strict=True)]
+    assert tokenizer.decode(answer) == text_answer.choices[0].text
+    for value, want in zip(text_lp.token_logprobs, expected, strict=True):
+        assert math.isclose(value, want, abs_tol=1e-4)
+    assert [dict(top) for top in text_lp.top_logprobs][0][text_lp.tokens[0].strip()] == pytest.approx(
+        expected[0], abs=1e-4
+    )
+
+
+def test_logprobs_outside_an_openai_body_are_a_reject(tmp_path):
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=4)
+    rows = [{"id": "a", "prompt": "hi", "logprobs": 2}, {"id": "b", "prompt": "hi"}]
+    out = tmp_path / "out.jsonl"
+    run_generate(
+        RunConfig(
+            input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
+            model=str(path),
+            output=OutputConfig(str(out)),
+            pipeline=PipelineConfig(progress="off"),
+            generate=GenerateConfig(kv_cache_memory="8MiB", max_tokens=2),
+        )
+    )
+    (reject,) = map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())
+    assert reject["id"] == "a" and "OpenAI batch" in reject["message"]
