@@ -17,6 +17,7 @@ class InputConfig:
     paths: tuple[str, ...] = ()
     text_column: str = "text"
     id_column: str = "id"
+    prompt_column: str | None = None  # embedding: a column whose text goes before the row's (its own prompt)
     input_format: str = "auto"  # auto | jsonl | parquet | openai
     read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
     read_chunk_bytes: int = 1 << 20  # JSONL is read in chunks of this size (a longer line spans several)

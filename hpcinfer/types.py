@@ -58,6 +58,7 @@ REJECT_REASONS = (
     "invalid_id",
     "tokenize_error",
     "invalid_token_ids",
+    "invalid_prompt",
     "duplicate_id",
     "too_long",
     "oom",
@@ -74,6 +75,7 @@ class RowBlock:
     source: str
     ids: list[Any]  # ids of the valid rows
     texts: list[str] | None = None
+    prompts: list[str | None] | None = None  # each text's own prompt (--prompt-column), None: the run's
     token_ids: tuple[np.ndarray, np.ndarray] | None = None  # pre-tokenized: (flat int32, lengths)
     rejects: list[Reject] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # input row number of each valid row

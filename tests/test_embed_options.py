@@ -15,7 +15,7 @@ from hpcinfer.cli.options import build_run_config, declared
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.tiny import build_tiny_bert
 
-from .conftest import make_texts, run_job, small_config, write_jsonl
+from .conftest import make_texts, run_job, small_config, write_jsonl, write_parquet
 
 TEXTS = make_texts(40, seed=6)
 PROMPTS = {"query": "query: ", "doc": "passage: "}
@@ -90,3 +90,26 @@ def test_normalize_and_no_normalize_share_one_field():
         return build_run_config(values, "run").embed.normalize
 
     assert (parse(), parse("--normalize"), parse("--no-normalize")) == (None, True, False)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_prompt_column_gives_each_row_its_own_prompt(tmp_path, model, fmt):
+    rows = [{"id": i, "text": t} for i, t in enumerate(TEXTS)]
+    for i, row in enumerate(rows):
+        row["instruction"] = ["query: ", "passage: ", None][i % 3]  # null: the run's prompt
+    if fmt == "parquet":
+        src = write_parquet(tmp_path / "in.parquet", rows, row_group_size=16)
+    else:
+        rows[5]["instruction"] = 7  # not text: that row is a reject, the others go on
+        src = write_jsonl(tmp_path / "in.jsonl", rows)
+    cfg = small_config(
+        src, tmp_path / "out.parquet", model, input={"prompt_column": "instruction"}, embed={"prompt": "x: "}
+    )
+    report, table = run_job(cfg)
+    st = SentenceTransformer(str(model), device="cpu")
+    kept = [i for i in range(len(TEXTS)) if not (fmt == "jsonl" and i == 5)]
+    expected = [st.encode([TEXTS[i]], prompt=rows[i]["instruction"] or "x: ", convert_to_numpy=True)[0] for i in kept]
+    ours = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert table.column("id").to_pylist() == kept
+    assert np.abs(ours - np.asarray(expected)).max() <= 1e-5
+    assert report.rejects == ({"invalid_prompt": 1} if fmt == "jsonl" else {})

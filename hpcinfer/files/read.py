@@ -48,6 +48,7 @@ class _Rows:
         self.payloads: list[Any] = []  # str, list[int] or a (reason, message) reject
         self.ids: list[Any] = []
         self.lines: list[int | None] = []
+        self.prompts: list[str | None] | None = None  # with --prompt-column: each row's, or None
 
 
 def _check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | None:
@@ -102,6 +103,8 @@ class Reader:
         self.counts: dict[str, SourceRows] = {s.path: SourceRows(s.path) for s in self.sources}
         self._block_id = 0
         self._seen = IdSet()
+        self._names: dict[str, list[str]] = {}  # a Parquet file's column names (its prompt column)
+        self._last_object: Any = None  # the JSON object the last parsed line held (its prompt)
 
     def remember_ids(self, ids: Iterable[Any]) -> None:
         """Ids already written by an interrupted run: a repeat of one is a duplicate."""
@@ -139,7 +142,16 @@ class Reader:
 
     def _parquet_columns(self, src: Source) -> list[str]:
         payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
-        return [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
+        columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
+        prompt = self.cfg.prompt_column
+        if prompt and src.payload == "text" and prompt not in columns and prompt in self._schema_names(src):
+            columns.append(prompt)
+        return columns
+
+    def _schema_names(self, src: Source) -> list[str]:
+        if src.path not in self._names:
+            self._names[src.path] = pq.ParquetFile(src.path).schema_arrow.names
+        return self._names[src.path]
 
     def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> _Rows:
         """One record batch of a Parquet file -> parsed rows."""
@@ -151,6 +163,10 @@ class Reader:
             rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
         rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
         rows.lines = [None] * batch.num_rows
+        prompt = self.cfg.prompt_column
+        if prompt and src.payload == "text" and prompt in batch.schema.names:
+            rows.prompts = batch.column(prompt).to_pylist()
+            _check_prompts(rows)
         return rows
 
     def _jsonl_chunks(self, src: Source) -> Iterator[_Rows]:
@@ -172,11 +188,19 @@ class Reader:
             fast = self._fast_jsonl(numbered)
             if fast is not None:
                 return fast
+        prompt = self.cfg.prompt_column if src.payload == "text" else None
+        if prompt:
+            rows.prompts = []
         for line_no, raw in numbered:
             rows.lines.append(line_no)
             payload, row_id = self._parse_line(src, raw)
             rows.payloads.append(payload)
             rows.ids.append(row_id)
+            if rows.prompts is not None:
+                obj = self._last_object
+                rows.prompts.append(obj.get(prompt) if isinstance(obj, dict) else None)
+        if rows.prompts is not None:
+            _check_prompts(rows)
         return rows
 
     def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> _Rows | None:
@@ -202,14 +226,20 @@ class Reader:
         try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
             rows.payloads = _arrow_texts(table.column(text_col))
             rows.ids = table.column(id_col).to_pylist() if has_ids else [None] * table.num_rows
+            prompt = self.cfg.prompt_column
+            if prompt and prompt in table.column_names:
+                rows.prompts = table.column(prompt).to_pylist()
+                _check_prompts(rows)
         except UnicodeDecodeError:
             return None
         rows.lines = [n for n, _ in numbered]
         return rows
 
     def _parse_line(self, src: Source, raw: bytes) -> tuple[Any, Any]:
+        self._last_object = None
         try:
             obj = json.loads(raw.decode("utf-8"))
+            self._last_object = obj
         except UnicodeDecodeError as exc:
             return ("invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"), None
         except ValueError as exc:
@@ -262,6 +292,8 @@ class Reader:
         duplicate = self._duplicates(payloads, ids) if src.has_ids else None
         texts: list[str] = []
         tokens: list[list[int]] = []
+        row_prompts = rows.prompts[start:end] if rows.prompts is not None else None
+        prompts: list[str | None] = []
         for k, payload in enumerate(payloads):
             row, row_id = first + k, ids[k]
             if isinstance(payload, tuple) or (duplicate is not None and duplicate[k]):
@@ -273,12 +305,15 @@ class Reader:
             block.rows.append(row)
             block.lines.append(lines[k])
             (tokens if src.payload == "tokens" else texts).append(payload)
+            if row_prompts is not None:
+                prompts.append(row_prompts[k])
         if src.payload == "tokens":
             lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
             flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))
             block.token_ids = (flat, lengths)
         else:
             block.texts = texts
+            block.prompts = prompts if row_prompts is not None else None
         self._block_id += 1
         self.rows_read += end - start
         return block
@@ -315,6 +350,16 @@ def _decoded(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
             target = pa.string()
         return values.cast(target)
     return values
+
+
+def _check_prompts(rows: _Rows) -> None:
+    """A row whose prompt is neither text nor null is a reject; its payload says why."""
+    assert rows.prompts is not None
+    for k, prompt in enumerate(rows.prompts):
+        if prompt is not None and not isinstance(prompt, str):
+            rows.prompts[k] = None
+            if not isinstance(rows.payloads[k], tuple):
+                rows.payloads[k] = ("invalid_prompt", f"the prompt column holds {type(prompt).__name__}, not text")
 
 
 def _arrow_texts(values: pa.ChunkedArray | pa.Array) -> list[Any]:

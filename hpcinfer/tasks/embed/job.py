@@ -135,6 +135,7 @@ def embed_fingerprint(
             "normalize": info.pooling.normalize,
             "dimensions": info.pooling.dimensions,
             "prompt": info.prompt,
+            "prompt_column": config.input.prompt_column,
             "dtype": str(dtype),
             "sort_window": config.plan.sort_window,
             "on_long": config.tokenize.on_long,

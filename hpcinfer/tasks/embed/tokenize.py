@@ -41,7 +41,7 @@ class TokenizeStage:
             bad = self._bad_token_rows(flat, lengths)
         else:
             assert block.texts is not None
-            encodings, bad = self._encode(block.texts)
+            encodings, bad = self._encode(block.texts, block.prompts)
             lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
             flat = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(lengths.sum()))
             too_long = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
@@ -80,13 +80,17 @@ class TokenizeStage:
             block.file_first_row,
         )
 
-    def _encode(self, texts: list[str]) -> tuple[list[Any], dict[int, tuple[str, str]]]:
+    def _encode(
+        self, texts: list[str], prompts: list[str | None] | None = None
+    ) -> tuple[list[Any], dict[int, tuple[str, str]]]:
         """Encodings of every text; a text the tokenizer refuses becomes a reject, not a failed run.
 
         NOTE: one failing text fails the whole batch call, so only then is the block encoded row by row
         (a refused row stands in as the encoding of "", and is dropped with the rejects).
         """
-        if self.prompt:
+        if prompts is not None:  # NOTE: a row's own prompt replaces the run's
+            texts = [(self.prompt if p is None else p) + text for p, text in zip(prompts, texts, strict=True)]
+        elif self.prompt:
             texts = [self.prompt + text for text in texts]
         try:
             return self.tokenizer.encode_batch(texts, add_special_tokens=True), {}
