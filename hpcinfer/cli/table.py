@@ -59,7 +59,7 @@ OPTIONS: tuple[Opt, ...] = (
         "normalised again when normalising.", type=int, metavar="N"),
     opt("--prompt", "embed.prompt", "Embedding", "Text put before every row's text, e.g. 'query: '."),
     opt("--prompt-column", "input.prompt_column", "Embedding", "A column whose text goes before the row's text "
-        "(each row its own prompt; a null or absent value falls back to --prompt)."),
+        "(each row its own prompt; a null or absent value falls back to --prompt).", metavar="NAME"),
     opt("--prompt-name", "embed.prompt_name", "Embedding", "A prompt the checkpoint names in "
         "config_sentence_transformers.json (e.g. query)."),
     opt("--max-length", "tokenize.max_length", "Embedding", "Truncate to this many tokens.", type=int,
