@@ -126,20 +126,16 @@ def embed_fingerprint(
 ) -> dict:
     """Inputs and every option that changes which rows land in which part, or their values."""
     files = [s.path for s in reader.sources]
-    return fingerprint(
-        files,
-        info.path,
-        {
-            "max_length": max_length,
-            "pooling": info.pooling.mode,
-            "normalize": info.pooling.normalize,
-            "dimensions": info.pooling.dimensions,
-            "prompt": info.prompt,
-            "prompt_column": config.input.prompt_column,
-            "dtype": str(dtype),
-            "sort_window": config.plan.sort_window,
-            "on_long": config.tokenize.on_long,
-            "text_column": config.input.text_column,
-            "id_column": config.input.id_column,
-        },
-    )
+    options = {
+        "max_length": max_length,
+        "pooling": info.pooling.mode,
+        "normalize": info.pooling.normalize,
+        "dtype": str(dtype),
+        "sort_window": config.plan.sort_window,
+        "on_long": config.tokenize.on_long,
+        "text_column": config.input.text_column,
+        "id_column": config.input.id_column,
+    }
+    # NOTE: only when set, so a run started before these options existed still resumes
+    extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
+    return fingerprint(files, info.path, options | {k: v for k, v in extra.items() if v})

@@ -93,12 +93,17 @@ def generation_fingerprint(
         "dtype": str(dtype),
         "window_rows": g.window_rows,
         "sampling": [g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed, list(g.stop), g.ignore_eos],
-        "penalties": [g.repetition_penalty, g.presence_penalty, g.frequency_penalty, g.min_tokens],
-        "max_model_len": info.config.max_model_len,
         "weights": [f.name for f in info.weight_files],
-        "quantize": [config.device.quantize, g.kv_cache_dtype],
         "id_column": config.input.id_column,
     }
+    # NOTE: only when they differ from the defaults, so a run started before they existed still resumes
+    penalties = [g.repetition_penalty, g.presence_penalty, g.frequency_penalty, g.min_tokens]
+    if penalties != [1.0, 0.0, 0.0, 0]:
+        options["penalties"] = penalties
+    if g.max_model_len is not None:
+        options["max_model_len"] = g.max_model_len
+    if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
+        options["quantize"] = [config.device.quantize, g.kv_cache_dtype]
     return fingerprint(files, info.path, options)
 
 
