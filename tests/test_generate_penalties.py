@@ -44,6 +44,7 @@ def test_repetition_penalty_equals_transformers_greedy(tiny):
         expected = out[0, len(prompt) :].tolist()
         eos = [i for i, t in enumerate(expected) if t in info.eos_token_ids]
         same += answer == (expected[: eos[0] + 1] if eos else expected)
+    print(f"repetition_penalty 1.8: {same}/16 greedy answers equal transformers'")
     assert same >= 15, f"{same}/16 equal"
     plain = [
         s.completion
