@@ -29,8 +29,17 @@ import pyarrow.parquet as pq
 from ..config import InputConfig
 from ..errors import InputError
 from ..types import Reject, RowBlock
-from .ids import IdSet, check_id, id_key, is_unicode
+from .ids import IdSet, check_id, id_key
 from .lines import LineSplitter
+from .row_values import (
+    Rows,
+    arrow_ids,
+    arrow_texts,
+    check_prompts,
+    check_text,
+    check_tokens,
+    duplicate_reason,
+)
 from .sources import (
     TOKENS_COLUMN,
     Source,
@@ -39,38 +48,6 @@ from .sources import (
     is_id_type,
     open_source,
 )
-
-
-class _Rows:
-    """Parsed rows of one chunk: per-row payload or reject, plus ids and line numbers."""
-
-    def __init__(self) -> None:
-        self.payloads: list[Any] = []  # str, list[int] or a (reason, message) reject
-        self.ids: list[Any] = []
-        self.lines: list[int | None] = []
-        self.prompts: list[str | None] | None = None  # with --prompt-column: each row's, or None
-
-
-def _check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | None:
-    if value is None:
-        return "missing_text", "no text"
-    if not isinstance(value, str):
-        return "wrong_type", f"text is a {type(value).__name__}, not a string"
-    if not value or value.isspace():
-        return "empty_text", "text is empty or whitespace"
-    if not from_arrow and not is_unicode(value):  # NOTE: Arrow strings are UTF-8: no surrogates there
-        return "invalid_unicode", "text holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode"
-    return None
-
-
-def _check_tokens(value: Any) -> tuple[str, str] | None:
-    if value is None:
-        return "missing_text", "no input_ids"
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return "wrong_type", "input_ids must be a list of integers"
-    if not value:
-        return "empty_text", "input_ids is empty"
-    return None
 
 
 @dataclass(slots=True)
@@ -104,7 +81,6 @@ class Reader:
         self._block_id = 0
         self._seen = IdSet()
         self._names: dict[str, list[str]] = {}  # a Parquet file's column names (its prompt column)
-        self._last_object: Any = None  # the JSON object the last parsed line held (its prompt)
 
     def remember_ids(self, ids: Iterable[Any]) -> None:
         """Ids already written by an interrupted run: a repeat of one is a duplicate."""
@@ -122,7 +98,7 @@ class Reader:
 
     # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
 
-    def _chunks(self, src: Source) -> Iterator[_Rows]:
+    def _chunks(self, src: Source) -> Iterator[Rows]:
         try:
             if src.fmt == "parquet":
                 yield from self._parquet_chunks(src)
@@ -131,7 +107,7 @@ class Reader:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read ({exc})", path=src.path) from None
 
-    def _parquet_chunks(self, src: Source) -> Iterator[_Rows]:
+    def _parquet_chunks(self, src: Source) -> Iterator[Rows]:
         file = pq.ParquetFile(src.path)
         seen = 0
         for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=self._parquet_columns(src)):
@@ -153,23 +129,23 @@ class Reader:
             self._names[src.path] = pq.ParquetFile(src.path).schema_arrow.names
         return self._names[src.path]
 
-    def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> _Rows:
+    def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> Rows:
         """One record batch of a Parquet file -> parsed rows."""
-        rows = _Rows()
+        rows = Rows()
         values = batch.column(self._parquet_columns(src)[0])
         if src.payload == "text":
-            rows.payloads = _arrow_texts(values)
+            rows.payloads = arrow_texts(values)
         else:
-            rows.payloads = [v if (bad := _check_tokens(v)) is None else bad for v in values.to_pylist()]
-        rows.ids = _arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
+            rows.payloads = [v if (bad := check_tokens(v)) is None else bad for v in values.to_pylist()]
+        rows.ids = arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
         rows.lines = [None] * batch.num_rows
         prompt = self.cfg.prompt_column
         if prompt and src.payload == "text" and prompt in batch.schema.names:
             rows.prompts = batch.column(prompt).to_pylist()
-            _check_prompts(rows)
+            check_prompts(rows)
         return rows
 
-    def _jsonl_chunks(self, src: Source) -> Iterator[_Rows]:
+    def _jsonl_chunks(self, src: Source) -> Iterator[Rows]:
         with open(src.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             splitter = LineSplitter(fh, self.cfg.read_chunk_bytes)
@@ -182,8 +158,8 @@ class Reader:
                     path=src.path,
                 )
 
-    def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> _Rows:
-        rows = _Rows()
+    def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> Rows:
+        rows = Rows()
         if src.fmt == "jsonl" and src.payload == "text":
             fast = self._fast_jsonl(numbered)
             if fast is not None:
@@ -193,17 +169,16 @@ class Reader:
             rows.prompts = []
         for line_no, raw in numbered:
             rows.lines.append(line_no)
-            payload, row_id = self._parse_line(src, raw)
+            payload, row_id, obj = self._parse_line(src, raw)
             rows.payloads.append(payload)
             rows.ids.append(row_id)
             if rows.prompts is not None:
-                obj = self._last_object
-                rows.prompts.append(obj.get(prompt) if isinstance(obj, dict) else None)
+                rows.prompts.append(obj.get(prompt) if obj is not None else None)
         if rows.prompts is not None:
-            _check_prompts(rows)
+            check_prompts(rows)
         return rows
 
-    def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> _Rows | None:
+    def _fast_jsonl(self, numbered: list[tuple[int, bytes]]) -> Rows | None:
         """pyarrow parses a clean chunk in one call; any problem falls back to line by line."""
         text_col, id_col = self.cfg.text_column, self.cfg.id_column
         data = b"\n".join(raw for _, raw in numbered)
@@ -222,46 +197,45 @@ class Reader:
         has_ids = id_col in table.column_names
         if has_ids and not is_id_type(table.schema.field(id_col).type):
             return None  # floats, lists, objects, integers beyond 64 bits: each row says what is wrong
-        rows = _Rows()
+        rows = Rows()
         try:  # NOTE: pyarrow does not validate UTF-8 while parsing; converting does
-            rows.payloads = _arrow_texts(table.column(text_col))
+            rows.payloads = arrow_texts(table.column(text_col))
             rows.ids = table.column(id_col).to_pylist() if has_ids else [None] * table.num_rows
             prompt = self.cfg.prompt_column
             if prompt and prompt in table.column_names:
                 rows.prompts = table.column(prompt).to_pylist()
-                _check_prompts(rows)
+                check_prompts(rows)
         except UnicodeDecodeError:
             return None
         rows.lines = [n for n, _ in numbered]
         return rows
 
-    def _parse_line(self, src: Source, raw: bytes) -> tuple[Any, Any]:
-        self._last_object = None
+    def _parse_line(self, src: Source, raw: bytes) -> tuple[Any, Any, dict[str, Any] | None]:
+        """(payload or reject, id, the row's JSON object when it is one)."""
         try:
             obj = json.loads(raw.decode("utf-8"))
-            self._last_object = obj
         except UnicodeDecodeError as exc:
-            return ("invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"), None
+            return ("invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"), None, None
         except ValueError as exc:
-            return ("malformed_json", f"not valid JSON ({exc})"), None
+            return ("malformed_json", f"not valid JSON ({exc})"), None, None
         if not isinstance(obj, dict):
-            return ("malformed_json", f"a JSON {type(obj).__name__}, not an object"), None
+            return ("malformed_json", f"a JSON {type(obj).__name__}, not an object"), None, None
         if src.fmt == "openai":
             body = obj.get("body")
             text = body.get("input") if isinstance(body, dict) else None
             if isinstance(text, list) and len(text) == 1:
                 text = text[0]
-            return (text if (bad := _check_text(text)) is None else bad), obj.get("custom_id")
+            return (text if (bad := check_text(text)) is None else bad), obj.get("custom_id"), obj
         row_id = obj.get(self.cfg.id_column)
         if src.payload == "tokens":
             value = obj.get(TOKENS_COLUMN)
-            return (value if (bad := _check_tokens(value)) is None else bad), row_id
+            return (value if (bad := check_tokens(value)) is None else bad), row_id, obj
         value = obj.get(self.cfg.text_column)
-        return (value if (bad := _check_text(value)) is None else bad), row_id
+        return (value if (bad := check_text(value)) is None else bad), row_id, obj
 
     # -- blocks ----------------------------------------------------------------------------------
 
-    def _blocks(self, src: Source, rows: _Rows, file_first_row: int) -> Iterator[RowBlock]:
+    def _blocks(self, src: Source, rows: Rows, file_first_row: int) -> Iterator[RowBlock]:
         n = len(rows.payloads)
         start = 0
         count = self.counts[src.path]
@@ -281,7 +255,7 @@ class Reader:
             yield self._block(src, rows, start, end, file_first_row)
             start = end
 
-    def _block(self, src: Source, rows: _Rows, start: int, end: int, file_first_row: int) -> RowBlock:
+    def _block(self, src: Source, rows: Rows, start: int, end: int, file_first_row: int) -> RowBlock:
         first = self.rows_read
         block = RowBlock(self._block_id, first, end - start, src.path, [], file_first_row=file_first_row)
         payloads, lines = rows.payloads[start:end], rows.lines[start:end]
@@ -297,7 +271,7 @@ class Reader:
         for k, payload in enumerate(payloads):
             row, row_id = first + k, ids[k]
             if isinstance(payload, tuple) or (duplicate is not None and duplicate[k]):
-                reason, message = payload if isinstance(payload, tuple) else _duplicate(row_id)
+                reason, message = payload if isinstance(payload, tuple) else duplicate_reason(row_id)
                 shown_id = row_id if check_id(row_id) is None else repr(row_id)
                 block.rejects.append(Reject(row, src.path, lines[k], shown_id, reason, message, row - file_first_row))
                 continue
@@ -335,58 +309,3 @@ class Reader:
         duplicate = np.zeros(len(payloads), dtype=bool)
         duplicate[valid] = repeated
         return duplicate.tolist()
-
-
-def _duplicate(row_id: Any) -> tuple[str, str]:
-    return "duplicate_id", f"id {row_id!r} appeared before"
-
-
-def _decoded(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """Dictionary-encoded and view strings as plain ones."""
-    kind = values.type
-    if pa.types.is_dictionary(kind) or pa.types.is_string_view(kind):
-        target = kind.value_type if pa.types.is_dictionary(kind) else pa.string()
-        if pa.types.is_string_view(target):
-            target = pa.string()
-        return values.cast(target)
-    return values
-
-
-def _check_prompts(rows: _Rows) -> None:
-    """A row whose prompt is neither text nor null is a reject; its payload says why."""
-    assert rows.prompts is not None
-    for k, prompt in enumerate(rows.prompts):
-        if prompt is not None and not isinstance(prompt, str):
-            rows.prompts[k] = None
-            if not isinstance(rows.payloads[k], tuple):
-                rows.payloads[k] = ("invalid_prompt", f"the prompt column holds {type(prompt).__name__}, not text")
-
-
-def _arrow_texts(values: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """Texts as Python strings, with null, blank and invalid ones replaced by reject reasons."""
-    values = _decoded(values)
-    try:
-        texts = values.to_pylist()
-    except UnicodeDecodeError:  # a Parquet writer stored bytes that are not UTF-8: find the rows
-        texts = [_utf8_or_reject(raw) for raw in values.cast(pa.binary()).to_pylist()]
-    return [t if isinstance(t, tuple) or (bad := _check_text(t, from_arrow=True)) is None else bad for t in texts]
-
-
-def _utf8_or_reject(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return "invalid_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})"
-
-
-def _arrow_ids(values: pa.ChunkedArray | pa.Array) -> list[Any]:
-    values = _decoded(values)
-    try:
-        return values.to_pylist()
-    except UnicodeDecodeError:  # an id that is not UTF-8 stays bytes, which check_id turns away
-        return [
-            raw if raw is None or isinstance(_utf8_or_reject(raw), tuple) else raw.decode("utf-8")
-            for raw in values.cast(pa.binary()).to_pylist()
-        ]

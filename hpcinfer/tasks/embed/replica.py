@@ -25,7 +25,8 @@ import pyarrow as pa
 from ...config import RunConfig
 from ...errors import HpcinferError, InputError, StageError
 from ...files.lines import LineSplitter
-from ...files.read import Reader, _Rows
+from ...files.read import Reader
+from ...files.row_values import Rows
 from ...files.sources import Source
 from ...obs.progress import Progress
 from ...ray_engine.units import Segment, Unit, parquet_range
@@ -64,7 +65,7 @@ class RangeReader(Reader):
                     path=src.path,
                 )
 
-    def _segment_chunks(self, src: Source, seg: Segment) -> Iterator[_Rows]:
+    def _segment_chunks(self, src: Source, seg: Segment) -> Iterator[Rows]:
         if src.fmt == "parquet":
             yield from self._parquet_range(src, seg)
             return
@@ -79,12 +80,12 @@ class RangeReader(Reader):
                 if not left:
                     return
 
-    def _parquet_range(self, src: Source, seg: Segment) -> Iterator[_Rows]:
+    def _parquet_range(self, src: Source, seg: Segment) -> Iterator[Rows]:
         batches = parquet_range(src.path, seg, self.cfg.read_block_rows, self._parquet_columns(src))
         for batch in batches:
             yield self._parquet_rows(src, batch)
 
-    def _block(self, src: Source, rows: _Rows, start: int, end: int, file_first_row: int) -> RowBlock:
+    def _block(self, src: Source, rows: Rows, start: int, end: int, file_first_row: int) -> RowBlock:
         block = super()._block(src, rows, start, end, file_first_row)
         if src.has_ids:  # NOTE: without an id column ids are row numbers: never repeated
             self.admitted.extend(
