@@ -103,6 +103,24 @@ def test_a_sentencepiece_vocabulary_tokenizes_as_transformers_does(tmp_path):
     assert (outputs - reference_logits).abs().max() < 1e-4
 
 
+def test_a_tensor_type_gguf_cannot_dequantize_is_named(tmp_path):
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    from hpcinfer.models.gguf_checkpoint import GGUFFile
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1]  # written by llama.cpp, read by no dequantizer
+    writer = GGUFWriter(str(tmp_path / "q81.gguf"), "llama")
+    raw = np.zeros((4, 256 // block * size), dtype=np.uint8)
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=GGMLQuantizationType.Q8_1)  # 4 rows of 256
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelError, match=r"GGUF tensor type Q8_1 is not supported \(tensor blk.0.attn_q.weight\)"):
+        GGUFFile(tmp_path / "q81.gguf").float_tensor("blk.0.attn_q.weight")
+
+
 def test_unsupported_files_are_one_line_errors(tmp_path):
     (tmp_path / "two").mkdir()
     build_tiny_gguf(tmp_path / "two" / "a.gguf")

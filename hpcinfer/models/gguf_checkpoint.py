@@ -139,7 +139,7 @@ class GGUFFile:
         tensor = self.tensors[name]
         try:
             array = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError:
+        except NotImplementedError:  # gguf's word for a type it has no dequantizer for (Q8_1, Q8_K, I8, ...)
             kind = GGMLQuantizationType(tensor.tensor_type).name
             raise ModelError(f"GGUF tensor type {kind} is not supported (tensor {name})", path=str(self.file)) from None
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
