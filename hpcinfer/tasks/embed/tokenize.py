@@ -29,9 +29,8 @@ class TokenizeStage:
         self.max_length = max_length
         self.vocab_size = vocab_size
         self.on_long = on_long
-        self.prompt = (
-            prompt  # put before every text (--prompt); it counts toward max_length, as in sentence-transformers
-        )
+        # Put before every text (--prompt); it counts toward max_length, as in sentence-transformers.
+        self.prompt = prompt
 
     def process(self, block: RowBlock) -> Iterator[TokenBlock]:
         """Flat numpy arrays all the way: no per-token Python objects (they would fragment the heap)."""

@@ -1,8 +1,9 @@
 """Penalties on a step's logits, before greedy or sampled choice, batched on the device.
 
 For the rows whose requests set any (`SamplingParams.penalized`), one [rows, vocab] count of the
-tokens each has seen is built with one scatter (the answer's tokens and, for the repetition
-penalty, the prompt's), then in place on those rows of the logits:
+tokens each has seen is built with one scatter (the answer's tokens for the OpenAI penalties,
+prompt and answer for the repetition penalty), and only where a row needs it; then, on a copy of
+those rows of the logits:
 - `repetition_penalty` p (transformers' rule): a token in the prompt or answer has its logit
   divided by p when positive, multiplied by p when negative;
 - `frequency_penalty` f and `presence_penalty` r (OpenAI's): logit - f * count - r * (count > 0),
@@ -35,14 +36,17 @@ def penalize(
     picked = [seqs[i] for i in rows]
     index = torch.tensor(rows, device=device)
     sub = logits.index_select(0, index)
-    answer = _counts(picked, vocab, device, ahead, answer_only=True)
+
+    def per_row(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(s.params, name) for s in picked], device=device, dtype=sub.dtype)[:, None]
+
     if any(s.params.repetition_penalty != 1.0 for s in picked):
         seen = _counts(picked, vocab, device, ahead, answer_only=False) > 0
-        p = torch.tensor([s.params.repetition_penalty for s in picked], device=device, dtype=sub.dtype)[:, None]
+        p = per_row("repetition_penalty")
         sub = torch.where(seen, torch.where(sub > 0, sub / p, sub * p), sub)
-    freq = torch.tensor([s.params.frequency_penalty for s in picked], device=device, dtype=sub.dtype)[:, None]
-    pres = torch.tensor([s.params.presence_penalty for s in picked], device=device, dtype=sub.dtype)[:, None]
-    sub = sub - freq * answer - pres * (answer > 0).to(sub.dtype)
+    if any(s.params.frequency_penalty or s.params.presence_penalty for s in picked):
+        answer = _counts(picked, vocab, device, ahead, answer_only=True)
+        sub = sub - per_row("frequency_penalty") * answer - per_row("presence_penalty") * (answer > 0).to(sub.dtype)
     for k, seq in enumerate(picked):
         params = seq.params
         if params.logit_bias:

@@ -64,15 +64,13 @@ def run_decoder_info(config: RunConfig) -> DecoderInfo:
 def sampling_defaults(config: RunConfig) -> SamplingParams:
     g = config.generate
     params = SamplingParams(
-        g.max_tokens,
-        g.temperature,
-        g.top_p,
-        g.top_k,
-        g.min_p,
-        None,
-        tuple(g.stop),
-        (),
-        g.ignore_eos,
+        max_tokens=g.max_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        min_p=g.min_p,
+        stop=tuple(g.stop),
+        ignore_eos=g.ignore_eos,
         repetition_penalty=g.repetition_penalty,
         presence_penalty=g.presence_penalty,
         frequency_penalty=g.frequency_penalty,
