@@ -24,7 +24,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 from hpcinfer.api import run
-from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
+from hpcinfer.config import (
+    DeviceConfig,
+    GenerateConfig,
+    InputConfig,
+    OutputConfig,
+    PipelineConfig,
+    PlanConfig,
+    RunConfig,
+)
 from hpcinfer.models.tiny import build_tiny_bert
 from hpcinfer.obs.progress import Progress
 
@@ -118,6 +126,32 @@ def small_config(inputs: list[Path] | Path, output_path: Path, model: Path | str
             else (replace(cfg, **{section: values}))
         )
     return cfg
+
+
+def generate_config(
+    src: Path, out: Path, model: Path | str, device: dict[str, Any] | None = None, **generate: Any
+) -> RunConfig:
+    """A generation run of `src` into `out`, no progress output, a small KV pool unless told."""
+    return RunConfig(
+        input=InputConfig((str(src),)),
+        model=str(model),
+        output=OutputConfig(str(out)),
+        pipeline=PipelineConfig(progress="off"),
+        device=DeviceConfig(**(device or {})),
+        generate=GenerateConfig(**{"kv_cache_memory": "8MiB", **generate}),
+    )
+
+
+def tiny_llama(folder: Path, seed: int, prompts: int, max_length: int, text_seed: int):  # noqa: ANN201
+    """(path, info, float32 model, prompt token ids) of a tiny random Llama and some of make_texts' texts."""
+    from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+    from hpcinfer.models.registry import load_tokenizer
+    from hpcinfer.models.tiny_decoder import build_tiny_decoder
+
+    path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=seed)
+    info = inspect_decoder(path)
+    ids = [load_tokenizer(path, max_length).encode(t).ids for t in make_texts(prompts, seed=text_seed)]
+    return path, info, load_decoder(info, torch.device("cpu"), torch.float32), ids
 
 
 def read_output(path: str | Path) -> pa.Table:

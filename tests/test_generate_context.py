@@ -7,23 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.config import RunConfig
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
 
-from .conftest import write_jsonl
+from .conftest import generate_config, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(tmp_path, model, rows, **gen) -> RunConfig:
-    return RunConfig(
-        input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
-        model=str(model),
-        output=OutputConfig(str(tmp_path / "out.jsonl")),
-        pipeline=PipelineConfig(progress="off"),
-        generate=GenerateConfig(kv_cache_memory="8MiB", ignore_eos=True, **gen),
+    return generate_config(
+        write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl", model, ignore_eos=True, **gen
     )
 
 

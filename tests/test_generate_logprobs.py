@@ -13,11 +13,10 @@ import transformers
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
 
-from .conftest import write_jsonl
+from .conftest import generate_config, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,15 +38,7 @@ def test_logprobs_in_openai_shapes_equal_transformers(tmp_path):
         {"custom_id": "none", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi", "max_tokens": 2}},
     ]  # fmt: skip
     out = tmp_path / "out.jsonl"
-    run_generate(
-        RunConfig(
-            input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
-            model=str(path),
-            output=OutputConfig(str(out)),
-            pipeline=PipelineConfig(progress="off"),
-            generate=GenerateConfig(kv_cache_memory="8MiB", ignore_eos=True),
-        )
-    )
+    run_generate(generate_config(write_jsonl(tmp_path / "in.jsonl", rows), out, path, ignore_eos=True))
     bodies = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.read_text().splitlines())}
     chat_answer = ChatCompletion.model_validate(bodies["chat"])  # the openai package's own types
     text_answer = Completion.model_validate(bodies["text"])
@@ -87,14 +78,6 @@ def test_logprobs_outside_an_openai_body_are_a_reject(tmp_path):
     path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=4)
     rows = [{"id": "a", "prompt": "hi", "logprobs": 2}, {"id": "b", "prompt": "hi"}]
     out = tmp_path / "out.jsonl"
-    run_generate(
-        RunConfig(
-            input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
-            model=str(path),
-            output=OutputConfig(str(out)),
-            pipeline=PipelineConfig(progress="off"),
-            generate=GenerateConfig(kv_cache_memory="8MiB", max_tokens=2),
-        )
-    )
+    run_generate(generate_config(write_jsonl(tmp_path / "in.jsonl", rows), out, path, max_tokens=2))
     (reject,) = map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())
     assert reject["id"] == "a" and "OpenAI batch" in reject["message"]

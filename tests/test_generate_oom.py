@@ -5,24 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
-from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig
 from hpcinfer.tasks.generate.sequence import SamplingParams
 
-from .conftest import make_texts
+from .conftest import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = build_tiny_decoder(tmp_path_factory.mktemp("oom"), "LlamaForCausalLM", seed=5)
-    info = inspect_decoder(path)
-    prompts = [load_tokenizer(path, 96).encode(t).ids for t in make_texts(24, seed=2)]
+    _, info, model, prompts = tiny_llama(tmp_path_factory.mktemp("oom"), seed=5, prompts=24, max_length=96, text_seed=2)
     params = [SamplingParams(max_tokens=12, temperature=0.9 if i % 2 else 0.0, seed=i) for i in range(len(prompts))]
-    return load_decoder(info, torch.device("cpu"), torch.float32), info, prompts, params
+    return model, info, prompts, params
 
 
 def with_memory_limit(engine: Engine, tokens: int) -> list[int]:

@@ -10,26 +10,19 @@ import pytest
 import torch
 import transformers
 
-from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
-from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig
 from hpcinfer.tasks.generate.job import run_generate
 from hpcinfer.tasks.generate.penalties import penalize
 from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence
 
-from .conftest import make_texts, write_jsonl
+from .conftest import generate_config, tiny_llama, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = build_tiny_decoder(tmp_path_factory.mktemp("pen"), "LlamaForCausalLM", seed=9)
-    info = inspect_decoder(path)
-    prompts = [load_tokenizer(path, 48).encode(t).ids for t in make_texts(16, seed=3)]
-    return path, info, load_decoder(info, torch.device("cpu"), torch.float32), prompts
+    return tiny_llama(tmp_path_factory.mktemp("pen"), seed=9, prompts=16, max_length=48, text_seed=3)
 
 
 def test_repetition_penalty_equals_transformers_greedy(tiny):
@@ -111,15 +104,8 @@ def test_rows_set_penalties_and_bad_values_are_rejects(tiny, tmp_path):
         {"id": "min", "prompt": "the fox", "min_tokens": 9, "max_tokens": 4},
     ]
     out = tmp_path / "out.jsonl"
-    report = run_generate(
-        RunConfig(
-            input=InputConfig((str(write_jsonl(tmp_path / "in.jsonl", rows)),)),
-            model=str(path),
-            output=OutputConfig(str(out)),
-            pipeline=PipelineConfig(progress="off"),
-            generate=GenerateConfig(max_tokens=4, kv_cache_memory="8MiB", repetition_penalty=1.2),
-        )
-    )
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = run_generate(generate_config(src, out, path, max_tokens=4, repetition_penalty=1.2))
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["ok"]
     rejects = {r["id"]: r for r in map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())}
     assert rejects["big"]["reason"] == "invalid_sampling" and "presence_penalty" in rejects["big"]["message"]

