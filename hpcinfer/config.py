@@ -123,6 +123,11 @@ class GenerateConfig:
     attention: str = "auto"  # auto | torch | flash-attn | triton: the paged attention kernel, chosen at start-up
     max_model_len: int | None = None  # cap the context below the checkpoint's (positions, KV pool, prompts)
     kv_cache_dtype: str = "auto"  # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
+    # Structured output for every row that does not ask for its own (at most one of these):
+    json_schema: str | None = None  # a JSON schema file
+    regex: str | None = None  # a regular expression
+    choice: tuple[str, ...] = ()  # the answer is one of these strings
+    grammar: str | None = None  # a Lark or GBNF grammar file
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,15 @@ OPTIONS: tuple[Opt, ...] = (
         "per time it is in the answer (OpenAI's; -2 to 2).", type=float),
     opt("--min-tokens", "generate.min_tokens", "Generation", "EOS and stop token ids are barred until the "
         "answer has this many tokens.", type=int),
+    opt("--json-schema", "generate.json_schema", "Generation", "Every answer is JSON valid against this "
+        "schema (a file), unless its row asks for its own structured output (response_format, json_schema, "
+        "regex, choice or grammar).", metavar="FILE"),
+    opt("--regex", "generate.regex", "Generation", "Every answer matches this regular expression (rows may ask "
+        "for their own).", metavar="PATTERN"),
+    opt("--choice", "generate.choice", "Generation", "Every answer is one of these strings (repeatable; rows may "
+        "ask for their own).", multiple=True),
+    opt("--grammar", "generate.grammar", "Generation", "Every answer follows this Lark or GBNF grammar (a file; "
+        "rows may ask for their own).", metavar="FILE"),
     opt("--ignore-eos", "generate.ignore_eos", "Generation", "Keep generating past EOS (benchmarks).",
         switch=True),
     opt("--max-num-seqs", "generate.max_num_seqs", "Generation", "Sequences a step.", commands=RUNS, type=int),

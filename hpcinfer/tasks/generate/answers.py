@@ -38,7 +38,7 @@ class GenerationStore(PartStore):
 def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str) -> dict[str, Any]:
     """The output row of a finished sequence: ours, or an OpenAI batch answer for an OpenAI request."""
     ids = seq.completion
-    if seq.finish_reason == "stop" and seq.stop_text_cut is None:
+    if seq.stop_token:
         ids = ids[:-1]  # the EOS or stop token ends the answer; it is not part of the text
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if seq.stop_text_cut is not None:

@@ -9,6 +9,10 @@ A step ahead (on CUDA by default), the host launches step N+1 before it reads st
 step N's sampled tokens stay on the device and feed step N+1's decodes, the sequences hold a
 PENDING token meanwhile, and a sequence that ends with a token of step N has its step N+1 output
 dropped. Sequences, tokens and stops are exactly those of the step-by-step loop.
+
+Structured output (structured.py): a sequence held to a grammar needs its last token before its
+next mask, so while one runs the engine goes step by step; each step's masks are filled on a host
+thread while its forward runs, and applied to the logits before sampling.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .sampling import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
 from .staging import InFlightTokens
+from .structured import Grammars, StepMasks, consume
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,9 @@ class Engine:
         eos_token_ids: Iterable[int] = (),
         decode: Callable[[list[int]], str] | None = None,
         trace_steps: bool = False,
+        grammars: Grammars | None = None,
     ) -> None:
+        """`grammars`: the run's grammar engine, for requests with structured output."""
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
@@ -151,6 +158,8 @@ class Engine:
         self.eos = frozenset(eos_token_ids)
         self.decode = decode
         self.trace_steps = trace_steps
+        self.grammars = grammars
+        self.masks = StepMasks(model.cfg.vocab_size, device) if grammars is not None else None
         self.stats = EngineStats(num_blocks=usable)
         self._next_id = 0
 
@@ -161,6 +170,10 @@ class Engine:
         if not 0 < len(tokens) < self.max_model_len:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
+        if params.structured is not None:
+            if self.grammars is None:
+                raise ValueError("a request with structured output reached an engine without a grammar engine")
+            seq.grammar = self.grammars.matcher(params.structured)
         self._next_id += 1
         seq.arrival_s = time.perf_counter()
         self.scheduler.add(seq)
@@ -195,6 +208,11 @@ class Engine:
         back: the host plans and prepares step N+1 while the device runs step N. Otherwise it
         reads this step's tokens back at once.
         """
+        finished: list[Sequence] = []
+        ahead = self.ahead and not self._constrained()
+        if not ahead and self._in_flight is not None:  # NOTE: a grammar's next mask needs the token in flight
+            previous, self._in_flight = self._in_flight, None
+            finished = self._resolve(previous)
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         launched = None
@@ -204,14 +222,21 @@ class Engine:
             except Exception as exc:
                 if not is_out_of_memory(exc) or not self._shrink_after_oom(plan):
                     raise
-                return []  # NOTE: the step's work is back in the queue; nothing of it ran
+                return finished  # NOTE: the step's work is back in the queue; nothing of it ran
         elif self._in_flight is None:
+            if finished or not self.scheduler.has_work:
+                return finished
             raise RuntimeError("the scheduler planned an empty step with work queued")
-        if not self.ahead:
+        if not ahead:
             assert launched is not None
-            return self._resolve(launched)
+            return finished + self._resolve(launched)
         previous, self._in_flight = self._in_flight, launched
         return self._resolve(previous) if previous is not None else []
+
+    def _constrained(self) -> bool:
+        """Whether a sequence held to a grammar is queued or running."""
+        s = self.scheduler
+        return self.masks is not None and any(q.grammar is not None for q in (*s.running, *s.waiting))
 
     def _shrink_after_oom(self, plan: StepPlan) -> bool:
         """The step ran out of device memory: an out-of-memory is the batch's size, not the
@@ -241,12 +266,15 @@ class Engine:
         t1 = time.perf_counter()
         marks = [self.timer.mark()]
         ahead = self._in_flight.tokens if self._in_flight is not None else None
+        sampling = [c.seq for c in plan.chunks if c.samples]
+        masks = self.masks.start(sampling) if self.masks is not None else None  # filled beside the forward
         logits = self.runner.run(plan, ahead)
         marks.append(self.timer.mark())
-        sampling = [c.seq for c in plan.chunks if c.samples]
         raw = logits  # NOTE: logprobs are the model's own, before penalties and temperature (as vLLM's)
         if sampling:
             logits = penalize(logits, sampling, self.eos, ahead)  # NOTE: before greedy or sampled choice
+        if masks is not None:
+            logits = masks.apply(logits)
         tokens = self.sampler.sample_on_device(logits, sampling) if sampling else None
         logprobs = step_logprobs(raw, sampling, tokens) if tokens is not None else None
         marks.append(self.timer.mark())
@@ -304,7 +332,9 @@ class Engine:
         params, token = seq.params, seq.tokens[at]
         reason = None
         if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
-            reason = "stop"
+            reason, seq.stop_token = "stop", True
+        elif seq.grammar is not None and consume(seq.grammar, token):
+            reason = "stop"  # the grammar is complete: nothing but EOS could follow
         elif params.stop and self.decode is not None:
             text = self.decode(seq.tokens[seq.num_prompt : at + 1])
             cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]

@@ -232,6 +232,7 @@ class GenerationJob:
                 self.info.eos_token_ids,
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 trace_steps=self.config.trace_path is not None,
+                grammars=self.reader.grammars,
             )
 
     def _run_many(self, engines: list[Engine], source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:

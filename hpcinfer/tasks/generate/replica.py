@@ -151,6 +151,7 @@ class GenerateReplica:
             engine_config(config),
             self.info.eos_token_ids,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            grammars=self.whole.grammars,
         )
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"

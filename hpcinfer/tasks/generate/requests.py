@@ -4,8 +4,10 @@ Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/comple
 same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
 `messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
 override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
-`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_tokens`, and may
-carry an integer priority (`--priority-column`, higher first).
+`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_tokens`, may ask
+for structured output (`structured.spec_from_body`: `response_format`, `json_schema`, `regex`,
+`choice`, `grammar` and vLLM's spellings), and may carry an integer priority (`--priority-column`,
+higher first).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from ...files.sources import expand_paths, json_objects
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 from .sequence import SamplingParams
+from .structured import Grammars, spec_from_body
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos"}
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured"}
 _ROW_BLOCK = 256
 
 
@@ -108,6 +111,7 @@ class RequestReader:
         max_prompt: int,
         vocab: int,
         priority_column: str = "priority",
+        grammars: Grammars | None = None,
     ) -> None:
         self.files = expand_paths(paths)
         for f in self.files:
@@ -120,6 +124,7 @@ class RequestReader:
         self.max_prompt = max_prompt
         self.vocab = vocab
         self.priority_column = priority_column
+        self.grammars = grammars
         self.skip_rows = 0
         self.rows_read = 0
         self.openai = False  # set once an OpenAI batch row is seen
@@ -183,8 +188,14 @@ class RequestReader:
             self._seen.add(key)
             self._id_taken(row, row_id, line, path)
         try:
+            structured = spec_from_body(body)
+        except ValueError as exc:
+            return reject("invalid_grammar", str(exc), row_id)
+        try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body, self.vocab)
+            if structured is not None:
+                params = replace(params, structured=structured)
             priority = obj.get(self.priority_column, body.get(self.priority_column))
             if priority is None:
                 priority = 0
@@ -198,11 +209,19 @@ class RequestReader:
             return reject("tokenize_error", f"the tokenizer refused this prompt ({type(exc).__name__}: {exc})", row_id)
         if (problem := params.problem()) is not None:
             return reject("invalid_sampling", problem, row_id)
+        if params.structured is not None and (problem := self._grammar_problem(params)) is not None:
+            return reject("invalid_grammar", problem, row_id)
         if params.logprobs is not None and not openai:
             return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
         return Request(row, row_id, tokens, params, kind, openai, path, priority)
+
+    def _grammar_problem(self, params: SamplingParams) -> str | None:
+        assert params.structured is not None
+        if self.grammars is None:
+            return "this run has no grammar engine"
+        return self.grammars.problem(params.structured)
 
     def _tokens(self, body: dict[str, Any]) -> tuple[list[int], str]:
         if body.get("messages") is not None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .structured import GrammarSpec
 
 PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
@@ -39,6 +42,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
+    structured: GrammarSpec | None = None  # the answer must match it (structured.py)
 
     def problem(self) -> str | None:
         """Why these parameters are invalid (a reject reason), or None."""
@@ -110,6 +114,10 @@ class Sequence:
     draining: bool = False
     # With params.logprobs: per answer token, (its log-probability, [(token id, log-probability)] of the best)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    grammar: Any = None  # with params.structured: its llguidance matcher, advanced token by token
+    # finish_reason "stop" by an EOS or stop token id, which is then not part of the answer's text
+    # (a stop string or a complete grammar ends it with its last token kept)
+    stop_token: bool = False
 
     def __post_init__(self) -> None:
         if not self.num_prompt:

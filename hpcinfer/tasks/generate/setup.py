@@ -5,6 +5,7 @@ engine's budgets, and the options that enter its resume fingerprint."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from .engine import EngineConfig
 from .kv_cache import kv_storage, parse_kv_memory
 from .requests import RequestReader
 from .sequence import SamplingParams
+from .structured import Grammars, GrammarSpec
 
 
 def generation_devices(config: RunConfig) -> tuple[list[torch.device], torch.dtype]:
@@ -75,11 +77,38 @@ def sampling_defaults(config: RunConfig) -> SamplingParams:
         presence_penalty=g.presence_penalty,
         frequency_penalty=g.frequency_penalty,
         min_tokens=g.min_tokens,
+        structured=structured_default(config),
     )
     if (problem := params.problem()) is not None:
         name = problem.split(" ", 1)[0]
         raise ConfigError(problem.replace(name, "--" + name.replace("_", "-"), 1))
     return params
+
+
+def structured_default(config: RunConfig) -> GrammarSpec | None:
+    """--json-schema FILE, --regex, --choice or --grammar FILE: the run's structured output."""
+    g = config.generate
+    given = {
+        "--json-schema": ("json_schema", g.json_schema, True),
+        "--regex": ("regex", g.regex, False),
+        "--choice": ("choice", list(g.choice) or None, False),
+        "--grammar": ("grammar", g.grammar, True),
+    }
+    given = {flag: spec for flag, spec in given.items() if spec[1] is not None}
+    if len(given) > 1:
+        raise ConfigError(f"give one of {', '.join(given)}: an answer follows one structured output")
+    if not given:
+        return None
+    flag, (kind, value, is_file) = next(iter(given.items()))
+    if is_file:
+        try:
+            value = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{flag}: cannot read {value} ({exc})") from None
+    try:
+        return GrammarSpec.of(kind, value)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def generation_fingerprint(
@@ -100,6 +129,8 @@ def generation_fingerprint(
         options["penalties"] = penalties
     if g.max_model_len is not None:
         options["max_model_len"] = g.max_model_len
+    if (spec := structured_default(config)) is not None:
+        options["structured"] = [spec.kind, spec.text]
     if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
         options["quantize"] = [config.device.quantize, g.kv_cache_dtype]
     return fingerprint(files, info.path, options)
@@ -116,15 +147,20 @@ def load_tokenizer(info: DecoderInfo) -> Tokenizer:
 def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -> RequestReader:
     """The run's reader of requests: the checkpoint's chat template, the run's sampling defaults."""
     chat = ChatRenderer(info.chat_template, info.special_tokens) if info.chat_template else None
+    defaults = sampling_defaults(config)
+    grammars = Grammars(tokenizer.to_str(), info.config.vocab_size, info.eos_token_ids)
+    if defaults.structured is not None and (problem := grammars.problem(defaults.structured)) is not None:
+        raise ConfigError(f"structured output: {problem}")
     return RequestReader(
         config.input.paths,
         config.input.id_column,
         tokenizer,
         chat,
-        sampling_defaults(config),
+        defaults,
         info.config.max_model_len - 1,
         info.config.vocab_size,
         config.generate.priority_column,
+        grammars,
     )
 
 
