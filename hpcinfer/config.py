@@ -128,6 +128,7 @@ class GenerateConfig:
     regex: str | None = None  # a regular expression
     choice: tuple[str, ...] = ()  # the answer is one of these strings
     grammar: str | None = None  # a Lark or GBNF grammar file
+    n: int = 1  # samples per prompt; > 1 makes plain output's text and finish_reason lists
 
 
 @dataclass(frozen=True, slots=True)

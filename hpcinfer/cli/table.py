@@ -98,6 +98,10 @@ OPTIONS: tuple[Opt, ...] = (
         "per time it is in the answer (OpenAI's; -2 to 2).", type=float),
     opt("--min-tokens", "generate.min_tokens", "Generation", "EOS and stop token ids are barred until the "
         "answer has this many tokens.", type=int),
+    opt("--n", "generate.n", "Generation", "Answers per prompt: the prompt is prefilled once and its KV "
+        "blocks shared by the samples; each sample has its own seed, derived from the row's. Plain output's "
+        "text and finish_reason become lists (a row's own n then sets its list's length); OpenAI answers have n "
+        "choices.", type=int),
     opt("--json-schema", "generate.json_schema", "Generation", "Every answer is JSON valid against this "
         "schema (a file), unless its row asks for its own structured output (response_format, json_schema, "
         "regex, choice or grammar).", metavar="FILE"),

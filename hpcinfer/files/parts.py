@@ -189,9 +189,16 @@ class PartStore:
         )
 
     def commit_table(
-        self, window_id: int, first_row: int, input_rows: int, table: pa.Table, rejects: list[dict[str, Any]]
+        self,
+        window_id: int,
+        first_row: int,
+        input_rows: int,
+        table: pa.Table,
+        rejects: list[dict[str, Any]],
+        answered: int | None = None,
     ) -> None:
-        """Commits a window whose results are any Arrow table (generation rows, for one)."""
+        """Commits a window whose results are any Arrow table (generation rows, for one); `answered`:
+        the rows written, where the table also holds lines for rejected rows (OpenAI batch errors)."""
 
         def write(tmp: Path) -> None:
             if self.fmt == "parquet":
@@ -201,7 +208,7 @@ class PartStore:
             else:
                 _write_jsonl(tmp, table.to_pylist())
 
-        self._commit(window_id, first_row, input_rows, table.num_rows, write, rejects)
+        self._commit(window_id, first_row, input_rows, table.num_rows if answered is None else answered, write, rejects)
 
     def _commit(
         self, window_id: int, first_row: int, input_rows: int, rows: int, write: Any, rejects: list[dict[str, Any]]

@@ -17,46 +17,70 @@ from ...files.parts import RAW_LINE, PartStore, id_array
 from .requests import Request
 from .sequence import Sequence
 
-SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-    ]
-)
+
+def schema(listed: bool = False) -> pa.Schema:
+    """The answers' columns; `listed` (a run with --n > 1): each row's samples as lists, in sample
+    order, and the completion tokens of all of them."""
+    text = pa.list_(pa.string()) if listed else pa.string()
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("text", text),
+            ("finish_reason", text),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+        ]
+    )
 
 
 class GenerationStore(PartStore):
     """Parts of generation rows: assembled with the answers' schema, not embeddings'."""
 
+    def __init__(self, output: str, fmt: str, fp: dict[str, Any], listed: bool = False) -> None:
+        super().__init__(output, fmt, 0, fp)
+        self.listed = listed  # a run with --n > 1: text and finish_reason are lists
+
     def empty_schema(self) -> pa.Schema:
-        return SCHEMA
+        return schema(self.listed)
 
 
-def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str) -> dict[str, Any]:
-    """The output row of a finished sequence: ours, or an OpenAI batch answer for an OpenAI request."""
+def answer_text(seq: Sequence, tokenizer: Tokenizer) -> tuple[list[int], str]:
+    """One sample's answer: its token ids and text, without the token or string that stopped it."""
     ids = seq.completion
     if seq.stop_token:
         ids = ids[:-1]  # the EOS or stop token ends the answer; it is not part of the text
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if seq.stop_text_cut is not None:
         text = text[: seq.stop_text_cut]
-    usage = {"prompt_tokens": seq.num_prompt, "completion_tokens": seq.num_completion}
+    return ids, text
+
+
+def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str) -> dict[str, Any]:
+    """The output row of a finished request (its n samples, with n > 1): ours, or an OpenAI batch
+    answer for an OpenAI request."""
+    samples = seq.samples or [seq]
+    answers = [answer_text(s, tokenizer) for s in samples]
+    completion = sum(s.num_completion for s in samples)
+    usage = {"prompt_tokens": seq.num_prompt, "completion_tokens": completion}
     if not request.openai:  # NOTE: ids keep their kind, as embedding's do (text only where kinds mix)
-        return {"id": request.id, "text": text, "finish_reason": seq.finish_reason, **usage}
+        texts, reasons = [text for _, text in answers], [s.finish_reason for s in samples]
+        if request.listed:
+            return {"id": request.id, "text": texts, "finish_reason": reasons, **usage}
+        return {"id": request.id, "text": texts[0], "finish_reason": reasons[0], **usage}
     chat = request.kind == "chat"
-    logprobs = openai_logprobs(seq, ids, tokenizer, chat) if seq.params.logprobs is not None else None
-    choice: dict[str, Any] = {"index": 0, "finish_reason": seq.finish_reason, "logprobs": logprobs}
-    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    choices = []
+    for index, (sample, (ids, text)) in enumerate(zip(samples, answers, strict=True)):
+        logprobs = openai_logprobs(sample, ids, tokenizer, chat) if sample.params.logprobs is not None else None
+        choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": logprobs}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        choices.append(choice)
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
         "object": "chat.completion" if chat else "text_completion",
         "created": created(request.source),
         "model": model,
-        "choices": [choice],
-        "usage": {**usage, "total_tokens": seq.num_prompt + seq.num_completion},
+        "choices": choices,
+        "usage": {**usage, "total_tokens": seq.num_prompt + completion},
     }
     return {
         "id": f"batch_req_{request.row}",
@@ -107,7 +131,24 @@ def openai_logprobs(seq: Sequence, ids: list[int], tokenizer: Tokenizer, chat: b
     }
 
 
-def answers_table(rows: list[dict[str, Any]], fmt: str) -> pa.Table:
+def error_answer(reject: dict[str, Any]) -> dict[str, Any]:
+    """A rejected OpenAI batch request's output line, in the batch API's error format (the row is
+    in the rejects file too)."""
+    row = reject["row"]
+    error = {"code": reject["reason"], "message": reject["message"]}
+    return {"id": f"batch_req_{row}", "custom_id": reject["id"], "response": None, "error": error}
+
+
+def with_errors(
+    answers: list[tuple[int, dict[str, Any]]], rejects: list[dict[str, Any]], openai_sources: set[str]
+) -> list[dict[str, Any]]:
+    """A window's answer rows in input order, with an error line for each rejected request of an
+    OpenAI batch file: such a file gets one output line per request, answered or not."""
+    errors = [(r["row"], error_answer(r)) for r in rejects if r["source"] in openai_sources]
+    return [answer for _, answer in sorted([*answers, *errors], key=lambda item: item[0])]
+
+
+def answers_table(rows: list[dict[str, Any]], fmt: str, listed: bool = False) -> pa.Table:
     """One window's answer rows (input order) as the table of its part (OpenAI answers: by custom_id)."""
     if rows and "custom_id" in rows[0]:
         if fmt == "parquet":
@@ -117,7 +158,7 @@ def answers_table(rows: list[dict[str, Any]], fmt: str) -> pa.Table:
         lines = [json.dumps(row, default=str) for row in rows]
         return pa.table({"custom_id": pa.array([row["custom_id"] for row in rows]), RAW_LINE: lines})
     columns = {"id": id_array([row["id"] for row in rows])}
-    for f in SCHEMA:
+    for f in schema(listed):
         if f.name != "id":
             columns[f.name] = pa.array([row[f.name] for row in rows], f.type)
     return pa.table(columns)

@@ -155,6 +155,26 @@ class BlockManager:
             self._planned.append((key, seq.block_table[i]))
             self._pending.add(key)
 
+    def fork(self, parent: Sequence, child: Sequence, computed: int) -> tuple[int, int] | None:
+        """Gives `child` the blocks of `parent`'s first `computed` tokens: its full blocks by
+        reference, and a block of its own for the last, partly filled one, returned as (parent's
+        block, child's block) for the caller to copy. The caller checked `can_fork`."""
+        full = computed // self.block_size
+        shared = parent.block_table[:full]
+        for block in shared:
+            self.ref[block] += 1
+        child.block_table = list(shared)
+        child.block_keys = list(parent.block_keys[:full])
+        if computed == full * self.block_size:
+            return None
+        own = self._allocate()
+        child.block_table.append(own)
+        self.peak_used = max(self.peak_used, self.num_used)
+        return parent.block_table[full], own
+
+    def can_fork(self, parent: Sequence, computed: int, children: int) -> bool:
+        return children * (computed % self.block_size > 0) <= self.num_free
+
     def commit(self) -> None:
         """The step ran: the full blocks it wrote become findable (the first writer of a key wins)."""
         for key, block in self._planned:

@@ -29,7 +29,7 @@ from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ...ray_engine.merge import cluster_figures, per_actor
 from ...ray_engine.units import Unit
-from .answers import GenerationStore, answers_table
+from .answers import GenerationStore, answers_table, with_errors
 from .replica import GenerateUnitResult
 from .report import GenerateReport, percentiles
 from .requests import RequestReader
@@ -53,7 +53,7 @@ class GenerateCluster:
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
         assert self.info is not None and self.reader is not None
         fp = generation_fingerprint(config, self.info, self.reader.files, dtype)
-        return config, GenerationStore(config.output.path, fmt, 0, fp)
+        return config, GenerationStore(config.output.path, fmt, fp, config.generate.n > 1)
 
     def window_rows(self, config: RunConfig) -> int:
         return config.generate.window_rows
@@ -68,10 +68,13 @@ class GenerateCluster:
         if result.input_rows != unit.input_rows:
             raise AccountingError(f"window {unit.window_id}: {result.input_rows:,} rows of its {unit.input_rows:,}")
         answers, rejects, moved = drop_repeated_requests(seen, result.answers, result.rejects, result.admitted)
-        table = answers_table([answer for _, answer in answers], store.fmt)
+        assert isinstance(store, GenerationStore)
+        assert self.reader is not None
+        rows = with_errors(answers, rejects, self.reader.openai_sources)
+        table = answers_table(rows, store.fmt, store.listed)
         if "custom_id" in table.column_names:
             store.id_column = "custom_id"
-        store.commit_table(unit.window_id, unit.first_row, unit.input_rows, table, rejects)
+        store.commit_table(unit.window_id, unit.first_row, unit.input_rows, table, rejects, answered=len(answers))
         result.answers = []  # NOTE: committed; only the figures are kept for the report
         return len(answers), rejects, moved
 

@@ -169,6 +169,8 @@ class Engine:
         """Queues a prompt; `seq_id` (else a counter) also keys an unseeded request's generator."""
         if not 0 < len(tokens) < self.max_model_len:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
         if params.structured is not None:
             if self.grammars is None:
@@ -267,25 +269,72 @@ class Engine:
         marks = [self.timer.mark()]
         ahead = self._in_flight.tokens if self._in_flight is not None else None
         sampling = [c.seq for c in plan.chunks if c.samples]
-        masks = self.masks.start(sampling) if self.masks is not None else None  # filled beside the forward
+        masks = [self.masks.start(sampling)] if self.masks is not None else []  # filled beside the forward
         logits = self.runner.run(plan, ahead)
+        own = len(sampling)
+        rows = self._fork(sampling)  # n samples: the forks draw from their first sample's logits
+        if rows is not None:
+            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            if self.masks is not None:
+                masks.append(self.masks.start(sampling[own:], own))
         marks.append(self.timer.mark())
         raw = logits  # NOTE: logprobs are the model's own, before penalties and temperature (as vLLM's)
         if sampling:
             logits = penalize(logits, sampling, self.eos, ahead)  # NOTE: before greedy or sampled choice
-        if masks is not None:
-            logits = masks.apply(logits)
+        for pending in masks:
+            if pending is not None:
+                logits = pending.apply(logits)
         tokens = self.sampler.sample_on_device(logits, sampling) if sampling else None
         logprobs = step_logprobs(raw, sampling, tokens) if tokens is not None else None
         marks.append(self.timer.mark())
         readback = self.readback.start(tokens) if tokens is not None else None
         self.scheduler.advance(plan)
+        for child in sampling[own:]:
+            child.tokens.append(PENDING)  # NOTE: as `advance` records its parent's token
         for seq in sampling:  # NOTE: known now, whatever the token: nothing more to schedule for it
             seq.draining = seq.num_completion >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
         in_flight = InFlightTokens(tokens, sampling) if tokens is not None else None
         gathered = self.runner.attention.gather_s - gather0
         host_s = time.perf_counter() - t1
         return _Launched(plan, sampling, in_flight, readback, marks, gathered, t0, host_s, logprobs)
+
+    def _fork(self, sampling: list[Sequence]) -> list[int] | None:
+        """Forks the samples of each request with n > 1 that draws its first token in this step
+        (called once its forward has run: the prompt's K/V are written).
+
+        The forks join `sampling` (and the running list) after the step's own rows; returns the
+        logits row each row of `sampling` draws from (None: one each, no fork). NOTE: a fork shares
+        its parent's full blocks by reference and copies its last, partly filled one, so the prompt
+        is prefilled once; where the pool cannot give the forks those blocks now, they queue as
+        prompts of their own (prefilled again, their full blocks likely cached).
+        """
+        due = [(row, seq) for row, seq in enumerate(sampling) if seq.forks_due]
+        if not due:
+            return None
+        rows, copies = list(range(len(sampling))), []
+        for row, seq in due:
+            seq.samples = [seq]
+            computed = seq.num_prompt  # NOTE: the step's own progress is recorded after sampling (advance)
+            forkable = self.blocks.can_fork(seq, computed, seq.params.n - 1)
+            for index in range(1, seq.params.n):
+                child = Sequence(seq.seq_id, seq.tokens[: seq.num_prompt], seq.params, seq.tag, priority=seq.priority)
+                child.sample_index, child.parent, child.arrival_s = index, seq, seq.arrival_s
+                if seq.grammar is not None and self.grammars is not None:
+                    child.grammar = self.grammars.matcher(seq.params.structured)  # type: ignore[arg-type]
+                seq.samples.append(child)
+                if not forkable:
+                    self.scheduler.add(child)
+                    continue
+                if (pair := self.blocks.fork(seq, child, computed)) is not None:
+                    copies.append(pair)
+                child.num_computed = computed
+                child.status = Status.RUNNING
+                self.scheduler.running.append(child)
+                sampling.append(child)
+                rows.append(row)
+        if copies:
+            self.cache.copy_blocks(copies)
+        return rows
 
     def _resolve(self, step: _Launched) -> list[Sequence]:
         """Reads a launched step's tokens back, fills them in, checks stops; returns who finished."""
@@ -302,8 +351,8 @@ class Engine:
             # the first PENDING token: the last, or the one before it when the next step's is pending too
             at = len(seq.tokens) - (2 if len(seq.tokens) > 1 and seq.tokens[-2] == PENDING else 1)
             seq.tokens[at] = token
-            if self._check_stop(seq, at, now):
-                finished.append(seq)
+            if self._check_stop(seq, at, now) and (done := self._request_done(seq)) is not None:
+                finished.append(done)
         t4 = time.perf_counter()
         plan = step.plan
         stats.steps += 1
@@ -322,6 +371,15 @@ class Engine:
         if self.trace_steps:
             stats.step_trace.append((step.t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished
+
+    @staticmethod
+    def _request_done(seq: Sequence) -> Sequence | None:
+        """The request `seq` answers, once every one of its samples has finished (its first sample,
+        whose `samples` hold them all); None while some are still running."""
+        first = seq.parent or seq
+        if first.samples is None or all(s.status is Status.FINISHED for s in first.samples):
+            return first
+        return None
 
     def _check_stop(self, seq: Sequence, at: int, now: float) -> bool:
         """Whether the token at `at` (just read back) ends `seq`; if so it ends there.

@@ -46,7 +46,7 @@ from ...place.devices import device_labels
 from ...types import Reject
 from .. import pick_task
 from .admission import Admission
-from .answers import GenerationStore, answer_row, answers_table
+from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker, combined_stats, device_summary
 from .engine import Engine
 from .loop import EngineSink, run_loop
@@ -119,9 +119,8 @@ class GenerationJob:
         self.max_prompt = self.info.config.max_model_len - 1
         self.reader = request_reader(config, self.info, self.tokenizer)
         files = self.reader.files
-        self.store = GenerationStore(
-            config.output.path, self.fmt, 0, generation_fingerprint(config, self.info, files, self.dtype)
-        )
+        fp = generation_fingerprint(config, self.info, files, self.dtype)
+        self.store = GenerationStore(config.output.path, self.fmt, fp, config.generate.n > 1)
         self.progress = progress or Progress(config.pipeline.progress)
         self.rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
         self.report = GenerateReport(
@@ -168,20 +167,21 @@ class GenerationJob:
         window.results.append((request.row, self._answer(seq, request)))
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
-        self.latency.setdefault(seq.priority, []).append(seq.finish_s - request.read_s)
+        self.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
         r = self.report
         r.prompt_tokens_cached += seq.num_cached
         if seq.num_completion > 1:
             self.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
         r.prompt_tokens += seq.num_prompt
-        r.completion_tokens += seq.num_completion
-        r.finish_reasons[seq.finish_reason] = r.finish_reasons.get(seq.finish_reason, 0) + 1
-        self.finished_at.append((seq.finish_s or 0.0, device, seq.num_completion))
+        r.completion_tokens += seq.answer_tokens
+        for sample in seq.all_samples:
+            r.finish_reasons[sample.finish_reason] = r.finish_reasons.get(sample.finish_reason, 0) + 1
+        self.finished_at.append((seq.done_s, device, seq.answer_tokens))
         d = self.by_device[device]
         d.rows += 1
         d.prompt_tokens += seq.num_prompt
-        d.completion_tokens += seq.num_completion
-        self.progress.advance(1, seq.num_completion, device=device)
+        d.completion_tokens += seq.answer_tokens
+        self.progress.advance(1, seq.answer_tokens, device=device)
 
     def _answer(self, seq: Sequence, request: Request) -> dict[str, Any]:
         return answer_row(seq, request, self.tokenizer, self.config.model)
@@ -189,11 +189,12 @@ class GenerationJob:
     def _commit_ready(self) -> None:
         while self.windows and self.windows[0].closed and self.windows[0].pending == 0:
             w = self.windows.popleft()
-            w.results.sort(key=lambda item: item[0])
-            table = answers_table([answer for _, answer in w.results], self.fmt)
+            rejects = [r.to_json() for r in w.rejects]
+            rows = with_errors(w.results, rejects, self.reader.openai_sources)
+            table = answers_table(rows, self.fmt, self.store.listed)
             if "custom_id" in table.column_names:
                 self.store.id_column = "custom_id"
-            self.store.commit_table(w.window_id, w.first_row, w.input_rows, table, [r.to_json() for r in w.rejects])
+            self.store.commit_table(w.window_id, w.first_row, w.input_rows, table, rejects, answered=len(w.results))
             self.rejects.check_fraction(self.store.rows_committed)
 
     def run(self, stop: threading.Event, ranges: RangeBackend | None = None) -> GenerateReport:

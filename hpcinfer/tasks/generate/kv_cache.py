@@ -143,6 +143,14 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """K/V of block `src` copied into block `dst`, every layer, for each (src, dst): a forked
+        sequence's own copy of its parent's last, partly filled block (copy-on-write)."""
+        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
+        self.k.index_copy_(1, dst, self.k.index_select(1, src))
+        self.v.index_copy_(1, dst, self.v.index_select(1, src))
+
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.layout.block_size

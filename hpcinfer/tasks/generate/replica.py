@@ -213,15 +213,16 @@ def _count(result: GenerateUnitResult, seq: Sequence, request: Request) -> None:
     figures = result.figures
     figures["rows"] = figures.get("rows", 0) + 1
     figures["prompt_tokens"] = figures.get("prompt_tokens", 0) + seq.num_prompt
-    figures["completion_tokens"] = figures.get("completion_tokens", 0) + seq.num_completion
+    figures["completion_tokens"] = figures.get("completion_tokens", 0) + seq.answer_tokens
     figures["prompt_tokens_cached"] = figures.get("prompt_tokens_cached", 0) + seq.num_cached
     reasons = figures.setdefault("finish_reasons", {})
-    reasons[seq.finish_reason] = reasons.get(seq.finish_reason, 0) + 1
+    for sample in seq.all_samples:
+        reasons[sample.finish_reason] = reasons.get(sample.finish_reason, 0) + 1
     result.written_by_source[request.source] = result.written_by_source.get(request.source, 0) + 1
     result.ttft.append(seq.first_token_s - seq.arrival_s)
     if seq.num_completion > 1:
         result.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-    result.latency.setdefault(seq.priority, []).append(seq.finish_s - request.read_s)
+    result.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
 
 
 _ENGINE_FIGURES = (

@@ -47,6 +47,7 @@ class Request:
     source: str = ""  # the input file (accounting)
     priority: int = 0
     read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
+    listed: bool = False  # a run with --n > 1: a plain answer's text and finish_reason are lists
 
 
 def prefix_order(requests: list[Request]) -> list[Request]:
@@ -87,14 +88,12 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
             value = (value,) if isinstance(value, str | int) else tuple(value)
             if not all(isinstance(v, str if name == "stop" else int) for v in value):
                 raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
-        elif name in ("max_tokens", "top_k", "seed", "min_tokens"):
+        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n"):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} must be a number, got {value!r}")
         over[name] = value
-    if obj.get("n", 1) != 1:
-        raise ValueError("only n=1 is supported")
     return replace(defaults, **over)
 
 
@@ -112,7 +111,9 @@ class RequestReader:
         vocab: int,
         priority_column: str = "priority",
         grammars: Grammars | None = None,
+        max_n: int = 1 << 30,
     ) -> None:
+        """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together)."""
         self.files = expand_paths(paths)
         for f in self.files:
             if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
@@ -125,12 +126,14 @@ class RequestReader:
         self.vocab = vocab
         self.priority_column = priority_column
         self.grammars = grammars
+        self.max_n = max_n
         self.skip_rows = 0
         self.rows_read = 0
         self.openai = False  # set once an OpenAI batch row is seen
         # Per file: (rows read, rows skipped as committed), as the embedding reader counts them.
         self.counts: dict[str, list[int]] = {f: [0, 0] for f in self.files}
         self.has_ids = {f: _has_id_column(f, id_column) for f in self.files}
+        self.openai_sources = {f for f in self.files if _is_openai_batch(f)}  # answered line for line
         self._seen = IdSet()
         self._file_first_row = 0
 
@@ -211,11 +214,18 @@ class RequestReader:
             return reject("invalid_sampling", problem, row_id)
         if params.structured is not None and (problem := self._grammar_problem(params)) is not None:
             return reject("invalid_grammar", problem, row_id)
+        listed = self.defaults.n > 1
+        if params.n > self.max_n:
+            return reject("invalid_sampling", f"n {params.n} is more than --max-num-seqs ({self.max_n})", row_id)
+        if params.n > 1 and not openai and not listed:
+            return reject(
+                "invalid_request", "a plain row's n > 1 needs the run's --n > 1 (its answers are lists)", row_id
+            )
         if params.logprobs is not None and not openai:
             return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
-        return Request(row, row_id, tokens, params, kind, openai, path, priority)
+        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed)
 
     def _grammar_problem(self, params: SamplingParams) -> str | None:
         assert params.structured is not None
@@ -251,6 +261,14 @@ def _has_id_column(path: str, id_column: str) -> bool:
     if Path(path).suffix.lower() in (".parquet", ".pq"):
         return id_column in pq.read_schema(path).names
     return any(id_column in obj or "custom_id" in obj for obj in json_objects(path))
+
+
+def _is_openai_batch(path: str) -> bool:
+    """Whether the file is an OpenAI batch file (its first JSON object has custom_id and body)."""
+    if Path(path).suffix.lower() in (".parquet", ".pq"):
+        return False
+    first = next(iter(json_objects(path, limit=16)), None)
+    return first is not None and "custom_id" in first and isinstance(first.get("body"), dict)
 
 
 def _parse(raw: bytes) -> Any:

@@ -20,19 +20,20 @@ class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = device
         self.seed = seed
-        self._generators: dict[int, torch.Generator] = {}
+        self._generators: dict[tuple[int, int], torch.Generator] = {}
 
     def _generator(self, seq: Sequence) -> torch.Generator:
-        gen = self._generators.get(seq.seq_id)
+        key = (seq.seq_id, seq.sample_index)
+        gen = self._generators.get(key)
         if gen is None:
             seed = seq.params.seed if seq.params.seed is not None else self.seed * 1_000_003 + seq.seq_id
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-            self._generators[seq.seq_id] = gen
+            gen = torch.Generator(device=self.device).manual_seed(sample_seed(seed, seq.sample_index))
+            self._generators[key] = gen
         return gen
 
     def release(self, seq: Sequence) -> None:
         """Forgets a finished sequence's generator."""
-        self._generators.pop(seq.seq_id, None)
+        self._generators.pop((seq.seq_id, seq.sample_index), None)
 
     def sample(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
         """logits [S, vocab] float32, one row per sequence in `seqs` -> S token ids."""
@@ -53,6 +54,16 @@ class Sampler:
                 pick = draw(weights, self._generator(seqs[i]))
                 tokens[i] = pick if ids is None else ids[pick]
         return tokens
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed` (n samples): sample 0 keeps the seed,
+    so it is the answer the request would get with n = 1; sample i is the answer of the same request
+    with n = 1 and this seed. NOTE: it depends on the request alone, never on its neighbours or on
+    a resume."""
+    if index == 0:
+        return seed
+    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
 
 
 RACE_BLOCK = 256  # a full vocabulary races in blocks: one arrival per block, then one per token of the winner

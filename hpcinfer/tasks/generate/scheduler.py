@@ -166,7 +166,8 @@ class Scheduler:
         # NOTE: a sequence preempted in this step is not re-admitted in the same step.
         preempted = {id(s) for s in plan.preempted}
         for seq in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.max_num_seqs or id(seq) in preempted:
+            # NOTE: a prompt with n samples takes n places: its forks join the running list when it samples
+            if budget == 0 or len(self.running) + 1 + seq.forks_due > self.max_num_seqs or id(seq) in preempted:
                 break
             hits, pending = self.blocks.match(seq)
             if pending:

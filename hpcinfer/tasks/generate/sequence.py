@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
+MAX_N = 128  # samples per prompt (OpenAI allows 128)
 
 
 class Status(enum.Enum):
@@ -42,6 +43,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
+    n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples
     structured: GrammarSpec | None = None  # the answer must match it (structured.py)
 
     def problem(self) -> str | None:
@@ -57,6 +59,8 @@ class SamplingParams:
             return "logit_bias values must be in [-100, 100]"
         if not 0 <= self.min_tokens <= self.max_tokens:
             return f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"
+        if not 1 <= self.n <= MAX_N:
+            return f"n must be in [1, {MAX_N}], got {self.n}"
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             return f"logprobs (top_logprobs) must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
         if not self.temperature >= 0:
@@ -118,6 +122,11 @@ class Sequence:
     # finish_reason "stop" by an EOS or stop token id, which is then not part of the answer's text
     # (a stop string or a complete grammar ends it with its last token kept)
     stop_token: bool = False
+    # n samples (params.n > 1): sample i > 0 is a fork of sample 0 made when sample 0 draws its first
+    # token; sample 0's `samples` lists all of them, once they exist, in sample order.
+    sample_index: int = 0
+    samples: list[Sequence] | None = None
+    parent: Sequence | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt:
@@ -139,6 +148,26 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens still to put through the model before the next one can be sampled."""
         return len(self.tokens) - self.num_computed
+
+    @property
+    def all_samples(self) -> list[Sequence]:
+        """The request's samples (itself alone with n = 1)."""
+        return self.samples or [self]
+
+    @property
+    def answer_tokens(self) -> int:
+        """Completion tokens of all its samples."""
+        return sum(s.num_completion for s in self.all_samples)
+
+    @property
+    def done_s(self) -> float:
+        """When its last sample finished."""
+        return max(s.finish_s or 0.0 for s in self.all_samples)
+
+    @property
+    def forks_due(self) -> int:
+        """Samples still to fork from this sequence when it draws its first token."""
+        return self.params.n - 1 if self.samples is None and self.sample_index == 0 else 0
 
     @property
     def is_decode(self) -> bool:

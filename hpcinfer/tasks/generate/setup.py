@@ -78,6 +78,7 @@ def sampling_defaults(config: RunConfig) -> SamplingParams:
         frequency_penalty=g.frequency_penalty,
         min_tokens=g.min_tokens,
         structured=structured_default(config),
+        n=g.n,
     )
     if (problem := params.problem()) is not None:
         name = problem.split(" ", 1)[0]
@@ -129,6 +130,8 @@ def generation_fingerprint(
         options["penalties"] = penalties
     if g.max_model_len is not None:
         options["max_model_len"] = g.max_model_len
+    if g.n != 1:
+        options["n"] = g.n
     if (spec := structured_default(config)) is not None:
         options["structured"] = [spec.kind, spec.text]
     if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
@@ -161,6 +164,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         info.config.vocab_size,
         config.generate.priority_column,
         grammars,
+        config.generate.max_num_seqs,
     )
 
 
