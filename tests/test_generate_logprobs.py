@@ -81,3 +81,53 @@ def test_logprobs_outside_an_openai_body_are_a_reject(tmp_path):
     run_generate(generate_config(write_jsonl(tmp_path / "in.jsonl", rows), out, path, max_tokens=2))
     (reject,) = map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())
     assert reject["id"] == "a" and "OpenAI batch" in reject["message"]
+
+
+def test_prompt_logprobs_equal_a_teacher_forced_transformers_forward(tmp_path):
+    """vLLM's `prompt_logprobs`: every prompt token after the first, from the same forward, with
+    prompts cut into chunks (a small step budget) and one prompt twice (no prefix cache hit)."""
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=6)
+    text = "the quick brown fox jumps over the lazy dog and keeps on running far away"
+    body = {"prompt": text, "max_tokens": 2, "prompt_logprobs": 3}
+    rows = [
+        {"custom_id": "first", "method": "POST", "url": "/v1/completions", "body": body},
+        {"custom_id": "again", "method": "POST", "url": "/v1/completions", "body": {**body, "n": 2}},
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "prompt_logprobs": 0}},
+        {"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "prompt_logprobs": 99}},
+    ]  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    config = generate_config(write_jsonl(tmp_path / "in.jsonl", rows), out, path, max_num_batched_tokens=7)
+    run_generate(config)
+    answers = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert answers["bad"]["error"]["code"] == "invalid_sampling"
+    first = Completion.model_validate(answers["first"]["response"]["body"])
+    prompt_lp = first.choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]
+    again = answers["again"]["response"]["body"]["choices"]
+    assert again[0]["prompt_logprobs"] == again[1]["prompt_logprobs"]  # the request's, on each choice
+    for mine, theirs in zip(again[0]["prompt_logprobs"][1:], prompt_lp[1:], strict=True):
+        assert mine.keys() == theirs.keys()  # NOTE: values to rounding: its chunks fall elsewhere in steps
+        assert all(math.isclose(mine[t]["logprob"], theirs[t]["logprob"], abs_tol=1e-4) for t in mine)
+    chat = ChatCompletion.model_validate(answers["chat"]["response"]["body"])
+    chat_lp = chat.model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert chat_lp[0] is None and all(len(entry) == 1 for entry in chat_lp[1:])  # K = 0: the token alone
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()
+    ids = tokenizer.encode(text).ids
+    ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(ref(torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert prompt_lp[0] is None and len(prompt_lp) == len(ids) > 7  # more than one chunk
+    for position in range(1, len(ids)):
+        entry = prompt_lp[position]
+        want = logp[position - 1]
+        token = ids[position]
+        assert math.isclose(entry[str(token)]["logprob"], float(want[token]), abs_tol=1e-4)
+        assert entry[str(token)]["rank"] == int((want > want[token]).sum()) + 1
+        best = want.topk(3).indices.tolist()
+        assert set(entry) == {str(t) for t in best} | {str(token)}
+        for t in best:
+            assert math.isclose(entry[str(t)]["logprob"], float(want[t]), abs_tol=1e-4)

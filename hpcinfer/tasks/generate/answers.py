@@ -68,11 +68,14 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
             return {"id": request.id, "text": texts, "finish_reason": reasons, **usage}
         return {"id": request.id, "text": texts[0], "finish_reason": reasons[0], **usage}
     chat = request.kind == "chat"
+    prompt = vllm_prompt_logprobs(seq, tokenizer) if seq.params.prompt_logprobs is not None else None
     choices = []
     for index, (sample, (ids, text)) in enumerate(zip(samples, answers, strict=True)):
         logprobs = openai_logprobs(sample, ids, tokenizer, chat) if sample.params.logprobs is not None else None
         choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": logprobs}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if prompt is not None and not chat:
+            choice["prompt_logprobs"] = prompt  # NOTE: where vLLM puts them: a completion's choices
         choices.append(choice)
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
@@ -82,6 +85,8 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
         "choices": choices,
         "usage": {**usage, "total_tokens": seq.num_prompt + completion},
     }
+    if prompt is not None and chat:
+        body["prompt_logprobs"] = prompt  # NOTE: and a chat completion's body
     return {
         "id": f"batch_req_{request.row}",
         "custom_id": request.id,
@@ -98,6 +103,24 @@ def created(source: str) -> int:
         return int(os.path.getmtime(source))
     except OSError:
         return 0
+
+
+def vllm_prompt_logprobs(seq: Sequence, tokenizer: Tokenizer) -> list[dict[str, Any] | None]:
+    """The prompt's log-probabilities in vLLM's shape: per prompt token, None for the first, else
+    {token id: {logprob, rank, decoded_token}} for the token itself and the best alternatives."""
+
+    def entry(token: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": logprob, "rank": rank, "decoded_token": tokenizer.decode([token], skip_special_tokens=False)}
+
+    out: list[dict[str, Any] | None] = []
+    for position, item in enumerate(seq.prompt_logprobs[: seq.num_prompt]):
+        if item is None:
+            out.append(None)
+            continue
+        logprob, rank, top = item
+        alternatives = {str(t): entry(t, v, r) for r, (t, v) in enumerate(top, start=1)}
+        out.append({str(seq.tokens[position]): entry(seq.tokens[position], logprob, rank), **alternatives})
+    return out
 
 
 def openai_logprobs(seq: Sequence, ids: list[int], tokenizer: Tokenizer, chat: bool) -> dict[str, Any]:

@@ -91,8 +91,8 @@ class BlockManager:
         logits to sample from. "Pending" means another sequence writes that block in this step:
         waiting one step for it beats computing it twice.
         """
-        if not self.prefix_cache or seq.block_table:
-            return [], False
+        if not self.prefix_cache or seq.block_table or seq.params.prompt_logprobs is not None:
+            return [], False  # NOTE: prompt log-probabilities need every prompt token's logits
         keys = prefix_keys(seq.tokens, self.block_size, seq.num_tokens - 1)
         hits: list[int] = []
         for key in keys:

@@ -88,7 +88,7 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
             value = (value,) if isinstance(value, str | int) else tuple(value)
             if not all(isinstance(v, str if name == "stop" else int) for v in value):
                 raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
-        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n"):
+        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n", "prompt_logprobs"):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -221,7 +221,7 @@ class RequestReader:
             return reject(
                 "invalid_request", "a plain row's n > 1 needs the run's --n > 1 (its answers are lists)", row_id
             )
-        if params.logprobs is not None and not openai:
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and not openai:
             return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)

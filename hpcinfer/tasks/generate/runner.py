@@ -213,4 +213,30 @@ class ModelRunner:
                 return logits
         ids, positions, batch, sample_at = self.prepare(plan, ahead)
         hidden = self.model(ids, positions, self.attention.bind(batch))
+        if any(c.seq.params.prompt_logprobs is not None for c in plan.prefills):
+            self.prompt_logprobs(plan, hidden)
         return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
+
+    def prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor) -> None:
+        """For the prefill chunks whose requests ask (`prompt_logprobs`): each next prompt token's
+        log-probability, rank and the best alternatives, from the same forward (teacher forcing).
+        NOTE: the host waits for them (one copy per step that has such chunks)."""
+        offset = len(plan.decodes)  # prefill chunks follow the decodes in the flat batch (prepare)
+        for chunk in plan.prefills:
+            seq, start, n = chunk.seq, chunk.start, chunk.length
+            k = seq.params.prompt_logprobs
+            stop = min(start + n, seq.num_prompt - 1)  # a position's next token must be a prompt token
+            if k is not None and stop > start:
+                rows = torch.arange(offset, offset + stop - start, device=hidden.device)
+                logp = torch.log_softmax(self.model.logits(hidden.index_select(0, rows), self.vocab_chunk), dim=-1)
+                targets = torch.tensor(seq.tokens[start + 1 : stop + 1], device=hidden.device)[:, None]
+                chosen = logp.gather(1, targets)
+                ranks = (logp > chosen).sum(dim=-1) + 1
+                values, ids = logp.topk(max(k, 1), dim=-1)
+                if len(seq.prompt_logprobs) < seq.num_prompt:
+                    seq.prompt_logprobs = [None] * seq.num_prompt  # the first token has no context
+                for j, (c, r, v, i) in enumerate(
+                    zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
+                ):
+                    seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
+            offset += n

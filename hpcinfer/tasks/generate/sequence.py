@@ -44,6 +44,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
     n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples
+    prompt_logprobs: int | None = None  # each prompt token's log-probability, and this many alternatives
     structured: GrammarSpec | None = None  # the answer must match it (structured.py)
 
     def problem(self) -> str | None:
@@ -63,6 +64,8 @@ class SamplingParams:
             return f"n must be in [1, {MAX_N}], got {self.n}"
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             return f"logprobs (top_logprobs) must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            return f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
         if not self.temperature >= 0:
             return f"temperature must be >= 0, got {self.temperature}"
         if not 0 < self.top_p <= 1:
@@ -119,6 +122,9 @@ class Sequence:
     # With params.logprobs: per answer token, (its log-probability, [(token id, log-probability)] of the best)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     grammar: Any = None  # with params.structured: its llguidance matcher, advanced token by token
+    # With params.prompt_logprobs: per prompt token after the first, (its log-probability, its rank,
+    # [(token id, log-probability)] of the best), filled as its prefill chunks run
+    prompt_logprobs: list[tuple[float, int, list[tuple[int, float]]] | None] = field(default_factory=list)
     # finish_reason "stop" by an EOS or stop token id, which is then not part of the answer's text
     # (a stop string or a complete grammar ends it with its last token kept)
     stop_token: bool = False
