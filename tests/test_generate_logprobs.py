@@ -94,7 +94,8 @@ def test_prompt_logprobs_equal_a_teacher_forced_transformers_forward(tmp_path):
         {"custom_id": "again", "method": "POST", "url": "/v1/completions", "body": {**body, "n": 2}},
         {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
          "body": {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "prompt_logprobs": 0}},
-        {"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "prompt_logprobs": 99}},
+        {"custom_id": "bad", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "x", "prompt_logprobs": 99}},
     ]  # fmt: skip
     out = tmp_path / "out.jsonl"
     config = generate_config(write_jsonl(tmp_path / "in.jsonl", rows), out, path, max_num_batched_tokens=7)
