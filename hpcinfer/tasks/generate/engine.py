@@ -159,7 +159,8 @@ class Engine:
         self.decode = decode
         self.trace_steps = trace_steps
         self.grammars = grammars
-        self.masks = StepMasks(model.cfg.vocab_size, device) if grammars is not None else None
+        self.masks: StepMasks | None = None  # made for the first request with structured output
+        self._vocab = model.cfg.vocab_size
         self.stats = EngineStats(num_blocks=usable)
         self._next_id = 0
 
@@ -176,6 +177,8 @@ class Engine:
             if self.grammars is None:
                 raise ValueError("a request with structured output reached an engine without a grammar engine")
             seq.grammar = self.grammars.matcher(params.structured)
+            if self.masks is None:
+                self.masks = StepMasks(self._vocab, self.sampler.device)
         self._next_id += 1
         seq.arrival_s = time.perf_counter()
         self.scheduler.add(seq)
