@@ -194,6 +194,7 @@ def test_openai_response_format_and_spellings(tiny: Path, tmp_path: Path, one_to
     for key, answer in answers.items():
         completion = ChatCompletion.model_validate(answer["response"]["body"])
         assert completion.choices[0].finish_reason == "stop"
+        assert completion.model == "tiny"  # the request's own name for the model, not a local path
         content[key] = completion.choices[0].message.content
     jsonschema.validate(json.loads(content["a"]), SCHEMA)
     assert isinstance(json.loads(content["b"]), dict)

@@ -57,7 +57,7 @@ def answer_text(seq: Sequence, tokenizer: Tokenizer) -> tuple[list[int], str]:
 
 def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str) -> dict[str, Any]:
     """The output row of a finished request (its n samples, with n > 1): ours, or an OpenAI batch
-    answer for an OpenAI request."""
+    answer for an OpenAI request (`model`: the --model given, for a body that names none)."""
     samples = seq.samples or [seq]
     answers = [answer_text(s, tokenizer) for s in samples]
     completion = sum(s.num_completion for s in samples)
@@ -81,7 +81,7 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{request.row}",
         "object": "chat.completion" if chat else "text_completion",
         "created": created(request.source),
-        "model": model,
+        "model": request.model or model,  # NOTE: the request's name for it, as an API answers
         "choices": choices,
         "usage": {**usage, "total_tokens": seq.num_prompt + completion},
     }

@@ -48,6 +48,7 @@ class Request:
     priority: int = 0
     read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
     listed: bool = False  # a run with --n > 1: a plain answer's text and finish_reason are lists
+    model: str | None = None  # an OpenAI body's `model`, echoed in its answer
 
 
 def prefix_order(requests: list[Request]) -> list[Request]:
@@ -225,7 +226,8 @@ class RequestReader:
             return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
-        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed)
+        model = body.get("model") if openai and isinstance(body.get("model"), str) else None
+        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model)
 
     def _grammar_problem(self, params: SamplingParams) -> str | None:
         assert params.structured is not None
