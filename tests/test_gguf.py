@@ -245,7 +245,8 @@ def test_smollm2_answers_an_openai_batch_file_from_the_cli(tmp_path):
         capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (answer,) = map(json.loads, out.read_text().splitlines())
+    answer, failed = map(json.loads, out.read_text().splitlines())  # one output line per request
+    assert failed["custom_id"] == "bad" and failed["response"] is None and failed["error"]["code"] == "bad_chat"
     choice = answer["response"]["body"]["choices"][0]
     assert answer["custom_id"] == "chat" and choice["message"]["content"] == "The capital of France is Paris."
     assert choice["finish_reason"] == "stop" and answer["response"]["body"]["usage"]["completion_tokens"] == 8

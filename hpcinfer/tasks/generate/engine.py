@@ -36,6 +36,7 @@ from .kv_cache import KVCache, KVLayout, size_pool
 from .logprobs import StepLogprobs, step_logprobs
 from .penalties import penalize
 from .runner import ModelRunner
+from .samples import fork_samples, request_done
 from .sampling import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
@@ -275,7 +276,7 @@ class Engine:
         masks = [self.masks.start(sampling)] if self.masks is not None else []  # filled beside the forward
         logits = self.runner.run(plan, ahead)
         own = len(sampling)
-        rows = self._fork(sampling)  # n samples: the forks draw from their first sample's logits
+        rows = fork_samples(sampling, self.scheduler, self.cache, self.grammars)  # n samples: see samples.py
         if rows is not None:
             logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
             if self.masks is not None:
@@ -301,44 +302,6 @@ class Engine:
         host_s = time.perf_counter() - t1
         return _Launched(plan, sampling, in_flight, readback, marks, gathered, t0, host_s, logprobs)
 
-    def _fork(self, sampling: list[Sequence]) -> list[int] | None:
-        """Forks the samples of each request with n > 1 that draws its first token in this step
-        (called once its forward has run: the prompt's K/V are written).
-
-        The forks join `sampling` (and the running list) after the step's own rows; returns the
-        logits row each row of `sampling` draws from (None: one each, no fork). NOTE: a fork shares
-        its parent's full blocks by reference and copies its last, partly filled one, so the prompt
-        is prefilled once; where the pool cannot give the forks those blocks now, they queue as
-        prompts of their own (prefilled again, their full blocks likely cached).
-        """
-        due = [(row, seq) for row, seq in enumerate(sampling) if seq.forks_due]
-        if not due:
-            return None
-        rows, copies = list(range(len(sampling))), []
-        for row, seq in due:
-            seq.samples = [seq]
-            computed = seq.num_prompt  # NOTE: the step's own progress is recorded after sampling (advance)
-            forkable = self.blocks.can_fork(seq, computed, seq.params.n - 1)
-            for index in range(1, seq.params.n):
-                child = Sequence(seq.seq_id, seq.tokens[: seq.num_prompt], seq.params, seq.tag, priority=seq.priority)
-                child.sample_index, child.parent, child.arrival_s = index, seq, seq.arrival_s
-                if seq.grammar is not None and self.grammars is not None:
-                    child.grammar = self.grammars.matcher(seq.params.structured)  # type: ignore[arg-type]
-                seq.samples.append(child)
-                if not forkable:
-                    self.scheduler.add(child)
-                    continue
-                if (pair := self.blocks.fork(seq, child, computed)) is not None:
-                    copies.append(pair)
-                child.num_computed = computed
-                child.status = Status.RUNNING
-                self.scheduler.running.append(child)
-                sampling.append(child)
-                rows.append(row)
-        if copies:
-            self.cache.copy_blocks(copies)
-        return rows
-
     def _resolve(self, step: _Launched) -> list[Sequence]:
         """Reads a launched step's tokens back, fills them in, checks stops; returns who finished."""
         stats, t3 = self.stats, time.perf_counter()
@@ -354,7 +317,7 @@ class Engine:
             # the first PENDING token: the last, or the one before it when the next step's is pending too
             at = len(seq.tokens) - (2 if len(seq.tokens) > 1 and seq.tokens[-2] == PENDING else 1)
             seq.tokens[at] = token
-            if self._check_stop(seq, at, now) and (done := self._request_done(seq)) is not None:
+            if self._check_stop(seq, at, now) and (done := request_done(seq)) is not None:
                 finished.append(done)
         t4 = time.perf_counter()
         plan = step.plan
@@ -374,15 +337,6 @@ class Engine:
         if self.trace_steps:
             stats.step_trace.append((step.t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished
-
-    @staticmethod
-    def _request_done(seq: Sequence) -> Sequence | None:
-        """The request `seq` answers, once every one of its samples has finished (its first sample,
-        whose `samples` hold them all); None while some are still running."""
-        first = seq.parent or seq
-        if first.samples is None or all(s.status is Status.FINISHED for s in first.samples):
-            return first
-        return None
 
     def _check_stop(self, seq: Sequence, at: int, now: float) -> bool:
         """Whether the token at `at` (just read back) ends `seq`; if so it ends there.
