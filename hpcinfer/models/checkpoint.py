@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -18,6 +19,7 @@ from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +34,16 @@ class PoolingSpec:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointInfo:
+    """An embedding checkpoint: a BERT-family encoder, or (`decoder` set: its DecoderInfo) a
+    Llama-family decoder whose config is a DecoderConfig (models/decoder_embedder.py)."""
+
     path: Path
-    config: BertConfig
+    config: Any  # BertConfig, or DecoderConfig for a decoder embedder: vocab_size, hidden_size, positions
     pooling: PoolingSpec
     max_seq_length: int  # the length sentence-transformers truncates to
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
     prompt: str = ""  # put before every text
+    decoder: Any = None  # a decoder embedder's DecoderInfo
 
     @property
     def output_dim(self) -> int:
@@ -51,12 +57,12 @@ def read_model_json(path: Path) -> dict | list:
         raise ModelError(f"cannot read model file ({exc})", path=str(path)) from None
 
 
-def _pooling_from_modules(path: Path) -> PoolingSpec:
+def _pooling_from_modules(path: Path, default: str = "mean") -> PoolingSpec:
     modules_file = path / "modules.json"
     if not modules_file.is_file():
-        return PoolingSpec()
+        return PoolingSpec(mode=default)
     modules = read_model_json(modules_file)
-    mode, normalize = "mean", False
+    mode, normalize = default, False
     for module in modules if isinstance(modules, list) else []:
         kind = str(module.get("type", ""))
         if kind.endswith("Normalize"):
@@ -104,11 +110,20 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
     raw = read_model_json(path / "config.json")
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
-        raise ModelError(f"unsupported model_type {kind!r} (supported: bert)", path=str(path))
+        raise ModelError(
+            f"unsupported model_type {kind!r} (supported: bert, {', '.join(DECODER_TYPES)})", path=str(path)
+        )
     try:
         config = BertConfig.from_hf(raw)
     except TypeError as exc:
         raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    return sentence_transformers_info(path, config)
+
+
+def sentence_transformers_info(
+    path: Path, config: Any, default_pooling: str = "mean", decoder: Any = None
+) -> CheckpointInfo:
+    """The checkpoint's sentence-transformers files (pooling, max_seq_length, prompts) over `config`."""
     max_len = config.max_position_embeddings
     st_file = path / "sentence_bert_config.json"
     if st_file.is_file():
@@ -121,7 +136,8 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
         if isinstance(raw_st, dict):
             prompts = {str(k): str(v) for k, v in (raw_st.get("prompts") or {}).items()}
             prompt = prompts.get(str(raw_st.get("default_prompt_name")), "")  # as sentence-transformers encodes
-    return CheckpointInfo(path, config, _pooling_from_modules(path), max_len, prompts, prompt)
+    pooling = _pooling_from_modules(path, default_pooling)
+    return CheckpointInfo(path, config, pooling, max_len, prompts, prompt, decoder)
 
 
 _RENAMES = [

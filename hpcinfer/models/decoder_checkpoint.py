@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from ..errors import ConfigError, ModelError
-from .checkpoint import read_model_json
+from .checkpoint import CheckpointInfo, read_model_json, sentence_transformers_info
 from .fp8 import quantize_decoder_fp8
 from .gguf_checkpoint import GGUFFile, find_gguf
 from .gguf_tokenizer import gguf_tokenizer
@@ -103,6 +103,22 @@ def _config(raw: dict[str, Any], path: Path) -> DecoderConfig:
         raise ModelError(str(exc), path=str(path)) from None
 
 
+def inspect_decoder_embedder(path: Path) -> CheckpointInfo:
+    """A Llama-family checkpoint read as an embedder (Qwen3-Embedding, gte-Qwen2, e5-mistral): its
+    decoder (a `*ForCausalLM` or a bare `*Model`), and its sentence-transformers files; pooling
+    `last` where they name none."""
+    raw = read_model_json(path / "config.json")
+    assert isinstance(raw, dict)
+    arch = str(next(iter(raw.get("architectures") or []), ""))
+    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in ARCHITECTURES:
+        raw = {**raw, "architectures": [arch.removesuffix("Model") + "ForCausalLM"]}  # the same layers, no head
+    config = _config(raw, path)
+    if not weight_files(path):
+        raise ModelError("model directory has no model.safetensors (nor an index of shards)", path=str(path))
+    decoder = DecoderInfo(path, config, ())
+    return sentence_transformers_info(path, config, "last", decoder)
+
+
 def inspect_gguf(file: Path) -> DecoderInfo:
     """A GGUF file's config, EOS ids, chat template and special tokens, from its metadata."""
     gguf = open_gguf(file)
@@ -165,7 +181,10 @@ def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up."""
     state: dict[str, torch.Tensor] = {}
     fused: dict[str, dict[int, torch.Tensor]] = {}
+    bare = not any(name.startswith("model.") for name in weights)  # a `*Model` checkpoint: no prefix
     for name, tensor in weights.items():
+        if bare and name != "lm_head.weight":
+            name = "model." + name
         if name == "model.embed_tokens.weight":
             state["embed.weight"] = tensor
         elif name == "model.norm.weight":
@@ -249,4 +268,12 @@ def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, qu
     return quantize_decoder_fp8(model, device) if quantize == "fp8" else model
 
 
-__all__ = ["ARCHITECTURES", "DecoderInfo", "inspect_decoder", "is_causal_lm", "load_decoder", "load_tokenizer"]
+__all__ = [
+    "ARCHITECTURES",
+    "DecoderInfo",
+    "inspect_decoder",
+    "inspect_decoder_embedder",
+    "is_causal_lm",
+    "load_decoder",
+    "load_tokenizer",
+]

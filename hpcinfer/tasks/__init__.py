@@ -18,13 +18,15 @@ TASKS = ("embed", "generate")
 
 
 def pick_task(config: RunConfig) -> str:
-    """The run's task: `--task`, or for `auto` what the checkpoint is (a `*ForCausalLM` generates)."""
+    """The run's task: `--task`, or for `auto` what the checkpoint is (a `*ForCausalLM` generates,
+    unless it carries sentence-transformers modules: an embedder such as Qwen3-Embedding)."""
     if config.task != "auto":
         return config.task
     from ..models.decoder_checkpoint import is_causal_lm
     from ..models.registry import resolve_model_path
 
-    return "generate" if is_causal_lm(resolve_model_path(config.model)) else "embed"
+    path = resolve_model_path(config.model)
+    return "generate" if is_causal_lm(path) and not (path / "modules.json").is_file() else "embed"
 
 
 def cluster_task(task: str) -> Any:

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 from ...config import EmbedConfig, RunConfig
 from ...errors import ConfigError
-from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec, inspect_checkpoint
-from ...models.registry import resolve_model_path
+from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
+from ...models.registry import inspect_embedder, resolve_model_path
 
 
 def embed_checkpoint(config: RunConfig) -> CheckpointInfo:
     """The run's checkpoint, its pooling, dimensions and prompt as the run's options set them."""
-    return with_embed_options(inspect_checkpoint(resolve_model_path(config.model)), config.embed)
+    return with_embed_options(inspect_embedder(resolve_model_path(config.model)), config.embed)
 
 
 def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> CheckpointInfo:

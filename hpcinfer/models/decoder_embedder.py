@@ -1,0 +1,68 @@
+"""Sentence embeddings from a Llama-family decoder (Qwen3-Embedding, gte-Qwen2, e5-mistral and the
+like): the native decoder over a padded batch, no KV cache, then the checkpoint's pooling.
+
+It is a `BatchModel` like the BERT embedder, so it runs in the same pipeline (token-budget
+batches, staging, the multi-stream executor, windows, resume). Rows are padded on the right and
+attention is causal, so a row's real tokens never see its padding and each row's hidden states
+are those of the row alone: last-token pooling takes the last real token (as sentence-transformers'
+`lasttoken` pooling finds it from the attention mask, whichever side the tokenizer pads).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .adapter import pool
+from .checkpoint import PoolingSpec
+from .llama import LlamaDecoder, rms_norm
+
+
+class PaddedCausalAttention:
+    """Causal attention within each row of a right-padded [rows, width] batch, flattened to T = rows x width."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        self.rows, self.width = rows, width
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [T, h, d] -> [rows, h, width, d]
+            return x.view(self.rows, self.width, x.shape[1], x.shape[2]).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).reshape(q.shape[0], -1)
+
+
+class DecoderEmbedder:
+    """Decoder + final norm + pooling (+ Matryoshka truncation, + L2 normalisation)."""
+
+    def __init__(self, decoder: LlamaDecoder, pooling: PoolingSpec, dtype: torch.dtype) -> None:
+        self.decoder = decoder
+        self.pooling = pooling
+        self.dtype = dtype
+        self.output_dim = pooling.dimensions or decoder.cfg.hidden_size
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        rows, width = ids.shape
+        positions = torch.arange(width, device=ids.device).repeat(rows)
+        hidden = self.decoder(ids.reshape(-1), positions, PaddedCausalAttention(rows, width))
+        hidden = rms_norm(hidden, self.decoder.norm, self.decoder.cfg.rms_norm_eps).view(rows, width, -1)
+        token_mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]
+        return hidden, token_mask
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        hidden, token_mask = outputs  # type: ignore[misc]
+        pooled = pool(hidden, token_mask, self.pooling.mode)
+        if self.pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
+            pooled = pooled[:, : self.pooling.dimensions]
+        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        ids, lengths = self.prepare(ids, lengths)
+        return self.postprocess(self.forward(ids, lengths, padded))
+
+
+__all__ = ["DecoderEmbedder", "PaddedCausalAttention"]
