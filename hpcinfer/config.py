@@ -42,6 +42,7 @@ class EmbedConfig:
     dimensions: int | None = None  # keep the first N dimensions (Matryoshka), then normalise if normalising
     prompt: str | None = None  # text put before every row's text ("query: ")
     prompt_name: str | None = None  # a prompt the checkpoint names (config_sentence_transformers.json)
+    all_scores: bool = False  # --task classify: every label's probability too, not only the best
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +152,7 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     report_path: str | None = None
     trace_path: str | None = None
-    task: str = "auto"  # auto (from the checkpoint) | embed | generate
+    task: str = "auto"  # auto (from the checkpoint) | embed | generate | classify
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -191,8 +192,8 @@ class RunConfig:
             raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:
             raise ConfigError("no input given")
-        if self.task not in ("auto", "embed", "generate"):
-            raise ConfigError(f"--task must be auto, embed or generate (got {self.task!r})")
+        if self.task not in ("auto", "embed", "generate", "classify"):
+            raise ConfigError(f"--task must be auto, embed, generate or classify (got {self.task!r})")
         gen = self.generate
         for flag, value in {
             "--max-num-seqs": gen.max_num_seqs,

@@ -45,8 +45,11 @@ OPTIONS: tuple[Opt, ...] = (
     # -- Model and task
     opt("--model", "model", "Model and task", "'default' (the packaged all-MiniLM-L6-v2) or a local checkpoint "
         "directory: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates."),
-    opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates, an encoder embeds.",
-        type=choice(["auto", "embed", "generate"])),
+    opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates (unless it has "
+        "sentence-transformers files: it embeds), an encoder embeds; classify: a *ForSequenceClassification "
+        "checkpoint labels each row.", type=choice(["auto", "embed", "generate", "classify"])),
+    opt("--all-scores", "embed.all_scores", "Embedding", "--task classify: every label's probability in a "
+        "`scores` column, besides the best `label` and its `score`.", switch=True),
     # -- Embedding
     opt("--pooling", "embed.pooling", "Embedding", "How token states become one vector; default: the "
         "checkpoint's sentence-transformers Pooling module (mean without one).",

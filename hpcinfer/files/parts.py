@@ -206,7 +206,7 @@ class PartStore:
             elif RAW_LINE in table.column_names:  # rows already JSON, each exactly as its task wrote it
                 tmp.write_text("".join(line + "\n" for line in table.column(RAW_LINE).to_pylist()), encoding="utf-8")
             else:
-                _write_jsonl(tmp, table.to_pylist())
+                write_jsonl_rows(tmp, table.to_pylist())
 
         self._commit(window_id, first_row, input_rows, table.num_rows if answered is None else answered, write, rejects)
 
@@ -225,7 +225,7 @@ class PartStore:
         }
         if rejects:
             entry["rejects_part"] = f"rejects-{window_id:06d}.jsonl"
-            atomic_write(self.dir / entry["rejects_part"], lambda tmp: _write_jsonl(tmp, rejects))
+            atomic_write(self.dir / entry["rejects_part"], lambda tmp: write_jsonl_rows(tmp, rejects))
         self.windows.append(entry)
         self._write_manifest()
 
@@ -238,7 +238,7 @@ class PartStore:
             pq.write_table(results_table(ids, values, self.dim), tmp, compression="zstd")
         else:
             rows = ({"id": i, "embedding": v} for i, v in zip(ids, values.tolist(), strict=True))
-            _write_jsonl(tmp, rows)
+            write_jsonl_rows(tmp, rows)
 
     def _read_part_ids(self, path: Path) -> list[Any]:
         if self.fmt == "parquet":
@@ -314,7 +314,7 @@ def id_array(ids: list[Any]) -> pa.Array:
         return pa.array([None if i is None else str(i) for i in ids], pa.string())
 
 
-def _write_jsonl(path: Path, rows: Any) -> None:
+def write_jsonl_rows(path: Path, rows: Any) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, default=str) + "\n")

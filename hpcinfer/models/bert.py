@@ -35,6 +35,7 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     pad_token_id: int = 0
+    position_offset: int = 0  # RoBERTa / XLM-R count positions from padding_idx + 1
 
     @classmethod
     def from_hf(cls, raw: dict) -> BertConfig:
@@ -75,7 +76,8 @@ class BertEncoder(nn.Module):
         h = cfg.hidden_size
         self.word_embeddings = nn.Embedding(cfg.vocab_size, h)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h)
+        # NOTE: none for DistilBERT (type_vocab_size 0)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
@@ -86,9 +88,10 @@ class BertEncoder(nn.Module):
         n = ids.shape[1]
         positions = torch.arange(n, device=ids.device)
         token_mask = positions[None, :] < lengths[:, None]  # [b, n]
-        x = self.word_embeddings(ids) + self.position_embeddings(positions)
-        # NOTE: single-segment input: token type 0 everywhere.
-        x = self.embed_norm(x + self.token_type_embeddings.weight[0])
+        x = self.word_embeddings(ids) + self.position_embeddings(positions + self.cfg.position_offset)
+        if self.token_type_embeddings is not None:  # NOTE: single-segment input: token type 0 everywhere
+            x = x + self.token_type_embeddings.weight[0]
+        x = self.embed_norm(x)
         # A batch with no padding needs no mask, which lets SDPA pick its fastest kernel.
         attn_mask = token_mask[:, None, None, :] if padded else None
         for layer in self.layers:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
+from .classifier import ClassificationHead, classifier_config, split_weights
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
@@ -44,9 +45,13 @@ class CheckpointInfo:
     prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json's, by name
     prompt: str = ""  # put before every text
     decoder: Any = None  # a decoder embedder's DecoderInfo
+    classifier: Any = None  # a sequence classifier's ClassifierSpec (--task classify)
 
     @property
     def output_dim(self) -> int:
+        """Values per row: the embedding's dimensions, or a classifier's labels."""
+        if self.classifier is not None:
+            return len(self.classifier.labels)
         return self.pooling.dimensions or self.config.hidden_size
 
 
@@ -197,13 +202,48 @@ def _load_weights(file: Path) -> dict[str, torch.Tensor]:
         raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
 
 
+def inspect_classifier(path: Path) -> CheckpointInfo:
+    """A `*ForSequenceClassification` checkpoint (BERT, RoBERTa / XLM-R, DistilBERT): its encoder's
+    config, its labels, its sentence-transformers max_seq_length where it has one."""
+    if not path.is_dir():
+        raise ModelError("model directory not found", path=str(path))
+    for name in ("config.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise ModelError(f"model directory has no {name}", path=str(path))
+    if weights_file(path) is None:
+        raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
+    raw = read_model_json(path / "config.json")
+    if not isinstance(raw, dict):
+        raise ModelError("config.json is not an object", path=str(path))
+    config, spec = classifier_config(raw, path)
+    info = sentence_transformers_info(path, config, "cls")
+    longest = config.max_position_embeddings - config.position_offset
+    return replace(info, max_seq_length=min(info.max_seq_length, longest), classifier=spec)
+
+
+def load_classifier(info: CheckpointInfo) -> tuple[BertEncoder, ClassificationHead]:
+    """The classifier's encoder and head (float32, CPU); strict about missing tensors."""
+    file = weights_file(info.path)
+    assert file is not None, "inspect_classifier checked it"
+    encoder_weights, head_weights = split_weights(_load_weights(file), info.classifier)
+    head = ClassificationHead(info.classifier.family, info.config.hidden_size, len(info.classifier.labels))
+    missing = sorted(set(head.state_dict()) - set(head_weights))
+    if missing:
+        raise ModelError(f"the classification head's weights are missing {missing}", path=str(file))
+    head.load_state_dict({k: v.float() for k, v in head_weights.items()})
+    return _encoder(info.config, encoder_weights, file), head.eval().requires_grad_(False)
+
+
 def load_encoder(info: CheckpointInfo) -> BertEncoder:
     """Builds the encoder and loads its weights (float32, CPU); strict about missing tensors."""
     file = weights_file(info.path)
     assert file is not None, "inspect_checkpoint checked it"
-    weights = _load_weights(file)
+    return _encoder(info.config, _load_weights(file), file)
+
+
+def _encoder(config: BertConfig, weights: dict[str, torch.Tensor], file: Path) -> BertEncoder:
     with torch.device("meta"):
-        encoder = BertEncoder(info.config)
+        encoder = BertEncoder(config)
     state = {k: v.float() for k, v in _native_state_dict(weights).items()}
     missing = sorted(set(encoder.state_dict()) - set(state))
     if missing:

@@ -12,7 +12,16 @@ from tokenizers import Tokenizer
 from ..errors import ModelError
 from .adapter import BatchModel, SentenceEmbedder
 from .bert import can_pack_for_cpu, pack_for_cpu
-from .checkpoint import DECODER_TYPES, CheckpointInfo, inspect_checkpoint, load_encoder, read_model_json
+from .checkpoint import (
+    DECODER_TYPES,
+    CheckpointInfo,
+    inspect_checkpoint,
+    inspect_classifier,
+    load_classifier,
+    load_encoder,
+    read_model_json,
+)
+from .classifier import SequenceClassifier
 from .decoder_checkpoint import inspect_decoder_embedder, load_decoder
 from .decoder_embedder import DecoderEmbedder
 
@@ -55,8 +64,11 @@ class LoadedModel:
     embedder: BatchModel
 
 
-def inspect_embedder(path: Path) -> CheckpointInfo:
-    """An embedding checkpoint: BERT-family, or a Llama-family decoder (by config.json's model_type)."""
+def inspect_embedder(path: Path, task: str = "embed") -> CheckpointInfo:
+    """A pooling task's checkpoint: for `classify` a sequence classifier; for embedding a BERT-family
+    encoder, or a Llama-family decoder (by config.json's model_type)."""
+    if task == "classify":
+        return inspect_classifier(path)
     config = path / "config.json"
     if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
         raw = read_model_json(config)
@@ -80,6 +92,11 @@ def load_model(
     info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool = True
 ) -> LoadedModel:
     """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
+    if info.classifier is not None:
+        encoder, head = load_classifier(info)
+        model = SequenceClassifier(encoder.to(device=device, dtype=dtype), head.to(device=device, dtype=dtype),
+                                   info.classifier, dtype)  # fmt: skip
+        return LoadedModel(info, model)
     if info.decoder is not None:
         decoder = load_decoder(info.decoder, device, dtype)
         decoder.lm_head = None  # NOTE: an embedder reads hidden states: the vocabulary head is dead weight

@@ -23,6 +23,7 @@ from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ...ray_engine.merge import cluster_figures, merge_stages, per_actor
 from ...ray_engine.units import Unit
 from .job import check_lengths, embed_fingerprint
+from .labels import output_store
 from .options import embed_checkpoint
 from .replica import Committed, UnitResult
 from .report import RunReport
@@ -45,7 +46,7 @@ class EmbedCluster:
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype)
-        return config, PartStore(config.output.path, fmt, self.info.output_dim, fp)
+        return config, output_store(config.output.path, fmt, self.info, fp, config.embed.all_scores)
 
     def window_rows(self, config: RunConfig) -> int:
         return config.plan.sort_window

@@ -16,7 +16,7 @@ from ...config import RunConfig, resolve_plan
 from ...device import Device, resolve_dtype
 from ...errors import ConfigError, Interrupted
 from ...files.arrivals import ArrivalReplay
-from ...files.parts import PartStore, fingerprint
+from ...files.parts import fingerprint
 from ...files.read import Reader
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
@@ -27,6 +27,7 @@ from ...obs.progress import Progress
 from ...place.devices import make_run_devices
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
+from .labels import output_store
 from .options import embed_checkpoint
 from .plan import max_padded_len
 from .report import RunReport
@@ -70,9 +71,8 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
     dtype = resolve_dtype(config.device.dtype, devices[0])
-    store = PartStore(
-        config.output.path, fmt, info.output_dim, embed_fingerprint(config, info, reader, max_length, dtype)
-    )
+    fp = embed_fingerprint(config, info, reader, max_length, dtype)
+    store = output_store(config.output.path, fmt, info, fp, config.embed.all_scores)
     with claimed(store, config.output.path):
         return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
 
@@ -138,4 +138,6 @@ def embed_fingerprint(
     }
     # NOTE: only when set, so a run started before these options existed still resumes
     extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
+    if info.classifier is not None:
+        extra |= {"task": "classify", "all_scores": config.embed.all_scores}
     return fingerprint(files, info.path, options | {k: v for k, v in extra.items() if v})

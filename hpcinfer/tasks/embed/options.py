@@ -13,7 +13,8 @@ from ...models.registry import inspect_embedder, resolve_model_path
 
 def embed_checkpoint(config: RunConfig) -> CheckpointInfo:
     """The run's checkpoint, its pooling, dimensions and prompt as the run's options set them."""
-    return with_embed_options(inspect_embedder(resolve_model_path(config.model)), config.embed)
+    task = "classify" if config.task == "classify" else "embed"
+    return with_embed_options(inspect_embedder(resolve_model_path(config.model), task), config.embed)
 
 
 def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> CheckpointInfo:

@@ -1,0 +1,165 @@
+"""Sequence classifiers (`--task classify`): a BERT-family encoder and its classification head.
+
+Three families, each read natively from a `*ForSequenceClassification` checkpoint:
+- BERT (`BertForSequenceClassification`): the pooler (dense + tanh on [CLS]), then `classifier`;
+- RoBERTa / XLM-R: positions counted from padding_idx + 1, one token type, and the head
+  `classifier.dense` + tanh + `classifier.out_proj` on <s>;
+- DistilBERT: no token types, its own weight names, `pre_classifier` + ReLU + `classifier`.
+The encoder is the embedding path's `BertEncoder`; the head turns the first token's state into
+logits, and `postprocess` into probabilities: softmax over the labels, or a sigmoid per label for
+`problem_type: multi_label_classification`. The writer takes the best label and its probability.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ModelError
+from .bert import BertConfig, BertEncoder
+
+FAMILIES = {
+    "bert": "BertForSequenceClassification",
+    "roberta": "RobertaForSequenceClassification",
+    "xlm-roberta": "XLMRobertaForSequenceClassification",
+    "distilbert": "DistilBertForSequenceClassification",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierSpec:
+    """What the checkpoint's head is: its family, its labels (id2label order), multi-label or not."""
+
+    family: str
+    labels: tuple[str, ...]
+    multi_label: bool = False
+
+
+def classifier_config(raw: dict[str, Any], path: Path) -> tuple[BertConfig, ClassifierSpec]:
+    """The encoder's config and the head's spec from a `*ForSequenceClassification` config.json."""
+    family = str(raw.get("model_type"))
+    arch = next(iter(raw.get("architectures") or []), None)
+    if family not in FAMILIES or arch != FAMILIES[family]:
+        supported = ", ".join(FAMILIES.values())
+        raise ModelError(f"not a sequence classifier we run: {arch!r} (supported: {supported})", path=str(path))
+    if family == "distilbert":  # its own names for the same shape
+        raw = {
+            "vocab_size": raw["vocab_size"],
+            "hidden_size": raw["dim"],
+            "num_hidden_layers": raw["n_layers"],
+            "num_attention_heads": raw["n_heads"],
+            "intermediate_size": raw["hidden_dim"],
+            "max_position_embeddings": raw["max_position_embeddings"],
+            "hidden_act": raw.get("activation", "gelu"),
+            "type_vocab_size": 0,
+            "layer_norm_eps": 1e-12,
+            **{k: raw[k] for k in ("id2label", "problem_type") if k in raw},
+        }
+    try:
+        config = BertConfig.from_hf(raw)
+    except (KeyError, TypeError) as exc:
+        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    if family in ("roberta", "xlm-roberta"):  # NOTE: positions start after the padding index
+        config = BertConfig(**{**_fields(config), "position_offset": int(raw.get("pad_token_id", 1)) + 1})
+    id2label = raw.get("id2label") or {"0": "LABEL_0"}
+    labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label)))
+    multi = raw.get("problem_type") == "multi_label_classification"
+    return config, ClassifierSpec("roberta" if family == "xlm-roberta" else family, labels, multi)
+
+
+def _fields(config: BertConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in BertConfig.__dataclass_fields__}
+
+
+class ClassificationHead(nn.Module):
+    """The first token's state -> logits, in the family's own layers."""
+
+    def __init__(self, family: str, hidden: int, labels: int) -> None:
+        super().__init__()
+        self.family = family
+        self.dense = nn.Linear(hidden, hidden)  # BERT's pooler, RoBERTa's dense, DistilBERT's pre_classifier
+        self.out = nn.Linear(hidden, labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        h = self.dense(first)
+        h = torch.relu(h) if self.family == "distilbert" else torch.tanh(h)
+        return self.out(h)
+
+
+_HEAD_NAMES = {
+    "bert": {"bert.pooler.dense": "dense", "classifier": "out"},
+    "roberta": {"classifier.dense": "dense", "classifier.out_proj": "out"},
+    "distilbert": {"pre_classifier": "dense", "classifier": "out"},
+}
+_DISTIL = [  # DistilBERT's names -> BERT's (the encoder's loader maps those)
+    (r"^distilbert\.embeddings\.LayerNorm\.", "embeddings.LayerNorm."),
+    (r"^distilbert\.embeddings\.", "embeddings."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.q_lin\.", r"encoder.layer.\1.attention.self.query."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.k_lin\.", r"encoder.layer.\1.attention.self.key."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.v_lin\.", r"encoder.layer.\1.attention.self.value."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.out_lin\.", r"encoder.layer.\1.attention.output.dense."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.sa_layer_norm\.", r"encoder.layer.\1.attention.output.LayerNorm."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.ffn\.lin1\.", r"encoder.layer.\1.intermediate.dense."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.ffn\.lin2\.", r"encoder.layer.\1.output.dense."),
+    (r"^distilbert\.transformer\.layer\.(\d+)\.output_layer_norm\.", r"encoder.layer.\1.output.LayerNorm."),
+]
+
+
+def split_weights(
+    weights: dict[str, torch.Tensor], spec: ClassifierSpec
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the encoder's weights under BERT's names, the head's under ClassificationHead's)."""
+    encoder: dict[str, torch.Tensor] = {}
+    head: dict[str, torch.Tensor] = {}
+    names = _HEAD_NAMES[spec.family]
+    for name, tensor in weights.items():
+        module, _, kind = name.rpartition(".")
+        if module in names:
+            head[f"{names[module]}.{kind}"] = tensor
+            continue
+        if spec.family == "distilbert":
+            for pattern, repl in _DISTIL:
+                name, hits = re.subn(pattern, repl, name)
+                if hits:
+                    break
+        encoder[re.sub(r"^roberta\.", "", name)] = tensor
+    return encoder, head
+
+
+class SequenceClassifier:
+    """Encoder + head; a `BatchModel` whose row vector is each label's probability."""
+
+    def __init__(self, encoder: BertEncoder, head: ClassificationHead, spec: ClassifierSpec, dtype: torch.dtype):
+        self.encoder, self.head, self.spec, self.dtype = encoder, head, spec, dtype
+        self.output_dim = len(spec.labels)
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        hidden, _ = self.encoder(ids, lengths, padded)
+        return self.head(hidden[:, 0])
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        logits = outputs.float()  # type: ignore[attr-defined]
+        return torch.sigmoid(logits) if self.spec.multi_label else torch.softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        ids, lengths = self.prepare(ids, lengths)
+        return self.postprocess(self.forward(ids, lengths, padded))
+
+
+__all__ = [
+    "FAMILIES",
+    "ClassificationHead",
+    "ClassifierSpec",
+    "SequenceClassifier",
+    "classifier_config",
+    "split_weights",
+]

@@ -1,0 +1,57 @@
+"""`--task classify`'s output: a window's label probabilities become `label` and `score` columns
+(and, with --all-scores, `scores`: every label's probability in the checkpoint's label order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ...files.parts import PartStore, id_array, write_jsonl_rows
+from ...models.checkpoint import CheckpointInfo
+
+
+def labels_table(ids: list[Any], values: np.ndarray, labels: tuple[str, ...], all_scores: bool) -> pa.Table:
+    """ids + probabilities [rows, labels] -> id, label (the most probable), score (its probability)."""
+    best = values.argmax(axis=1) if len(values) else np.zeros(0, dtype=np.int64)
+    columns = {
+        "id": id_array(ids),
+        "label": pa.array([labels[i] for i in best.tolist()], pa.string()),
+        "score": pa.array(values[np.arange(len(values)), best] if len(values) else [], pa.float32()),
+    }
+    if all_scores:
+        flat = pa.array(values.reshape(-1), type=pa.float32())
+        columns["scores"] = pa.FixedSizeListArray.from_arrays(flat, len(labels))
+    return pa.table(columns)
+
+
+class LabelStore(PartStore):
+    """Parts of classification rows: the writer's [rows, labels] values written as labels."""
+
+    def __init__(self, output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any], all_scores: bool) -> None:
+        super().__init__(output, fmt, info.output_dim, fp)
+        self.labels: tuple[str, ...] = info.classifier.labels
+        self.all_scores = all_scores
+
+    def empty_schema(self) -> pa.Schema:
+        return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores).schema
+
+    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray) -> None:
+        table = labels_table(ids, values, self.labels, self.all_scores)
+        if self.fmt == "parquet":
+            pq.write_table(table, tmp, compression="zstd")
+        else:
+            write_jsonl_rows(tmp, table.to_pylist())
+
+
+def output_store(output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any], all_scores: bool) -> PartStore:
+    """The store a pooling task writes into: label rows for a classifier, embedding rows otherwise."""
+    if info.classifier is not None:
+        return LabelStore(output, fmt, info, fp, all_scores)
+    return PartStore(output, fmt, info.output_dim, fp)
+
+
+__all__ = ["LabelStore", "labels_table", "output_store"]
