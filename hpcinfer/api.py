@@ -16,6 +16,7 @@ from .models.registry import LoadedModel
 from .obs.profile import RangeBackend
 from .obs.progress import Progress
 from .tasks import cluster_task, pick_task
+from .tasks.embed.options import with_pair_columns
 from .tasks.embed.report import RunReport
 
 __all__ = ["Interrupted", "run"]
@@ -42,6 +43,7 @@ def run(
     """
     config.validate()
     task = pick_task(config)
+    config = with_pair_columns(config)  # --task score: which columns hold the pairs
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

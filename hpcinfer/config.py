@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 
 from .errors import ConfigError
 
+TASK_CHOICES = ("auto", "embed", "generate", "classify", "score")
+
 
 @dataclass(frozen=True, slots=True)
 class InputConfig:
@@ -18,6 +20,7 @@ class InputConfig:
     text_column: str = "text"
     id_column: str = "id"
     prompt_column: str | None = None  # embedding: a column whose text goes before the row's (its own prompt)
+    pair_columns: tuple[str, ...] = ()  # --task score: the two text columns of a pair (query, document)
     input_format: str = "auto"  # auto | jsonl | parquet | openai
     read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
     read_chunk_bytes: int = 1 << 20  # JSONL is read in chunks of this size (a longer line spans several)
@@ -152,7 +155,7 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     report_path: str | None = None
     trace_path: str | None = None
-    task: str = "auto"  # auto (from the checkpoint) | embed | generate | classify
+    task: str = "auto"  # auto (from the checkpoint) | embed | generate | classify | score
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -192,8 +195,11 @@ class RunConfig:
             raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:
             raise ConfigError("no input given")
-        if self.task not in ("auto", "embed", "generate", "classify"):
-            raise ConfigError(f"--task must be auto, embed, generate or classify (got {self.task!r})")
+        if self.task not in TASK_CHOICES:
+            raise ConfigError(f"--task must be one of {', '.join(TASK_CHOICES)} (got {self.task!r})")
+        pair = self.input.pair_columns
+        if pair and (len(pair) != 2 or not all(pair) or pair[0] == pair[1]):
+            raise ConfigError(f"--pair-columns takes two different column names, as A,B (got {','.join(pair)!r})")
         gen = self.generate
         for flag, value in {
             "--max-num-seqs": gen.max_num_seqs,

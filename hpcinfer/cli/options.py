@@ -40,8 +40,8 @@ def default_of(o: Opt) -> Any:
 
 def click_option(o: Opt, command: str) -> Callable[[Any], Any]:
     default = default_of(o)
-    if default == "":  # NOTE: an empty default would count as given, and -o would never be missing
-        default = None
+    if default == "" or (default == () and not o.multiple):  # NOTE: an empty default would count as given
+        default = None  # (and -o would never be missing; an empty tuple would parse as the text "()")
     text = o.help
     if o.default_help:
         text += f" [default: {o.default_help}]"
@@ -87,6 +87,9 @@ def build_run_config(values: dict[str, Any], command: str) -> RunConfig:
             parts.setdefault(root, {})[leaf] = value
         else:
             top[root] = value
+    pair = parts.get("input", {}).get("pair_columns")
+    if isinstance(pair, str):  # --pair-columns A,B
+        parts["input"]["pair_columns"] = tuple(name.strip() for name in pair.split(","))
     if "strict" in values:
         limit, fraction = reject_limits(values["strict"], values["max_rejects"])
         parts.setdefault("output", {}).update(max_rejects=limit, max_reject_fraction=fraction)

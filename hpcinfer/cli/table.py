@@ -47,7 +47,10 @@ OPTIONS: tuple[Opt, ...] = (
         "directory: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates."),
     opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates (unless it has "
         "sentence-transformers files: it embeds), an encoder embeds; classify: a *ForSequenceClassification "
-        "checkpoint labels each row.", type=choice(["auto", "embed", "generate", "classify"])),
+        "checkpoint labels each row; score: a cross-encoder (one label) scores each row's text pair.",
+        type=choice(["auto", "embed", "generate", "classify", "score"])),
+    opt("--pair-columns", "input.pair_columns", "Input", "--task score: the two text columns of a pair, as "
+        "A,B; default query,document or text,text_pair, whichever the input has.", metavar="A,B"),
     opt("--all-scores", "embed.all_scores", "Embedding", "--task classify: every label's probability in a "
         "`scores` column, besides the best `label` and its `score`.", switch=True),
     # -- Embedding

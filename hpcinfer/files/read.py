@@ -39,6 +39,7 @@ from .row_values import (
     check_text,
     check_tokens,
     duplicate_reason,
+    pair_payload,
 )
 from .sources import (
     TOKENS_COLUMN,
@@ -117,6 +118,8 @@ class Reader:
             raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=src.path)
 
     def _parquet_columns(self, src: Source) -> list[str]:
+        if src.payload == "pair":
+            return [*self.cfg.pair_columns] + ([self.cfg.id_column] if src.has_ids else [])
         payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
         columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
         prompt = self.cfg.prompt_column
@@ -133,7 +136,10 @@ class Reader:
         """One record batch of a Parquet file -> parsed rows."""
         rows = Rows()
         values = batch.column(self._parquet_columns(src)[0])
-        if src.payload == "text":
+        if src.payload == "pair":
+            first, second = (batch.column(c).to_pylist() for c in self.cfg.pair_columns)
+            rows.payloads = [pair_payload(a, b, self.cfg.pair_columns) for a, b in zip(first, second, strict=True)]
+        elif src.payload == "text":
             rows.payloads = arrow_texts(values)
         else:
             rows.payloads = [v if (bad := check_tokens(v)) is None else bad for v in values.to_pylist()]
@@ -227,6 +233,9 @@ class Reader:
                 text = text[0]
             return (text if (bad := check_text(text)) is None else bad), obj.get("custom_id"), obj
         row_id = obj.get(self.cfg.id_column)
+        if src.payload == "pair":
+            first, second = (obj.get(c) for c in self.cfg.pair_columns)
+            return pair_payload(first, second, self.cfg.pair_columns), row_id, obj
         if src.payload == "tokens":
             value = obj.get(TOKENS_COLUMN)
             return (value if (bad := check_tokens(value)) is None else bad), row_id, obj

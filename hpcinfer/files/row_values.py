@@ -32,6 +32,14 @@ def check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | Non
     return None
 
 
+def pair_payload(first: Any, second: Any, names: tuple[str, ...]) -> Any:
+    """A row's text pair as [first, second], or the reject of its first bad side (named)."""
+    for value, name in zip((first, second), names, strict=True):
+        if (bad := check_text(value)) is not None:
+            return bad[0], f"{name}: {bad[1]}"
+    return [first, second]
+
+
 def check_tokens(value: Any) -> tuple[str, str] | None:
     if value is None:
         return "missing_text", "no input_ids"

@@ -26,7 +26,7 @@ TOKENS_COLUMN = "input_ids"
 class Source:
     path: str
     fmt: str  # jsonl | parquet | openai
-    payload: str  # "text" or "tokens"
+    payload: str  # "text", "tokens" or "pair" (two text columns: --pair-columns)
     has_ids: bool
 
 
@@ -97,6 +97,8 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         fmt = "openai"
     if fmt == "openai":
         return Source(path, "openai", "text", True)
+    if cfg.pair_columns:
+        return _pair_source(path, fmt, cfg, objects)
     if fmt == "parquet":
         try:
             schema = pq.read_schema(path)
@@ -118,6 +120,19 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         return Source(path, fmt, "tokens", cfg.id_column in columns)
     shown = ", ".join(sorted(columns)[:8])
     raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
+
+
+def _pair_source(path: str, fmt: str, cfg: InputConfig, objects: list[dict]) -> Source:
+    """A file of text pairs: both columns present (Parquet: as text); a JSONL row lacking one is a reject."""
+    if fmt == "parquet":
+        schema = pq.read_schema(path)
+        for column in cfg.pair_columns:
+            if column not in schema.names:
+                raise InputError(f"no column '{column}' (--pair-columns {','.join(cfg.pair_columns)})", path=path)
+            if not is_text_type(kind := schema.field(column).type):
+                raise InputError(f"column '{column}' holds {kind}, not text", path=path)
+        return Source(path, fmt, "pair", cfg.id_column in schema.names)
+    return Source(path, fmt, "pair", any(cfg.id_column in obj for obj in objects))
 
 
 def check_id_columns(sources: list[Source], id_column: str) -> None:

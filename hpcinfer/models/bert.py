@@ -82,14 +82,16 @@ class BertEncoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
     def forward(
-        self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True
+        self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True, token_types: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (hidden [b, n, h], token mask [b, n] bool)."""
+        """Returns (hidden [b, n, h], token mask [b, n] bool); `token_types` [b, n] for text pairs."""
         n = ids.shape[1]
         positions = torch.arange(n, device=ids.device)
         token_mask = positions[None, :] < lengths[:, None]  # [b, n]
         x = self.word_embeddings(ids) + self.position_embeddings(positions + self.cfg.position_offset)
-        if self.token_type_embeddings is not None:  # NOTE: single-segment input: token type 0 everywhere
+        if self.token_type_embeddings is not None and token_types is not None:
+            x = x + self.token_type_embeddings(token_types)
+        elif self.token_type_embeddings is not None:  # NOTE: single-segment input: token type 0 everywhere
             x = x + self.token_type_embeddings.weight[0]
         x = self.embed_norm(x)
         # A batch with no padding needs no mask, which lets SDPA pick its fastest kernel.

@@ -202,9 +202,10 @@ def _load_weights(file: Path) -> dict[str, torch.Tensor]:
         raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
 
 
-def inspect_classifier(path: Path) -> CheckpointInfo:
+def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
     """A `*ForSequenceClassification` checkpoint (BERT, RoBERTa / XLM-R, DistilBERT): its encoder's
-    config, its labels, its sentence-transformers max_seq_length where it has one."""
+    config, its labels, its sentence-transformers max_seq_length where it has one; `score`: as a
+    cross-encoder (--task score), with the separator that splits a pair's token types."""
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
     for name in ("config.json", "tokenizer.json"):
@@ -215,7 +216,11 @@ def inspect_classifier(path: Path) -> CheckpointInfo:
     raw = read_model_json(path / "config.json")
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
-    config, spec = classifier_config(raw, path)
+    config, spec = classifier_config(raw, path, score)
+    if score and config.type_vocab_size > 1:
+        from tokenizers import Tokenizer
+
+        spec = replace(spec, sep_id=Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id("[SEP]"))
     info = sentence_transformers_info(path, config, "cls")
     longest = config.max_position_embeddings - config.position_offset
     return replace(info, max_seq_length=min(info.max_seq_length, longest), classifier=spec)

@@ -33,15 +33,21 @@ FAMILIES = {
 
 @dataclass(frozen=True, slots=True)
 class ClassifierSpec:
-    """What the checkpoint's head is: its family, its labels (id2label order), multi-label or not."""
+    """What the checkpoint's head is: its family, its labels (id2label order), multi-label or not;
+    for `--task score` (a cross-encoder: one label), the activation of its one logit and the
+    separator whose first occurrence starts a pair's second segment (BERT's token types)."""
 
     family: str
     labels: tuple[str, ...]
     multi_label: bool = False
+    score: bool = False
+    activation: str = "sigmoid"  # sigmoid | identity (a score's logit as it is)
+    sep_id: int | None = None
 
 
-def classifier_config(raw: dict[str, Any], path: Path) -> tuple[BertConfig, ClassifierSpec]:
-    """The encoder's config and the head's spec from a `*ForSequenceClassification` config.json."""
+def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> tuple[BertConfig, ClassifierSpec]:
+    """The encoder's config and the head's spec from a `*ForSequenceClassification` config.json;
+    `score`: a cross-encoder's (one label), for `--task score`."""
     family = str(raw.get("model_type"))
     arch = next(iter(raw.get("architectures") or []), None)
     if family not in FAMILIES or arch != FAMILIES[family]:
@@ -69,7 +75,20 @@ def classifier_config(raw: dict[str, Any], path: Path) -> tuple[BertConfig, Clas
     id2label = raw.get("id2label") or {"0": "LABEL_0"}
     labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label)))
     multi = raw.get("problem_type") == "multi_label_classification"
-    return config, ClassifierSpec("roberta" if family == "xlm-roberta" else family, labels, multi)
+    family = "roberta" if family == "xlm-roberta" else family
+    if not score:
+        return config, ClassifierSpec(family, labels, multi)
+    if len(labels) != 1:
+        raise ModelError(
+            f"a cross-encoder scores with one label; this classifier has {len(labels)} (use --task classify)",
+            path=str(path),
+        )
+    # sentence-transformers' CrossEncoder: a sigmoid over the one logit, unless the checkpoint names another
+    named = str((raw.get("sentence_transformers") or {}).get("activation_fn") or "Sigmoid")
+    activation = "identity" if named.endswith("Identity") else "sigmoid"
+    if not named.endswith(("Sigmoid", "Identity")):
+        raise ModelError(f"unsupported CrossEncoder activation_fn {named!r} (Sigmoid or Identity)", path=str(path))
+    return config, ClassifierSpec(family, ("score",), False, True, activation)
 
 
 def _fields(config: BertConfig) -> dict[str, Any]:
@@ -142,11 +161,17 @@ class SequenceClassifier:
         return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
-        hidden, _ = self.encoder(ids, lengths, padded)
+        types = None
+        if self.spec.sep_id is not None:  # NOTE: type 1 after the first separator: "[CLS] a [SEP] b [SEP]"
+            sep = (ids == self.spec.sep_id).int()
+            types = ((sep.cumsum(dim=1) - sep) > 0).long()
+        hidden, _ = self.encoder(ids, lengths, padded, types)
         return self.head(hidden[:, 0])
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         logits = outputs.float()  # type: ignore[attr-defined]
+        if self.spec.score:
+            return torch.sigmoid(logits) if self.spec.activation == "sigmoid" else logits
         return torch.sigmoid(logits) if self.spec.multi_label else torch.softmax(logits, dim=-1)
 
     @torch.inference_mode()

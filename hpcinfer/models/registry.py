@@ -67,8 +67,8 @@ class LoadedModel:
 def inspect_embedder(path: Path, task: str = "embed") -> CheckpointInfo:
     """A pooling task's checkpoint: for `classify` a sequence classifier; for embedding a BERT-family
     encoder, or a Llama-family decoder (by config.json's model_type)."""
-    if task == "classify":
-        return inspect_classifier(path)
+    if task in ("classify", "score"):
+        return inspect_classifier(path, score=task == "score")
     config = path / "config.json"
     if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
         raw = read_model_json(config)

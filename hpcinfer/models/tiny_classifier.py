@@ -44,7 +44,11 @@ def build_tiny_classifier(
         vocab_size=vocab,
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
-        problem_type="multi_label_classification" if multi_label else "single_label_classification",
+        problem_type="multi_label_classification"
+        if multi_label
+        else "regression"
+        if len(labels) == 1
+        else "single_label_classification",  # one label: a cross-encoder
         **{**fields, **shape},
     )
     torch.manual_seed(seed)
@@ -54,17 +58,15 @@ def build_tiny_classifier(
             if p.dim() > 1:
                 p.normal_(0.0, 0.2)
     model.save_pretrained(path, safe_serialization=True)
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": "[UNK]",
-                "pad_token": "[PAD]",
-                "cls_token": "[CLS]",
-                "sep_token": "[SEP]",
-                "model_max_length": 512,
-            }
-        ),  # fmt: skip
-        encoding="utf-8",
-    )
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "[UNK]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "model_max_length": 512,
+    }
+    if family == "bert":  # NOTE: as BERT's own tokenizer does: a pair's second segment has token type 1
+        tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
     return path

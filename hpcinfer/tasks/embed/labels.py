@@ -1,5 +1,6 @@
-"""`--task classify`'s output: a window's label probabilities become `label` and `score` columns
-(and, with --all-scores, `scores`: every label's probability in the checkpoint's label order)."""
+"""`--task classify` and `--task score` output: a window's label probabilities become `label` and
+`score` columns (and, with --all-scores, `scores`: every label's probability in the checkpoint's
+label order); a cross-encoder's one value per row becomes `score`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from ...files.parts import PartStore, id_array, write_jsonl_rows
 from ...models.checkpoint import CheckpointInfo
 
 
-def labels_table(ids: list[Any], values: np.ndarray, labels: tuple[str, ...], all_scores: bool) -> pa.Table:
-    """ids + probabilities [rows, labels] -> id, label (the most probable), score (its probability)."""
+def labels_table(
+    ids: list[Any], values: np.ndarray, labels: tuple[str, ...], all_scores: bool, score: bool = False
+) -> pa.Table:
+    """ids + probabilities [rows, labels] -> id, label (the most probable), score (its probability);
+    `score` (a cross-encoder's one value per row): id, score."""
+    if score:
+        return pa.table({"id": id_array(ids), "score": pa.array(values[:, 0] if len(values) else [], pa.float32())})
     best = values.argmax(axis=1) if len(values) else np.zeros(0, dtype=np.int64)
     columns = {
         "id": id_array(ids),
@@ -35,12 +41,13 @@ class LabelStore(PartStore):
         super().__init__(output, fmt, info.output_dim, fp)
         self.labels: tuple[str, ...] = info.classifier.labels
         self.all_scores = all_scores
+        self.score = info.classifier.score
 
     def empty_schema(self) -> pa.Schema:
-        return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores).schema
+        return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores, self.score).schema
 
     def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray) -> None:
-        table = labels_table(ids, values, self.labels, self.all_scores)
+        table = labels_table(ids, values, self.labels, self.all_scores, self.score)
         if self.fmt == "parquet":
             pq.write_table(table, tmp, compression="zstd")
         else:

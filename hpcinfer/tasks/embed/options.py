@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pyarrow.parquet as pq
+
 from ...config import EmbedConfig, RunConfig
 from ...errors import ConfigError
+from ...files.sources import expand_paths, json_objects
 from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
 from ...models.registry import inspect_embedder, resolve_model_path
 
 
 def embed_checkpoint(config: RunConfig) -> CheckpointInfo:
     """The run's checkpoint, its pooling, dimensions and prompt as the run's options set them."""
-    task = "classify" if config.task == "classify" else "embed"
+    task = config.task if config.task in ("classify", "score") else "embed"
     return with_embed_options(inspect_embedder(resolve_model_path(config.model), task), config.embed)
 
 
@@ -38,4 +41,29 @@ def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> Checkpoint
     return replace(info, pooling=PoolingSpec(mode, normalize, options.dimensions), prompt=prompt)
 
 
-__all__ = ["embed_checkpoint", "with_embed_options"]
+PAIR_DEFAULTS = (("query", "document"), ("text", "text_pair"))
+
+
+def with_pair_columns(config: RunConfig) -> RunConfig:
+    """A score run's pair columns: --pair-columns, else the first of PAIR_DEFAULTS the input has
+    (its first file's columns); --pair-columns on any other task is refused."""
+    if config.task != "score":
+        if config.input.pair_columns:
+            raise ConfigError("--pair-columns is for --task score (a cross-encoder scores text pairs)")
+        return config
+    if config.input.pair_columns:
+        return config
+    files = expand_paths(config.input.paths)
+    first = files[0] if files else ""
+    if first.lower().endswith((".parquet", ".pq")):
+        columns = set(pq.read_schema(first).names)
+    else:
+        columns = {key for obj in json_objects(first) for key in obj}
+    for pair in PAIR_DEFAULTS:
+        if set(pair) <= columns:
+            return replace(config, input=replace(config.input, pair_columns=pair))
+    shown = " or ".join(",".join(p) for p in PAIR_DEFAULTS)
+    raise ConfigError(f"--task score reads text pairs: the input has neither {shown}; give --pair-columns A,B")
+
+
+__all__ = ["embed_checkpoint", "with_embed_options", "with_pair_columns"]

@@ -87,7 +87,9 @@ class TokenizeStage:
         NOTE: one failing text fails the whole batch call, so only then is the block encoded row by row
         (a refused row stands in as the encoding of "", and is dropped with the rejects).
         """
-        if prompts is not None:  # NOTE: a row's own prompt replaces the run's
+        if texts and isinstance(texts[0], list):  # text pairs (--task score): the tokenizer's pair template
+            texts = [tuple(pair) for pair in texts]
+        elif prompts is not None:  # NOTE: a row's own prompt replaces the run's
             texts = [(self.prompt if p is None else p) + text for p, text in zip(prompts, texts, strict=True)]
         elif self.prompt:
             texts = [self.prompt + text for text in texts]
@@ -99,7 +101,8 @@ class TokenizeStage:
         bad: dict[int, tuple[str, str]] = {}
         for i, text in enumerate(texts):
             try:
-                encodings.append(self.tokenizer.encode(text, add_special_tokens=True))
+                pair = (text,) if isinstance(text, str) else tuple(text)
+                encodings.append(self.tokenizer.encode(*pair, add_special_tokens=True))
             except Exception as exc:  # noqa: BLE001
                 bad[i] = ("tokenize_error", f"the tokenizer refused this text ({type(exc).__name__}: {exc})")
                 encodings.append(self.tokenizer.encode("", add_special_tokens=True))
