@@ -7,6 +7,7 @@ cluster), and hands the config to that task's job. Nothing below this module imp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from .config import RunConfig
@@ -43,7 +44,7 @@ def run(
     """
     config.validate()
     task = pick_task(config)
-    config = with_pair_columns(config)  # --task score: which columns hold the pairs
+    config = with_pair_columns(replace(config, task=task))  # --task score: which columns hold the pairs
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

@@ -79,3 +79,28 @@ def test_score_refusals(tmp_path):
         run_job(small_config(plain, tmp_path / "out.parquet", path, task="score"))
     with pytest.raises(ConfigError, match="task score"):
         run_job(small_config(plain, tmp_path / "o.parquet", path, task="embed", input={"pair_columns": ("a", "b")}))
+
+
+def test_task_auto_picks_from_the_checkpoint_and_says_why(tmp_path):
+    import subprocess
+    import sys
+
+    from hpcinfer.config import RunConfig
+    from hpcinfer.tasks import auto_task
+
+    scorer = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=1)
+    labeller = build_tiny_classifier(tmp_path / "cls", "distilbert", seed=1)
+    assert auto_task(RunConfig(model=str(scorer)))[0] == "score"
+    assert auto_task(RunConfig(model=str(labeller))) == (
+        "classify",
+        "a DistilBertForSequenceClassification with 3 labels",
+    )
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": 0, "query": "a", "document": "b"}])
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(tmp_path / "o.jsonl"), "--model", str(scorer),
+         "--progress", "off"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "task: score (--task auto: a BertForSequenceClassification with one label: a cross-encoder)" in proc.stderr
+    assert set(json.loads((tmp_path / "o.jsonl").read_text())) == {"id", "score"}

@@ -18,15 +18,32 @@ TASKS = ("embed", "generate")
 
 
 def pick_task(config: RunConfig) -> str:
-    """The run's task: `--task`, or for `auto` what the checkpoint is (a `*ForCausalLM` generates,
-    unless it carries sentence-transformers modules: an embedder such as Qwen3-Embedding)."""
-    if config.task != "auto":
-        return config.task
+    """The run's task: `--task`, or for `auto` what the checkpoint is (see `auto_task`)."""
+    return config.task if config.task != "auto" else auto_task(config)[0]
+
+
+def auto_task(config: RunConfig) -> tuple[str, str]:
+    """(task, why) for `--task auto`: a `*ForCausalLM` generates, unless it carries
+    sentence-transformers modules (an embedder such as Qwen3-Embedding); a
+    `*ForSequenceClassification` with one label scores pairs (a cross-encoder), with more classifies;
+    anything else embeds."""
+    from ..models.checkpoint import read_model_json
     from ..models.decoder_checkpoint import is_causal_lm
     from ..models.registry import resolve_model_path
 
     path = resolve_model_path(config.model)
-    return "generate" if is_causal_lm(path) and not (path / "modules.json").is_file() else "embed"
+    if is_causal_lm(path):
+        if (path / "modules.json").is_file():
+            return "embed", "a causal LM with sentence-transformers modules: a decoder embedder"
+        return "generate", "a causal LM"
+    raw = read_model_json(path / "config.json") if (path / "config.json").is_file() else {}
+    arch = str(next(iter(raw.get("architectures") or []), "")) if isinstance(raw, dict) else ""
+    if arch.endswith("ForSequenceClassification"):
+        labels = len(raw.get("id2label") or {}) or int(raw.get("num_labels", 2))
+        if labels == 1:
+            return "score", f"a {arch} with one label: a cross-encoder"
+        return "classify", f"a {arch} with {labels} labels"
+    return "embed", "an encoder" if arch else "no architecture named: an encoder"
 
 
 def cluster_task(task: str) -> Any:
