@@ -156,6 +156,7 @@ class RunConfig:
     report_path: str | None = None
     trace_path: str | None = None
     task: str = "auto"  # auto (from the checkpoint) | embed | generate | classify | score
+    backend: str = "native"  # native | transformers (the pooling tasks on any checkpoint transformers loads)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -197,6 +198,8 @@ class RunConfig:
             raise ConfigError("no input given")
         if self.task not in TASK_CHOICES:
             raise ConfigError(f"--task must be one of {', '.join(TASK_CHOICES)} (got {self.task!r})")
+        if self.backend not in ("native", "transformers"):
+            raise ConfigError(f"--backend must be native or transformers (got {self.backend!r})")
         pair = self.input.pair_columns
         if pair and (len(pair) != 2 or not all(pair) or pair[0] == pair[1]):
             raise ConfigError(f"--pair-columns takes two different column names, as A,B (got {','.join(pair)!r})")

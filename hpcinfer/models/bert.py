@@ -143,8 +143,9 @@ class PackedLinear(nn.Module):
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 
 
-def can_pack_for_cpu(encoder: BertEncoder) -> bool:
-    params = list(encoder.parameters())
+def can_pack_for_cpu(model: nn.Module) -> bool:
+    """Whether a float32 CPU model's linears can be oneDNN PackedLinears."""
+    params = list(model.parameters())
     return (
         torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")

@@ -116,7 +116,9 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
         raise ModelError(
-            f"unsupported model_type {kind!r} (supported: bert, {', '.join(DECODER_TYPES)})", path=str(path)
+            f"unsupported model_type {kind!r} (supported: bert, {', '.join(DECODER_TYPES)}; "
+            "any other with --backend transformers)",
+            path=str(path),
         )
     try:
         config = BertConfig.from_hf(raw)

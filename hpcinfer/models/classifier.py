@@ -52,7 +52,11 @@ def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> t
     arch = next(iter(raw.get("architectures") or []), None)
     if family not in FAMILIES or arch != FAMILIES[family]:
         supported = ", ".join(FAMILIES.values())
-        raise ModelError(f"not a sequence classifier we run: {arch!r} (supported: {supported})", path=str(path))
+        raise ModelError(
+            f"not a sequence classifier we run: {arch!r} (supported: {supported}; "
+            "any other with --backend transformers)",
+            path=str(path),
+        )
     if family == "distilbert":  # its own names for the same shape
         raw = {
             "vocab_size": raw["vocab_size"],

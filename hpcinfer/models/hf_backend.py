@@ -1,0 +1,136 @@
+"""`--backend transformers`: any checkpoint `transformers` loads, inside hpcinfer's own pipeline.
+
+The pooling tasks (embed, classify, score) take `transformers`' `AutoModel` or
+`AutoModelForSequenceClassification` as their `BatchModel`: reading, sorting, token-budget
+batches, staging, timing, rejects, resume, several devices and Ray stay hpcinfer's; only the
+forward is transformers'. The native path stays the default where it exists (it is faster: fused
+QKV, prepacked CPU linears, no per-call module overhead), and the backend is there for the
+architectures it does not have.
+
+NOTE: `trust_remote_code` is never set: a checkpoint's own Python is not run, as on the native path.
+Generation is not run here: hpcinfer's engine is its paged KV cache and continuous batching, and
+`transformers` offers neither to a batch job (static batches, each padded to its longest row and
+run until its longest answer ends), so `--task generate` refuses this backend by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelError
+from .adapter import pool
+from .checkpoint import CheckpointInfo, PoolingSpec, read_model_json, sentence_transformers_info
+from .classifier import ClassifierSpec
+
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox")
+
+
+@dataclass(frozen=True, slots=True)
+class HFConfig:
+    """What the pipeline reads of any checkpoint's config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    max_position_embeddings: int
+
+
+def inspect_hf(path: Path, task: str) -> CheckpointInfo:
+    """Any `transformers` checkpoint as a pooling task's: its sentence-transformers files where it has
+    them; for classify / score its labels (score: one, with CrossEncoder's activation)."""
+    if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+        raise ModelError("--backend transformers needs config.json and tokenizer.json", path=str(path))
+    raw = read_model_json(path / "config.json")
+    if not isinstance(raw, dict):
+        raise ModelError("config.json is not an object", path=str(path))
+    kind = str(raw.get("model_type", ""))
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    hidden = text.get("hidden_size") or text.get("dim") or text.get("d_model") or text.get("n_embd")
+    positions = text.get("max_position_embeddings") or text.get("n_positions") or 512
+    if not hidden or "vocab_size" not in text:
+        raise ModelError("config.json names no hidden size or vocabulary", path=str(path))
+    config = HFConfig(kind, int(text["vocab_size"]), int(hidden), int(positions))
+    decoder = kind in DECODER_TYPES
+    info = sentence_transformers_info(path, config, "last" if decoder else "mean")
+    if task not in ("classify", "score"):
+        return info
+    arch = str(next(iter(raw.get("architectures") or []), ""))
+    if not arch.endswith("ForSequenceClassification"):
+        raise ModelError(f"--task {task} needs a *ForSequenceClassification checkpoint, not {arch!r}", path=str(path))
+    id2label = raw.get("id2label") or {"0": "LABEL_0"}
+    labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label)))
+    if task == "score":
+        if len(labels) != 1:
+            raise ModelError(f"a cross-encoder scores with one label; this has {len(labels)}", path=str(path))
+        named = str((raw.get("sentence_transformers") or {}).get("activation_fn") or "Sigmoid")
+        spec = ClassifierSpec(kind, ("score",), False, True, "identity" if named.endswith("Identity") else "sigmoid")
+    else:
+        spec = ClassifierSpec(kind, labels, raw.get("problem_type") == "multi_label_classification")
+    return replace(info, classifier=spec)
+
+
+class HFModel:
+    """A `transformers` model as a `BatchModel`: right-padded ids with their attention mask in,
+    the pooled embedding or the label probabilities out."""
+
+    def __init__(self, model: Any, info: CheckpointInfo, dtype: torch.dtype, sep_id: int | None) -> None:
+        self.model, self.info, self.dtype, self.sep_id = model, info, dtype, sep_id
+        self.output_dim = info.output_dim
+        self.pooling: PoolingSpec = info.pooling
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
+        inputs: dict[str, torch.Tensor] = {"input_ids": ids.long(), "attention_mask": mask.long()}
+        if self.sep_id is not None:  # a pair's second segment, as BERT's tokenizer types it
+            sep = (ids == self.sep_id).int()
+            inputs["token_type_ids"] = ((sep.cumsum(dim=1) - sep) > 0).long()
+        out = self.model(**inputs)
+        return (out.logits,) if self.info.classifier is not None else (out.last_hidden_state, mask)
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        spec = self.info.classifier
+        if spec is not None:
+            logits = outputs[0].float()  # type: ignore[index]
+            if spec.score:
+                return torch.sigmoid(logits) if spec.activation == "sigmoid" else logits
+            return torch.sigmoid(logits) if spec.multi_label else torch.softmax(logits, dim=-1)
+        hidden, mask = outputs  # type: ignore[misc]
+        pooled = pool(hidden, mask, self.pooling.mode)
+        if self.pooling.dimensions:
+            pooled = pooled[:, : self.pooling.dimensions]
+        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        return self.postprocess(self.forward(ids, lengths, padded))
+
+
+def load_hf(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> HFModel:
+    """The checkpoint through `transformers` (a test dependency: installed where this backend runs)."""
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError("--backend transformers needs the transformers package (pip install transformers)") from None
+    cls = transformers.AutoModelForSequenceClassification if info.classifier is not None else transformers.AutoModel
+    try:
+        model = cls.from_pretrained(info.path, dtype=dtype, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"transformers cannot load it ({exc})", path=str(info.path)) from None
+    sep_id = None
+    types = getattr(model.config, "type_vocab_size", 0) or 0
+    if info.classifier is not None and info.classifier.score and types > 1:
+        from tokenizers import Tokenizer
+
+        sep_id = Tokenizer.from_file(str(info.path / "tokenizer.json")).token_to_id("[SEP]")
+    return HFModel(model.to(device).eval().requires_grad_(False), info, dtype, sep_id)
+
+
+__all__ = ["HFModel", "inspect_hf", "load_hf"]
