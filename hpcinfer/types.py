@@ -62,6 +62,9 @@ REJECT_REASONS = (
     "duplicate_id",
     "too_long",
     "oom",
+    "empty_input",  # an OpenAI embeddings request whose `input` list is empty
+    "invalid_request",  # an OpenAI embeddings request's other fields (encoding_format, several inputs)
+    "invalid_dimensions",  # `dimensions` below 1 or above the model's
 )
 
 
@@ -82,9 +85,20 @@ class RowBlock:
     lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any
     arrival_ns: np.ndarray | None = None  # int64 [rows]: when each request arrived (--rate replay)
     file_first_row: int = 0  # global row number of the first row of `source`
+    options: list[Any] | None = None  # per valid row: an OpenAI request's answer options (OpenAIOptions)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIOptions:
+    """How an OpenAI `/v1/embeddings` request wants its answer: `dimensions` (None: all),
+    `encoding_format` (float or base64) and the `model` name it gave."""
+
+    dimensions: int | None = None
+    encoding_format: str = "float"
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +117,7 @@ class TokenBlock:
     source: str = ""
     arrival_ns: np.ndarray | None = None
     file_first_row: int = 0
+    options: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -125,6 +140,7 @@ class Window:
     rejects: list[Reject] = field(default_factory=list)
     num_batches: int = 0
     arrival_ns: np.ndarray | None = None  # int64 [rows], under --rate: per-request latency starts here
+    options: list[Any] | None = None  # per row: OpenAI answer options (RowBlock.options)
 
     def __len__(self) -> int:
         return len(self.ids)

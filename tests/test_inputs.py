@@ -70,15 +70,48 @@ def test_pretokenized_equals_text(tmp_path, tiny_model, rows, reference):
     assert np.array_equal(_embeddings(table), _embeddings(reference))
 
 
-def test_openai_batch_file_keeps_custom_id(tmp_path, tiny_model, rows, reference):
-    lines = [
-        {"custom_id": r["id"], "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": r["text"]}}
-        for r in rows
-    ]
+def test_openai_batch_file_is_answered_in_openai_format(tmp_path, tiny_model, rows, reference):
+    """/v1/embeddings bodies: `input` a string or a one-text list, `dimensions` (cut, re-normalised),
+    `encoding_format` base64; answers validate as the openai package's CreateEmbeddingResponse;
+    bad requests are rejects and error lines, and the run goes on."""
+    import base64
+
+    from openai.types import CreateEmbeddingResponse
+
+    from hpcinfer.api import run
+    from hpcinfer.obs.progress import Progress
+
+    def body(i: int, r: dict) -> dict:
+        extra = [{}, {"dimensions": 8}, {"encoding_format": "base64"}, {"input": [r["text"]]}][i % 4]
+        return {"model": "my-embedder", "input": r["text"], **extra}
+
+    lines = [{"custom_id": r["id"], "method": "POST", "url": "/v1/embeddings", "body": body(i, r)}
+             for i, r in enumerate(rows)]  # fmt: skip
+    bad = {
+        "empty": ({"model": "m", "input": []}, "empty_input"),
+        "two": ({"model": "m", "input": ["a", "b"]}, "invalid_request"),
+        "wide": ({"model": "m", "input": "a", "dimensions": 10_000}, "invalid_dimensions"),
+        "zero": ({"model": "m", "input": "a", "dimensions": 0}, "invalid_dimensions"),
+        "number": ({"model": "m", "input": 7}, "wrong_type"),
+        "format": ({"model": "m", "input": "a", "encoding_format": "hex"}, "invalid_request"),
+    }
+    lines += [{"custom_id": k, "method": "POST", "url": "/v1/embeddings", "body": b} for k, (b, _) in bad.items()]
     src = write_jsonl(tmp_path / "batch.jsonl", lines)
-    _, table = run_job(small_config(src, tmp_path / "out.jsonl", tiny_model))
-    assert table.column("id").to_pylist() == [r["id"] for r in rows]
-    assert np.allclose(_embeddings(table), _embeddings(reference), atol=1e-6)
+    report = run(small_config(src, tmp_path / "out.jsonl", tiny_model), progress=Progress("off"))
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]  # NOTE: not via Arrow
+    assert [x["custom_id"] for x in out] == [line["custom_id"] for line in lines]  # one line per request
+    expected = _embeddings(reference)
+    for i, answer in enumerate(out[: len(rows)]):
+        response = CreateEmbeddingResponse.model_validate(answer["response"]["body"]) if i % 4 != 2 else None
+        data = answer["response"]["body"]["data"][0]["embedding"]
+        vector = np.frombuffer(base64.b64decode(data), "<f4") if i % 4 == 2 else np.asarray(data, dtype=np.float32)
+        want = expected[i][:8] / np.linalg.norm(expected[i][:8]) if i % 4 == 1 else expected[i]
+        assert np.allclose(vector, want, atol=1e-6), i
+        if response is not None:
+            assert response.model == "my-embedder" and response.usage.prompt_tokens > 0
+    errors = {x["custom_id"]: x["error"]["code"] for x in out[len(rows) :]}
+    assert errors == {k: reason for k, (_, reason) in bad.items()}
+    assert report.rows == len(rows) and sum(report.rejects.values()) == len(bad)
 
 
 def test_missing_id_column_uses_row_numbers_and_jsonl_output(tmp_path, tiny_model, rows):

@@ -183,9 +183,12 @@ class PartStore:
         ids: list[Any],
         values: np.ndarray,
         rejects: list[dict[str, Any]],
+        meta: dict[str, list[Any]] | None = None,
     ) -> None:
+        """Commits a window of per-row vectors; `meta`: per-row facts a task's own part format needs
+        (OpenAI embedding answers: each request's options, row and token count)."""
         self._commit(
-            window_id, first_row, input_rows, len(ids), lambda tmp: self._write_part(tmp, ids, values), rejects
+            window_id, first_row, input_rows, len(ids), lambda tmp: self._write_part(tmp, ids, values, meta), rejects
         )
 
     def commit_table(
@@ -233,7 +236,7 @@ class PartStore:
         data = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
         atomic_write(self.dir / "manifest.json", lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
 
-    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray) -> None:
+    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None) -> None:
         if self.fmt == "parquet":
             pq.write_table(results_table(ids, values, self.dim), tmp, compression="zstd")
         else:

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ..config import InputConfig
 from ..errors import InputError
-from ..types import Reject, RowBlock
+from ..types import OpenAIOptions, Reject, RowBlock
 from .ids import IdSet, check_id, id_key
 from .lines import LineSplitter
 from .row_values import (
@@ -39,6 +39,8 @@ from .row_values import (
     check_text,
     check_tokens,
     duplicate_reason,
+    openai_options,
+    openai_problem,
     pair_payload,
 )
 from .sources import (
@@ -178,6 +180,8 @@ class Reader:
             payload, row_id, obj = self._parse_line(src, raw)
             rows.payloads.append(payload)
             rows.ids.append(row_id)
+            if src.fmt == "openai":
+                rows.bodies.append((obj or {}).get("body"))
             if rows.prompts is not None:
                 rows.prompts.append(obj.get(prompt) if obj is not None else None)
         if rows.prompts is not None:
@@ -229,9 +233,10 @@ class Reader:
         if src.fmt == "openai":
             body = obj.get("body")
             text = body.get("input") if isinstance(body, dict) else None
+            bad = openai_problem(body) if isinstance(body, dict) else None
             if isinstance(text, list) and len(text) == 1:
                 text = text[0]
-            return (text if (bad := check_text(text)) is None else bad), obj.get("custom_id"), obj
+            return (text if (bad := bad or check_text(text)) is None else bad), obj.get("custom_id"), obj
         row_id = obj.get(self.cfg.id_column)
         if src.payload == "pair":
             first, second = (obj.get(c) for c in self.cfg.pair_columns)
@@ -275,6 +280,7 @@ class Reader:
         duplicate = self._duplicates(payloads, ids) if src.has_ids else None
         texts: list[str] = []
         tokens: list[list[int]] = []
+        options: list[OpenAIOptions] = []
         row_prompts = rows.prompts[start:end] if rows.prompts is not None else None
         prompts: list[str | None] = []
         for k, payload in enumerate(payloads):
@@ -290,6 +296,8 @@ class Reader:
             (tokens if src.payload == "tokens" else texts).append(payload)
             if row_prompts is not None:
                 prompts.append(row_prompts[k])
+            if src.fmt == "openai":
+                options.append(openai_options(rows.bodies[start + k]))
         if src.payload == "tokens":
             lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
             flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))
@@ -297,6 +305,8 @@ class Reader:
         else:
             block.texts = texts
             block.prompts = prompts if row_prompts is not None else None
+        if src.fmt == "openai":
+            block.options = options
         self._block_id += 1
         self.rows_read += end - start
         return block

@@ -46,7 +46,7 @@ class EmbedCluster:
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype)
-        return config, output_store(config.output.path, fmt, self.info, fp, config.embed.all_scores)
+        return config, output_store(config, fmt, self.info, fp, self.reader.sources)
 
     def window_rows(self, config: RunConfig) -> int:
         return config.plan.sort_window
@@ -58,7 +58,15 @@ class EmbedCluster:
     def commit(self, store: PartStore, seen: IdSet, unit: Unit, result: UnitResult) -> tuple[int, list[dict], dict]:
         assert [w.window_id for w in result.windows] == [unit.window_id], "a unit is one window"
         window, moved = drop_repeated_ids(seen, result.windows[0], result.admitted)
-        store.commit(window.window_id, window.first_row, window.input_rows, window.ids, window.values, window.rejects)
+        store.commit(
+            window.window_id,
+            window.first_row,
+            window.input_rows,
+            window.ids,
+            window.values,
+            window.rejects,
+            window.meta,
+        )
         return len(window.ids), window.rejects, moved
 
     def tokens(self, result: UnitResult) -> int:
@@ -109,4 +117,8 @@ def drop_repeated_ids(seen: IdSet, window: Committed, admitted: list[Admitted]) 
     keep = np.array([row not in duplicates for row in written], dtype=bool)
     rejects, moved = with_duplicate_rejects(window.rejects, duplicates, set(written))
     ids = [i for i, k in zip(window.ids, keep, strict=True) if k]
-    return Committed(window.window_id, window.first_row, window.input_rows, ids, window.values[keep], rejects), moved
+    meta = None
+    if window.meta is not None:
+        meta = {key: [v for v, k in zip(values, keep, strict=True) if k] for key, values in window.meta.items()}
+    values = window.values[keep]
+    return Committed(window.window_id, window.first_row, window.input_rows, ids, values, rejects, meta), moved

@@ -72,7 +72,7 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
 
     dtype = resolve_dtype(config.device.dtype, devices[0])
     fp = embed_fingerprint(config, info, reader, max_length, dtype)
-    store = output_store(config.output.path, fmt, info, fp, config.embed.all_scores)
+    store = output_store(config, fmt, info, fp, reader.sources)
     with claimed(store, config.output.path):
         return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
 

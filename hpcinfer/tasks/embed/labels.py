@@ -11,8 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...config import RunConfig
+from ...errors import ConfigError
 from ...files.parts import PartStore, id_array, write_jsonl_rows
+from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
+from .openai_answers import OpenAIEmbeddingStore
 
 
 def labels_table(
@@ -46,7 +50,7 @@ class LabelStore(PartStore):
     def empty_schema(self) -> pa.Schema:
         return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores, self.score).schema
 
-    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray) -> None:
+    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None) -> None:
         table = labels_table(ids, values, self.labels, self.all_scores, self.score)
         if self.fmt == "parquet":
             pq.write_table(table, tmp, compression="zstd")
@@ -54,10 +58,23 @@ class LabelStore(PartStore):
             write_jsonl_rows(tmp, table.to_pylist())
 
 
-def output_store(output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any], all_scores: bool) -> PartStore:
-    """The store a pooling task writes into: label rows for a classifier, embedding rows otherwise."""
+def output_store(
+    config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
+) -> PartStore:
+    """The store a pooling task writes into: OpenAI answers for an OpenAI batch file of embedding
+    requests, label rows for a classifier, embedding rows otherwise."""
+    output = config.output.path
+    openai = [s.fmt == "openai" for s in sources]
+    if any(openai):
+        if not all(openai):
+            raise ConfigError("an OpenAI batch file and other inputs in one run: their answers have other shapes")
+        if info.classifier is not None:
+            raise ConfigError("OpenAI batch files hold /v1/embeddings requests: run them with --task embed")
+        if fmt != "jsonl":
+            raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
+        return OpenAIEmbeddingStore(output, info.output_dim, fp, config.model, info.pooling.normalize)
     if info.classifier is not None:
-        return LabelStore(output, fmt, info, fp, all_scores)
+        return LabelStore(output, fmt, info, fp, config.embed.all_scores)
     return PartStore(output, fmt, info.output_dim, fp)
 
 

@@ -219,6 +219,7 @@ class Planner:
             offsets=offsets,
             block_ids=np.repeat([b.block_id for b in blocks], [len(b) for b in blocks]),
             arrival_ns=np.concatenate(arrivals) if arrivals and all(a is not None for a in arrivals) else None,
+            options=[o for b in blocks for o in b.options] if any(b.options is not None for b in blocks) else None,
         )
         self._window_id += 1
         self.windows += 1

@@ -105,6 +105,7 @@ class Committed:
     ids: list[Any]
     values: np.ndarray
     rejects: list[dict[str, Any]]
+    meta: dict[str, list[Any]] | None = None  # OpenAI answers' per-row options, rows and token counts
 
 
 class CollectedStore:
@@ -114,8 +115,10 @@ class CollectedStore:
         self.dim = dim
         self.windows: list[Committed] = []
 
-    def commit(self, window_id: int, first_row: int, input_rows: int, ids: list, values: np.ndarray, rejects: list):  # noqa: ANN201
-        self.windows.append(Committed(window_id, first_row, input_rows, list(ids), values.copy(), rejects))
+    def commit(  # noqa: ANN201
+        self, window_id: int, first_row: int, input_rows: int, ids: list, values: np.ndarray, rejects: list, meta=None
+    ):
+        self.windows.append(Committed(window_id, first_row, input_rows, list(ids), values.copy(), rejects, meta))
 
     @property
     def rows_committed(self) -> int:

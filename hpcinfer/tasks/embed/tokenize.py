@@ -77,6 +77,7 @@ class TokenizeStage:
             block.source,
             arrivals,
             block.file_first_row,
+            [block.options[i] for i in np.flatnonzero(keep)] if block.options is not None else None,
         )
 
     def _encode(

@@ -93,8 +93,10 @@ class Writer:
     def _commit(self, state: _WindowState) -> None:
         w = state.window
         keep = np.ones(len(w), dtype=bool)
-        oom = []
+        oom = self._dimension_rejects(w, keep)
         for i in state.failed:
+            if not keep[i]:
+                continue  # already rejected for its dimensions
             keep[i] = False
             block, row = int(w.block_ids[i]), int(w.rows[i])
             oom.append(
@@ -111,9 +113,13 @@ class Writer:
         self.rejects.add(oom)
         rejects = sorted(w.rejects + oom, key=lambda r: r.row)
         ids = [i for i, k in zip(w.ids, keep, strict=True) if k] if oom else w.ids
-        self.store.commit(
-            w.window_id, w.first_row, w.input_rows, ids, state.values[keep], [r.to_json() for r in rejects]
-        )
+        meta = None
+        if w.options is not None:  # OpenAI answers: each request's options, rows and token counts
+            tokens = np.diff(w.offsets)[keep].tolist()
+            options = [o for o, k in zip(w.options, keep, strict=True) if k]
+            meta = {"options": options, "rows": w.rows[keep].tolist(), "tokens": tokens}
+        rows = [r.to_json() for r in rejects]
+        self.store.commit(w.window_id, w.first_row, w.input_rows, ids, state.values[keep], rows, meta)
         self.rows_written += len(ids)
         blocks, counts = np.unique(w.block_ids[keep], return_counts=True)
         for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
@@ -122,6 +128,19 @@ class Writer:
         if self.latency is not None and w.arrival_ns is not None:
             self.latency.requests_done(w.arrival_ns[keep], self.clock())
         self.rejects.check_fraction(self.store.rows_committed)
+
+    def _dimension_rejects(self, w: Window, keep: np.ndarray) -> list[Reject]:
+        """OpenAI requests asking for more dimensions than the model has: rejects, taken out of `keep`."""
+        out = []
+        for i, option in enumerate(w.options or []):
+            if option is not None and option.dimensions is not None and option.dimensions > self.dim:
+                keep[i] = False
+                block, row = int(w.block_ids[i]), int(w.rows[i])
+                message = f"dimensions {option.dimensions} is more than the model's {self.dim}"
+                source = w.sources.get(block, "")
+                out.append(Reject(row, source, None, w.ids[i], "invalid_dimensions", message,
+                                  row - w.file_first_rows.get(block, 0)))  # fmt: skip
+        return out
 
     def finish(self) -> Iterator[None]:
         assert not self._open, "every window must be complete at the end"
