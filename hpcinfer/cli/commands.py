@@ -64,14 +64,15 @@ def run(**opts: Any) -> None:
     from ..obs.render import render
 
     config = build_run_config(apply_recipe(click.get_current_context(), opts), "run")
-    if config.task == "auto" and not opts["quiet"]:
-        from ..tasks import auto_task
-
-        task, why = auto_task(config)
-        _stderr_console().print(f"task: {task} (--task auto: {why})", highlight=False, soft_wrap=True)
     report = api_run(config)
     if not opts["quiet"]:
-        render(report, _stderr_console())
+        console = _stderr_console()
+        if config.task == "auto":  # NOTE: after the run, so an input error stays one line
+            from ..tasks import auto_task
+
+            task, why = auto_task(config)
+            console.print(f"task: {task} (--task auto: {why})", highlight=False, soft_wrap=True)
+        render(report, console)
 
 
 @main.command(cls=SectionedCommand)
