@@ -71,3 +71,23 @@ def test_an_embedding_checkpoint_is_not_a_classifier(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
     with pytest.raises(ModelError, match="sequence classifier"):
         run_job(small_config(src, tmp_path / "out.parquet", path, task="classify"))
+
+
+def test_classify_on_two_devices_and_under_profile(tmp_path, one_torch_thread):
+    """The pooling tasks run wherever embedding runs: two CPU replicas give the one-device labels,
+    and `hpcinfer profile` reports a classify run."""
+    import subprocess
+    import sys
+
+    path = build_tiny_classifier(tmp_path / "m", "distilbert", seed=4)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
+    _, one = run_job(small_config(src, tmp_path / "one.parquet", path, task="classify"))
+    _, two = run_job(small_config(src, tmp_path / "two.parquet", path, task="classify", device={"devices": "cpu,cpu"}))
+    assert one.column("label").to_pylist() == two.column("label").to_pylist()
+    assert np.allclose(one.column("score").to_numpy(), two.column("score").to_numpy(), atol=1e-6)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcinfer", "profile", str(src), "--model", str(path), "--task", "classify"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "compute" in proc.stderr + proc.stdout

@@ -24,7 +24,7 @@ from hpcinfer.obs.progress import Progress
 from hpcinfer.ray_engine.units import plan_units
 from hpcinfer.tasks.embed.replica import RangeReader
 
-from .conftest import REPO, make_texts, read_output, run_job, small_config, write_parquet
+from .conftest import REPO, make_texts, read_output, run_job, small_config, write_jsonl, write_parquet
 from .ray_helpers import local_ray
 
 CRASH_RUN = Path(__file__).with_name("crash_run.py")
@@ -202,3 +202,36 @@ def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_r
         (3, "duplicate_id", 4),
     ]
     assert fixed.rejects[0]["message"] == "id 'b' appeared before"
+
+
+def test_score_and_openai_embeddings_on_ray_equal_the_local_engine(tmp_path, tiny_model, ray_address):
+    """Every pooling task runs on Ray as it does here: a cross-encoder's scores, and an OpenAI
+    /v1/embeddings batch file's answer lines (error lines included)."""
+    from hpcinfer.models.tiny_classifier import build_tiny_classifier
+
+    scorer = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=2)
+    texts = make_texts(120, seed=41)
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"id": i, "query": t[:20], "document": t} for i, t in enumerate(texts)]
+    )
+    window = {"sort_window": 40}
+    _, local = run_job(small_config(pairs, tmp_path / "local.parquet", scorer, task="score", plan=window))
+    _, on_ray = run_job(_ray(small_config(pairs, tmp_path / "ray.parquet", scorer, task="score", plan=window)))
+    assert local.column("id").to_pylist() == on_ray.column("id").to_pylist()
+    np.testing.assert_allclose(local.column("score").to_numpy(), on_ray.column("score").to_numpy(), atol=1e-6)
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t, "dimensions": 8}}
+             for i, t in enumerate(texts)]  # fmt: skip
+    lines[5]["body"]["input"] = []
+    batch = write_jsonl(tmp_path / "batch.jsonl", lines)
+    from hpcinfer.api import run
+    from hpcinfer.obs.progress import Progress
+
+    run(small_config(batch, tmp_path / "l.jsonl", tiny_model, plan=window), progress=Progress("off"))
+    run(_ray(small_config(batch, tmp_path / "r.jsonl", tiny_model, plan=window)), progress=Progress("off"))
+    ours, theirs = ([json.loads(x) for x in (tmp_path / f).read_text().splitlines()] for f in ("l.jsonl", "r.jsonl"))
+    assert [x["custom_id"] for x in ours] == [x["custom_id"] for x in theirs] == [f"c{i}" for i in range(120)]
+    assert theirs[5]["error"]["code"] == "empty_input"
+    for a, b in zip(ours, theirs, strict=True):
+        if a["response"] is not None:
+            got = b["response"]["body"]["data"][0]["embedding"]
+            np.testing.assert_allclose(a["response"]["body"]["data"][0]["embedding"], got, atol=1e-6)
