@@ -9,6 +9,7 @@ and the float weights exist once.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from .gguf_header import read_header
 
 # GGUF `general.architecture` -> the HF architecture whose native decoder runs it. Mistral files
 # say "llama". llama.cpp's converter permutes Llama's q/k rows for its rotary layout; Qwen's not.
@@ -54,21 +56,19 @@ class GGUFFile:
     """One open GGUF file: its metadata as plain values and its tensors by name, memory-mapped."""
 
     def __init__(self, file: Path) -> None:
-        from gguf import GGUFReader  # numpy-only, but only GGUF checkpoints need it
-
         self.file = file
         try:
-            self.reader = GGUFReader(str(file), "r")
-        except Exception as exc:  # the reader raises ValueError and struct errors on a bad file
+            header = read_header(file)
+        except (OSError, ValueError, KeyError, struct.error) as exc:
             raise ModelError(f"cannot read GGUF file ({exc})", path=str(file)) from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.fields, self.tensors = header.metadata, header.tensors
+        self._data = np.memmap(file, dtype=np.uint8, mode="r", offset=header.data_offset)
 
     def value(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.fields.get(key, default)
 
     def metadata(self, prefix: str = "") -> dict[str, Any]:
-        return {key: field.contents() for key, field in self.reader.fields.items() if key.startswith(prefix)}
+        return {key: value for key, value in self.fields.items() if key.startswith(prefix)}
 
     def hf_config(self) -> dict[str, Any]:
         """The config.json a HF checkpoint of this model would carry, from llama.cpp's keys."""
@@ -85,10 +85,10 @@ class GGUFFile:
 
         heads = int(key("attention.head_count"))
         hidden = int(key("embedding_length"))
-        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        tokens = self.value("tokenizer.ggml.tokens") or []
         config: dict[str, Any] = {
             "architectures": [ARCHITECTURES[arch]],
-            "vocab_size": int(key("vocab_size") or (len(tokens.data) if tokens is not None else 0)),
+            "vocab_size": int(key("vocab_size") or len(tokens)),
             "hidden_size": hidden,
             "intermediate_size": int(key("feed_forward_length")),
             "num_hidden_layers": int(key("block_count")),
@@ -116,8 +116,8 @@ class GGUFFile:
         return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
     def special_tokens(self) -> dict[str, str]:
-        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
-        if tokens is None:
+        tokens = self.value("tokenizer.ggml.tokens")
+        if not tokens:
             return {}
         out = {}
         for name, key in (
@@ -127,21 +127,32 @@ class GGUFFile:
             ("pad_token", "padding"),
         ):
             index = self.value(f"tokenizer.ggml.{key}_token_id")
-            if index is not None and 0 <= int(index) < len(tokens.data):
-                out[name] = tokens.contents(int(index))
+            if index is not None and 0 <= int(index) < len(tokens):
+                out[name] = tokens[int(index)]
         return out
 
     def float_tensor(self, name: str) -> torch.Tensor:
         """One tensor dequantized to float32 ([out, in] for a matrix), read from the mapped file."""
-        from gguf import GGMLQuantizationType
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
         from gguf.quants import dequantize
 
         tensor = self.tensors[name]
         try:
-            array = dequantize(tensor.data, tensor.tensor_type)
+            kind = GGMLQuantizationType(tensor.tensor_type)
+            block, size = GGML_QUANT_SIZES[kind]
+        except (ValueError, KeyError):
+            raise ModelError(
+                f"GGUF tensor type {tensor.tensor_type} is unknown (tensor {name})", path=str(self.file)
+            ) from None
+        row_bytes = tensor.shape[0] // block * size  # one row: the innermost dimension, as stored
+        rows = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        raw = self._data[tensor.offset : tensor.offset + rows * row_bytes].reshape(rows, row_bytes)
+        try:
+            array = dequantize(raw, kind)
         except NotImplementedError:  # gguf's word for a type it has no dequantizer for (Q8_1, Q8_K, I8, ...)
-            kind = GGMLQuantizationType(tensor.tensor_type).name
-            raise ModelError(f"GGUF tensor type {kind} is not supported (tensor {name})", path=str(self.file)) from None
+            raise ModelError(
+                f"GGUF tensor type {kind.name} is not supported (tensor {name})", path=str(self.file)
+            ) from None
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
         array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
         # An F32 tensor comes back as a read-only view of the mapped file: copy it into the model's own memory.
