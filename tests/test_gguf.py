@@ -251,3 +251,21 @@ def test_smollm2_answers_an_openai_batch_file_from_the_cli(tmp_path):
     assert answer["custom_id"] == "chat" and choice["message"]["content"] == "The capital of France is Paris."
     assert choice["finish_reason"] == "stop" and answer["response"]["body"]["usage"]["completion_tokens"] == 8
     assert "bad" in Path(f"{out}.rejects.jsonl").read_text()
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_torch_dequantization_equals_gguf_bit_for_bit(kind):
+    """The block types dequantized with torch ops give exactly gguf's own values."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    from hpcinfer.models.gguf_checkpoint import torch_dequantize
+
+    rng = np.random.default_rng(7)
+    weights = (rng.standard_normal((48, 512)) * rng.uniform(1e-3, 30, (48, 1))).astype(np.float32)
+    raw = quantize(weights, GGMLQuantizationType[kind])
+    ours = torch_dequantize(raw, kind)
+    assert ours is not None and ours.dtype == torch.float32
+    assert np.array_equal(ours.numpy(), dequantize(raw, GGMLQuantizationType[kind]))
+    assert torch_dequantize(raw, "Q5_K") is None  # every other type: gguf's own
