@@ -188,3 +188,20 @@ def test_row_caps_that_cannot_bind_are_not_measured_again():
     search.run(DEFAULT)
     assert [c["max_batch_size"] for c in calls] == [512] * len(calls)  # no row-cap trial ran
     assert len(search.trials) == 5  # the default, 2 coarse and 2 fine token budgets
+
+
+def test_tune_a_reranker_on_its_pairs(tmp_path):
+    """tune samples text pairs as the run reads them (query + document found by themselves)."""
+    from hpcinfer.config import InputConfig
+    from hpcinfer.models.tiny_classifier import build_tiny_classifier
+    from hpcinfer.tune.command import TuneOptions, tune
+
+    model = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=1)
+    texts = make_texts(120, seed=5)
+    src = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"id": i, "query": t[:16], "document": t} for i, t in enumerate(texts)]
+    )
+    result = tune(RunConfig(input=InputConfig((str(src),)), model=str(model), task="score"),
+                  TuneOptions(sample_rows=60, repeats=1, warmup_rows=10))  # fmt: skip
+    ok = [t for t in result.search.trials if t.status == "ok"]
+    assert ok and all(t.rows_per_s > 0 for t in ok)

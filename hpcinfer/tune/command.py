@@ -84,8 +84,11 @@ def tune(
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
     from ..tasks import pick_task, tuning_task
+    from ..tasks.embed.options import with_pair_columns
 
-    task: TuneTask = tuning_task(pick_task(base))
+    picked = pick_task(base)
+    base = with_pair_columns(replace(base, task=picked))  # --task score: which columns hold the pairs
+    task: TuneTask = tuning_task(picked)
     opts = replace(
         opts,
         sample_rows=task.sample_rows if opts.sample_rows is None else opts.sample_rows,

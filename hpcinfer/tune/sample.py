@@ -66,7 +66,8 @@ def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows:
         ids.extend(block.ids)
         if block.texts is not None:
             texts.extend(block.texts)
-            encoded = tokenizer.encode_batch(block.texts, add_special_tokens=True)
+            inputs = [tuple(t) if isinstance(t, list) else t for t in block.texts]  # text pairs (--task score)
+            encoded = tokenizer.encode_batch(inputs, add_special_tokens=True)
             lengths.append(np.fromiter((len(e.ids) for e in encoded), np.int64, len(encoded)))
         elif block.token_ids is not None:
             flat, lens = block.token_ids
@@ -77,7 +78,10 @@ def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows:
     all_lengths = np.concatenate(lengths)
     keep = stratified_indices(all_lengths, n, seed)
     columns: dict[str, pa.Array] = {"id": id_array([ids[i] for i in keep])}
-    if texts:
+    if texts and config.input.pair_columns:  # the sample keeps the pairs in the run's two columns
+        for side, name in enumerate(config.input.pair_columns):
+            columns[name] = pa.array([texts[i][side] for i in keep], pa.string())
+    elif texts:
         columns["text"] = pa.array([texts[i] for i in keep], pa.string())
     else:
         columns["input_ids"] = pa.array([tokens[i].tolist() for i in keep], pa.list_(pa.int64()))

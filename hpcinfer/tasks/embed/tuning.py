@@ -48,7 +48,15 @@ class EmbedTuning:
             if on_sample is not None:
                 on_sample(sample)
             rate, rate_seed = base.input.rate, base.input.rate_seed
-            sample_input = InputConfig((str(sample.path),), "text", "id", "parquet", rate=rate, rate_seed=rate_seed)
+            sample_input = InputConfig(
+                (str(sample.path),),
+                text_column="text",
+                id_column="id",
+                input_format="parquet",
+                pair_columns=base.input.pair_columns,  # --task score: the sample keeps the pairs' columns
+                rate=rate,
+                rate_seed=rate_seed,
+            )
             trial_base = replace(base, input=sample_input, report_path=None, trace_path=None)
             search: Search
 
