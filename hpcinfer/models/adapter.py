@@ -48,6 +48,14 @@ def pool(hidden: torch.Tensor, token_mask: torch.Tensor, mode: str) -> torch.Ten
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 
+def embed_vectors(hidden: torch.Tensor, token_mask: torch.Tensor, pooling: PoolingSpec) -> torch.Tensor:
+    """Token states -> the row's embedding: pooled, Matryoshka-truncated, L2-normalised as `pooling` says."""
+    pooled = pool(hidden, token_mask, pooling.mode)
+    if pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
+        pooled = pooled[:, : pooling.dimensions]
+    return F.normalize(pooled, p=2, dim=1) if pooling.normalize else pooled
+
+
 class SentenceEmbedder:
     """Encoder + pooling + optional L2 normalisation, as the sentence-transformers config says."""
 
@@ -65,10 +73,7 @@ class SentenceEmbedder:
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         hidden, token_mask = outputs  # type: ignore[misc]
-        pooled = pool(hidden, token_mask, self.pooling.mode)
-        if self.pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
-            pooled = pooled[:, : self.pooling.dimensions]
-        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+        return embed_vectors(hidden, token_mask, self.pooling)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:

@@ -103,8 +103,8 @@ def _pooling_mode(cfg: dict, where: Path) -> str:
     return chosen[0]
 
 
-def inspect_checkpoint(path: Path) -> CheckpointInfo:
-    """Validates a checkpoint directory and reads everything but the weights."""
+def _model_dir_config(path: Path) -> Any:
+    """The config.json of a checkpoint directory that has its tokenizer.json and weights."""
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
     for name in ("config.json", "tokenizer.json"):
@@ -112,7 +112,12 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
             raise ModelError(f"model directory has no {name}", path=str(path))
     if weights_file(path) is None:
         raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
-    raw = read_model_json(path / "config.json")
+    return read_model_json(path / "config.json")
+
+
+def inspect_checkpoint(path: Path) -> CheckpointInfo:
+    """Validates a checkpoint directory and reads everything but the weights."""
+    raw = _model_dir_config(path)
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
         raise ModelError(
@@ -208,14 +213,7 @@ def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
     """A `*ForSequenceClassification` checkpoint (BERT, RoBERTa / XLM-R, DistilBERT): its encoder's
     config, its labels, its sentence-transformers max_seq_length where it has one; `score`: as a
     cross-encoder (--task score), with the separator that splits a pair's token types."""
-    if not path.is_dir():
-        raise ModelError("model directory not found", path=str(path))
-    for name in ("config.json", "tokenizer.json"):
-        if not (path / name).is_file():
-            raise ModelError(f"model directory has no {name}", path=str(path))
-    if weights_file(path) is None:
-        raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
-    raw = read_model_json(path / "config.json")
+    raw = _model_dir_config(path)
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     config, spec = classifier_config(raw, path, score)

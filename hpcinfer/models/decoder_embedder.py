@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .adapter import pool
+from .adapter import embed_vectors
 from .bert import PackedLinear
 from .checkpoint import PoolingSpec
 from .llama import LlamaDecoder, rms_norm
@@ -66,10 +66,7 @@ class DecoderEmbedder:
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         hidden, token_mask = outputs  # type: ignore[misc]
-        pooled = pool(hidden, token_mask, self.pooling.mode)
-        if self.pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
-            pooled = pooled[:, : self.pooling.dimensions]
-        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+        return embed_vectors(hidden, token_mask, self.pooling)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ModelError
-from .adapter import pool
+from .adapter import embed_vectors
 from .checkpoint import CheckpointInfo, PoolingSpec, read_model_json, sentence_transformers_info
 from .classifier import ClassifierSpec
 
@@ -103,10 +102,7 @@ class HFModel:
                 return torch.sigmoid(logits) if spec.activation == "sigmoid" else logits
             return torch.sigmoid(logits) if spec.multi_label else torch.softmax(logits, dim=-1)
         hidden, mask = outputs  # type: ignore[misc]
-        pooled = pool(hidden, mask, self.pooling.mode)
-        if self.pooling.dimensions:
-            pooled = pooled[:, : self.pooling.dimensions]
-        return F.normalize(pooled, p=2, dim=1) if self.pooling.normalize else pooled
+        return embed_vectors(hidden, mask, self.pooling)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
