@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .adapter import embed_vectors
+from .adapter import SentenceEmbedder
 from .bert import PackedLinear
 from .checkpoint import PoolingSpec
 from .llama import LlamaDecoder, rms_norm
@@ -44,17 +44,13 @@ def pack_decoder_for_cpu(decoder: LlamaDecoder) -> LlamaDecoder:
     return decoder
 
 
-class DecoderEmbedder:
-    """Decoder + final norm + pooling (+ Matryoshka truncation, + L2 normalisation)."""
+class DecoderEmbedder(SentenceEmbedder):
+    """Decoder + final norm + pooling (+ Matryoshka truncation, + L2 normalisation): the sentence
+    embedder's steps with the decoder's forward."""
 
     def __init__(self, decoder: LlamaDecoder, pooling: PoolingSpec, dtype: torch.dtype) -> None:
+        super().__init__(decoder, pooling, dtype)  # type: ignore[arg-type]
         self.decoder = decoder
-        self.pooling = pooling
-        self.dtype = dtype
-        self.output_dim = pooling.dimensions or decoder.cfg.hidden_size
-
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         rows, width = ids.shape
@@ -64,14 +60,5 @@ class DecoderEmbedder:
         token_mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]
         return hidden, token_mask
 
-    def postprocess(self, outputs: object) -> torch.Tensor:
-        hidden, token_mask = outputs  # type: ignore[misc]
-        return embed_vectors(hidden, token_mask, self.pooling)
 
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))
-
-
-__all__ = ["DecoderEmbedder", "PaddedCausalAttention"]
+__all__ = ["DecoderEmbedder", "PaddedCausalAttention", "pack_decoder_for_cpu"]
