@@ -87,7 +87,8 @@ def tune(
     from ..tasks.embed.options import with_pair_columns
 
     picked = pick_task(base)
-    base = with_pair_columns(replace(base, task=picked))  # --task score: which columns hold the pairs
+    # --task score: which columns hold the pairs (the task as given stays, for the recipe)
+    base = replace(base, input=with_pair_columns(replace(base, task=picked)).input)
     task: TuneTask = tuning_task(picked)
     opts = replace(
         opts,
