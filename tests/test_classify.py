@@ -87,7 +87,7 @@ def test_classify_on_two_devices_and_under_profile(tmp_path, one_torch_thread):
     assert np.allclose(one.column("score").to_numpy(), two.column("score").to_numpy(), atol=1e-6)
     proc = subprocess.run(
         [sys.executable, "-m", "hpcinfer", "profile", str(src), "--model", str(path), "--task", "classify"],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, cwd=tmp_path,  # NOTE: profile writes its trace here
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "compute" in proc.stderr + proc.stdout
