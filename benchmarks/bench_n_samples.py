@@ -15,25 +15,20 @@ draw the same answers; the script checks that, then compares prefill tokens and 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
-from hpcinfer.models.registry import resolve_model_path  # noqa: E402
-from hpcinfer.tasks.generate.chat import ChatRenderer  # noqa: E402
+from smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
+
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
 from hpcinfer.tasks.generate.sampling import sample_seed  # noqa: E402
 from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
-from hpcinfer.tasks.generate.setup import load_tokenizer  # noqa: E402
 
 
 def main() -> None:
@@ -44,13 +39,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    info = inspect_decoder(resolve_model_path("smollm2"))
-    tokenizer = load_tokenizer(info)
-    model = load_decoder(info, torch.device("cpu"), torch.float32)
-    chat = ChatRenderer(info.chat_template, info.special_tokens)
-    lines = (ROOT / "sample_data" / "chats.jsonl").read_text().splitlines()[: args.chats]
-    prompts = [tokenizer.encode(chat.render(json.loads(x)["messages"]), add_special_tokens=False).ids for x in lines]
+    info, tokenizer, model = load_smollm2(args.threads)
+    prompts = chat_prompts(info, tokenizer, args.chats)
     base = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, top_p=0.95, ignore_eos=True)
     seqs_needed = args.chats * args.n
 

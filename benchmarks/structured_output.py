@@ -21,17 +21,14 @@ import time
 from pathlib import Path
 
 import jsonschema
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
-from hpcinfer.models.registry import resolve_model_path  # noqa: E402
-from hpcinfer.tasks.generate.chat import ChatRenderer  # noqa: E402
+from smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
+
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
 from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
-from hpcinfer.tasks.generate.setup import load_tokenizer  # noqa: E402
 from hpcinfer.tasks.generate.structured import Grammars, GrammarSpec  # noqa: E402
 
 SCHEMA = {
@@ -53,18 +50,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    info = inspect_decoder(resolve_model_path("smollm2"))
-    tokenizer = load_tokenizer(info)
-    model = load_decoder(info, torch.device("cpu"), torch.float32)
-    chat = ChatRenderer(info.chat_template, info.special_tokens)
-    lines = (ROOT / "sample_data" / "chats.jsonl").read_text().splitlines()
-    lines = (lines * (1 + args.rows // len(lines)))[: args.rows]
-    prompts = []
-    for line in lines:
-        messages = json.loads(line)["messages"]
-        messages = [{"role": "system", "content": "Answer in JSON."}, *messages]
-        prompts.append(tokenizer.encode(chat.render(messages), add_special_tokens=False).ids)
+    info, tokenizer, model = load_smollm2(args.threads)
+    prompts = chat_prompts(info, tokenizer, args.rows, system="Answer in JSON.")
     grammars = Grammars(tokenizer.to_str(), info.config.vocab_size, info.eos_token_ids)
     spec = GrammarSpec.of("json_schema", SCHEMA)
     config = EngineConfig(max_num_seqs=args.rows, max_num_batched_tokens=2048, kv_cache_memory=1 << 30)

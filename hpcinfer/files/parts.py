@@ -188,7 +188,12 @@ class PartStore:
         """Commits a window of per-row vectors; `meta`: per-row facts a task's own part format needs
         (OpenAI embedding answers: each request's options, row and token count)."""
         self._commit(
-            window_id, first_row, input_rows, len(ids), lambda tmp: self._write_part(tmp, ids, values, meta), rejects
+            window_id,
+            first_row,
+            input_rows,
+            len(ids),
+            lambda tmp: self._write_part(tmp, ids, values, meta, rejects),
+            rejects,
         )
 
     def commit_table(
@@ -236,7 +241,11 @@ class PartStore:
         data = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
         atomic_write(self.dir / "manifest.json", lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
 
-    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None) -> None:
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
+    ) -> None:
+        """A window's part file; `meta` and `rejects` are there for a task whose part shows them
+        (OpenAI answers write an error line per rejected request)."""
         if self.fmt == "parquet":
             pq.write_table(results_table(ids, values, self.dim), tmp, compression="zstd")
         else:

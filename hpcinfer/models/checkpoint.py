@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
-from .classifier import ClassificationHead, classifier_config, split_weights
+from .classifier import ClassificationHead, classifier_config, pair_separator, split_weights
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
@@ -218,9 +218,7 @@ def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
         raise ModelError("config.json is not an object", path=str(path))
     config, spec = classifier_config(raw, path, score)
     if score and config.type_vocab_size > 1:
-        from tokenizers import Tokenizer
-
-        spec = replace(spec, sep_id=Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id("[SEP]"))
+        spec = replace(spec, sep_id=pair_separator(path))
     info = sentence_transformers_info(path, config, "cls")
     longest = config.max_position_embeddings - config.position_offset
     return replace(info, max_seq_length=min(info.max_seq_length, longest), classifier=spec)

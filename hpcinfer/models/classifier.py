@@ -13,7 +13,7 @@ logits, and `postprocess` into probabilities: softmax over the labels, or a sigm
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,28 +75,50 @@ def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> t
     except (KeyError, TypeError) as exc:
         raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
     if family in ("roberta", "xlm-roberta"):  # NOTE: positions start after the padding index
-        config = BertConfig(**{**_fields(config), "position_offset": int(raw.get("pad_token_id", 1)) + 1})
+        config = replace(config, position_offset=int(raw.get("pad_token_id", 1)) + 1)
+    return config, head_spec(raw, "roberta" if family == "xlm-roberta" else family, path, score)
+
+
+def head_spec(raw: dict[str, Any], family: str, path: Path, score: bool) -> ClassifierSpec:
+    """A classifier config.json's labels (id2label order) and problem type; with `score`, as a
+    cross-encoder: one label, and sentence-transformers' CrossEncoder activation (a sigmoid over
+    the logit unless the checkpoint names Identity)."""
     id2label = raw.get("id2label") or {"0": "LABEL_0"}
     labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label)))
-    multi = raw.get("problem_type") == "multi_label_classification"
-    family = "roberta" if family == "xlm-roberta" else family
     if not score:
-        return config, ClassifierSpec(family, labels, multi)
+        return ClassifierSpec(family, labels, raw.get("problem_type") == "multi_label_classification")
     if len(labels) != 1:
         raise ModelError(
             f"a cross-encoder scores with one label; this classifier has {len(labels)} (use --task classify)",
             path=str(path),
         )
-    # sentence-transformers' CrossEncoder: a sigmoid over the one logit, unless the checkpoint names another
     named = str((raw.get("sentence_transformers") or {}).get("activation_fn") or "Sigmoid")
-    activation = "identity" if named.endswith("Identity") else "sigmoid"
     if not named.endswith(("Sigmoid", "Identity")):
         raise ModelError(f"unsupported CrossEncoder activation_fn {named!r} (Sigmoid or Identity)", path=str(path))
-    return config, ClassifierSpec(family, ("score",), False, True, activation)
+    return ClassifierSpec(family, ("score",), False, True, "identity" if named.endswith("Identity") else "sigmoid")
 
 
-def _fields(config: BertConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in BertConfig.__dataclass_fields__}
+def pair_separator(path: Path) -> int | None:
+    """The id of the tokenizer's [SEP]: the token whose first occurrence starts a pair's second segment."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id("[SEP]")
+
+
+def pair_token_types(ids: torch.Tensor, sep_id: int) -> torch.Tensor:
+    """BERT's token types of right-padded pairs, on the device: 1 after the first separator
+    ("[CLS] a [SEP] b [SEP]" -> 0 0 0 1 1), as the tokenizer's pair template types them."""
+    sep = (ids == sep_id).int()
+    return ((sep.cumsum(dim=1) - sep) > 0).long()
+
+
+def label_probabilities(logits: torch.Tensor, spec: ClassifierSpec) -> torch.Tensor:
+    """A head's logits as the task reports them: a score (sigmoid or raw), each label's sigmoid
+    (multi-label) or a softmax over the labels."""
+    logits = logits.float()
+    if spec.score:
+        return torch.sigmoid(logits) if spec.activation == "sigmoid" else logits
+    return torch.sigmoid(logits) if spec.multi_label else torch.softmax(logits, dim=-1)
 
 
 class ClassificationHead(nn.Module):
@@ -165,18 +187,12 @@ class SequenceClassifier:
         return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
-        types = None
-        if self.spec.sep_id is not None:  # NOTE: type 1 after the first separator: "[CLS] a [SEP] b [SEP]"
-            sep = (ids == self.spec.sep_id).int()
-            types = ((sep.cumsum(dim=1) - sep) > 0).long()
+        types = pair_token_types(ids, self.spec.sep_id) if self.spec.sep_id is not None else None
         hidden, _ = self.encoder(ids, lengths, padded, types)
         return self.head(hidden[:, 0])
 
     def postprocess(self, outputs: object) -> torch.Tensor:
-        logits = outputs.float()  # type: ignore[attr-defined]
-        if self.spec.score:
-            return torch.sigmoid(logits) if self.spec.activation == "sigmoid" else logits
-        return torch.sigmoid(logits) if self.spec.multi_label else torch.softmax(logits, dim=-1)
+        return label_probabilities(outputs, self.spec)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:

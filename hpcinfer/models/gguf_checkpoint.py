@@ -152,7 +152,7 @@ class GGUFFile:
             return fast.reshape(shape)
         try:
             array = dequantize(raw, kind)
-        except NotImplementedError:  # gguf's word for a type it has no dequantizer for (Q8_1, Q8_K, I8, ...)
+        except NotImplementedError:  # how gguf refuses a type it cannot dequantize (Q8_1, Q8_K, I8): a user error
             raise ModelError(
                 f"GGUF tensor type {kind.name} is not supported (tensor {name})", path=str(self.file)
             ) from None

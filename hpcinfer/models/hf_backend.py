@@ -24,7 +24,7 @@ import torch
 from ..errors import ModelError
 from .adapter import embed_vectors
 from .checkpoint import CheckpointInfo, PoolingSpec, read_model_json, sentence_transformers_info
-from .classifier import ClassifierSpec
+from .classifier import head_spec, label_probabilities, pair_separator, pair_token_types
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox")
 
@@ -61,15 +61,9 @@ def inspect_hf(path: Path, task: str) -> CheckpointInfo:
     arch = str(next(iter(raw.get("architectures") or []), ""))
     if not arch.endswith("ForSequenceClassification"):
         raise ModelError(f"--task {task} needs a *ForSequenceClassification checkpoint, not {arch!r}", path=str(path))
-    id2label = raw.get("id2label") or {"0": "LABEL_0"}
-    labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label)))
-    if task == "score":
-        if len(labels) != 1:
-            raise ModelError(f"a cross-encoder scores with one label; this has {len(labels)}", path=str(path))
-        named = str((raw.get("sentence_transformers") or {}).get("activation_fn") or "Sigmoid")
-        spec = ClassifierSpec(kind, ("score",), False, True, "identity" if named.endswith("Identity") else "sigmoid")
-    else:
-        spec = ClassifierSpec(kind, labels, raw.get("problem_type") == "multi_label_classification")
+    spec = head_spec(raw, kind, path, task == "score")
+    if spec.score and int(text.get("type_vocab_size") or 0) > 1:
+        spec = replace(spec, sep_id=pair_separator(path))
     return replace(info, classifier=spec)
 
 
@@ -77,8 +71,8 @@ class HFModel:
     """A `transformers` model as a `BatchModel`: right-padded ids with their attention mask in,
     the pooled embedding or the label probabilities out."""
 
-    def __init__(self, model: Any, info: CheckpointInfo, dtype: torch.dtype, sep_id: int | None) -> None:
-        self.model, self.info, self.dtype, self.sep_id = model, info, dtype, sep_id
+    def __init__(self, model: Any, info: CheckpointInfo, dtype: torch.dtype) -> None:
+        self.model, self.info, self.dtype = model, info, dtype
         self.output_dim = info.output_dim
         self.pooling: PoolingSpec = info.pooling
 
@@ -88,19 +82,15 @@ class HFModel:
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
         inputs: dict[str, torch.Tensor] = {"input_ids": ids.long(), "attention_mask": mask.long()}
-        if self.sep_id is not None:  # a pair's second segment, as BERT's tokenizer types it
-            sep = (ids == self.sep_id).int()
-            inputs["token_type_ids"] = ((sep.cumsum(dim=1) - sep) > 0).long()
+        spec = self.info.classifier
+        if spec is not None and spec.sep_id is not None:  # a pair's second segment
+            inputs["token_type_ids"] = pair_token_types(ids, spec.sep_id)
         out = self.model(**inputs)
         return (out.logits,) if self.info.classifier is not None else (out.last_hidden_state, mask)
 
     def postprocess(self, outputs: object) -> torch.Tensor:
-        spec = self.info.classifier
-        if spec is not None:
-            logits = outputs[0].float()  # type: ignore[index]
-            if spec.score:
-                return torch.sigmoid(logits) if spec.activation == "sigmoid" else logits
-            return torch.sigmoid(logits) if spec.multi_label else torch.softmax(logits, dim=-1)
+        if self.info.classifier is not None:
+            return label_probabilities(outputs[0], self.info.classifier)  # type: ignore[index]
         hidden, mask = outputs  # type: ignore[misc]
         return embed_vectors(hidden, mask, self.pooling)
 
@@ -120,13 +110,7 @@ def load_hf(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> H
         model = cls.from_pretrained(info.path, dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"transformers cannot load it ({exc})", path=str(info.path)) from None
-    sep_id = None
-    types = getattr(model.config, "type_vocab_size", 0) or 0
-    if info.classifier is not None and info.classifier.score and types > 1:
-        from tokenizers import Tokenizer
-
-        sep_id = Tokenizer.from_file(str(info.path / "tokenizer.json")).token_to_id("[SEP]")
-    return HFModel(model.to(device).eval().requires_grad_(False), info, dtype, sep_id)
+    return HFModel(model.to(device).eval().requires_grad_(False), info, dtype)
 
 
 __all__ = ["HFModel", "inspect_hf", "load_hf"]

@@ -50,7 +50,9 @@ class LabelStore(PartStore):
     def empty_schema(self) -> pa.Schema:
         return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores, self.score).schema
 
-    def _write_part(self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None) -> None:
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
+    ) -> None:
         table = labels_table(ids, values, self.labels, self.all_scores, self.score)
         if self.fmt == "parquet":
             pq.write_table(table, tmp, compression="zstd")

@@ -55,29 +55,17 @@ class OpenAIEmbeddingStore(PartStore):
         self.model, self.normalize = model, normalize
         self.id_column = "custom_id"
 
-    def commit(
-        self,
-        window_id: int,
-        first_row: int,
-        input_rows: int,
-        ids: list[Any],
-        values: np.ndarray,
-        rejects: list[dict[str, Any]],
-        meta: dict[str, list[Any]] | None = None,
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
     ) -> None:
         assert meta is not None, "OpenAI rows carry their options"
+        rows = zip(ids, meta["rows"], meta["tokens"], meta["options"], strict=True)
         answers = [
             (row, embedding_answer(row, i, values[k], tokens, options, self.model, self.normalize))
-            for k, (i, row, tokens, options) in enumerate(
-                zip(ids, meta["rows"], meta["tokens"], meta["options"], strict=True)
-            )
+            for k, (i, row, tokens, options) in enumerate(rows)
         ]
         lines = sorted([*answers, *((r["row"], error_line(r)) for r in rejects)], key=lambda item: item[0])
-
-        def write(tmp: Path) -> None:
-            tmp.write_text("".join(json.dumps(line) + "\n" for _, line in lines), encoding="utf-8")
-
-        self._commit(window_id, first_row, input_rows, len(ids), write, rejects)
+        tmp.write_text("".join(json.dumps(line) + "\n" for _, line in lines), encoding="utf-8")
 
 
 __all__ = ["OpenAIEmbeddingStore", "embedding_answer"]

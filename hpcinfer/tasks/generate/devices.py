@@ -39,7 +39,8 @@ import torch
 
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
-from .engine import Engine, EngineStats
+from .engine import Engine
+from .engine_stats import EngineStats
 from .loop import engine_step
 from .sequence import SamplingParams, Sequence
 

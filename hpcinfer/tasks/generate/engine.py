@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from ...models.llama import LlamaDecoder
 from .attention import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
+from .engine_stats import EngineStats
 from .kv_cache import KVCache, KVLayout, size_pool
 from .logprobs import StepLogprobs, step_logprobs
 from .penalties import penalize
@@ -77,32 +78,6 @@ class _Launched:
     t0: float  # when its planning began
     host_s: float  # host seconds spent launching it
     logprobs: StepLogprobs | None = None  # the model's log-probabilities, for the rows that asked
-
-
-@dataclass(slots=True)
-class EngineStats:
-    steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    continued_chunks: int = 0  # prefill chunks that start mid-prompt (chunked prefill at work)
-    preemptions: int = 0
-    cached_tokens: int = 0  # prefill tokens the prefix cache saved (recomputations included)
-    evictions: int = 0  # cached blocks reclaimed by the allocator
-    peak_blocks: int = 0
-    num_blocks: int = 0
-    occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
-    oom_splits: int = 0  # steps that ran out of device memory and were split (engine._shrink_after_oom)
-    host_s: float = 0.0  # scheduling, input preparation, stop checks
-    # Device time (timed events on CUDA: device/step_timer.py): the forward pass minus the
-    # attention gathers (timed on the CPU path only), and sampling.
-    model_s: float = 0.0
-    gather_s: float = 0.0
-    sample_s: float = 0.0
-    step_trace: list[tuple[float, float, int, int]] = field(default_factory=list)  # (start, end, prefill, decode)
-
-    @property
-    def mean_occupancy(self) -> float:
-        return self.occupancy_sum / self.steps if self.steps else 0.0
 
 
 def pool_reserve(model: LlamaDecoder, config: EngineConfig) -> Callable[[int], int] | None:
@@ -321,19 +296,11 @@ class Engine:
                 finished.append(done)
         t4 = time.perf_counter()
         plan = step.plan
-        stats.steps += 1
-        stats.prefill_tokens += plan.prefill_tokens
-        stats.decode_tokens += len(plan.decodes)
-        stats.continued_chunks += sum(c.start > 0 for c in plan.prefills)
-        stats.preemptions = self.scheduler.preemptions
-        stats.cached_tokens = self.scheduler.cached_tokens
-        stats.evictions = self.blocks.evictions
-        stats.peak_blocks = self.blocks.peak_used
-        stats.occupancy_sum += len(plan.chunks) / self.config.max_num_seqs
-        stats.host_s += step.host_s + (t4 - t3)
-        stats.model_s += self.timer.seconds(step.marks[0], step.marks[1]) - step.gathered
-        stats.gather_s += step.gathered
-        stats.sample_s += self.timer.seconds(step.marks[1], step.marks[2])
+        model_s = self.timer.seconds(step.marks[0], step.marks[1]) - step.gathered
+        stats.record(plan, self.scheduler, self.blocks, self.config.max_num_seqs)
+        stats.add_times(
+            step.host_s + (t4 - t3), model_s, step.gathered, self.timer.seconds(step.marks[1], step.marks[2])
+        )
         if self.trace_steps:
             stats.step_trace.append((step.t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished

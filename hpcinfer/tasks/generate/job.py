@@ -39,9 +39,8 @@ from ...job.signals import signals_stop
 from ...models.decoder_checkpoint import load_decoder
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
-from ...obs.timing import Span
 from ...obs.trace import write_trace
-from ...place.breaker import CLOSED, BreakerLog, BreakerSettings
+from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...types import Reject
 from .. import pick_task
@@ -51,7 +50,7 @@ from .devices import EngineWorker, combined_stats, device_summary
 from .engine import Engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
-from .report import GenerateReport, percentiles
+from .report import GenerateReport, engine_trace, percentiles, share_after_recovery
 from .requests import Request
 from .sequence import Sequence
 from .setup import (
@@ -261,22 +260,9 @@ class GenerationJob:
             pool.close()
             self.report.device_faults = [asdict(t) for t in pool.breaker_log.transitions]
             self.report.moved_prompts = {w.label: n for w, n in zip(workers, pool.moved, strict=True) if n}
-            self.report.share_after_recovery = self._share_after_recovery(pool.breaker_log)
+            self.report.share_after_recovery = share_after_recovery(pool.breaker_log, self.finished_at, self.labels)
         for counts, worker in zip(self.by_device, workers, strict=True):
             counts.last_step_end = worker.stats.last_step_end
-
-    def _share_after_recovery(self, log: BreakerLog) -> dict[str, float]:
-        """Per device whose breaker closed again: its share of the tokens generated since then."""
-        shares = {}
-        for t in log.transitions:
-            if t.state != CLOSED:
-                continue
-            since = log.start + t.at_s
-            after = [(device, tokens) for at, device, tokens in self.finished_at if at >= since]
-            total = sum(tokens for _, tokens in after)
-            mine = sum(tokens for device, tokens in after if self.labels[device] == t.device)
-            shares[t.device] = round(mine / total, 4) if total else 0.0
-        return shares
 
     def _summarise(self, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
         r, s = self.report, combined_stats([e.stats for e in engines])
@@ -311,22 +297,8 @@ class GenerationJob:
         r.devices = device_summary(self.labels, engines, self.by_device, start, end)
         r.config = flatten(self.config)
         if self.config.trace_path:
-            several = len(engines) > 1
-            spans = [  # NOTE: one track per device
-                Span(
-                    "engine_step",
-                    int(a * 1e9),
-                    int(b * 1e9),
-                    f"{label}/engine" if several else "engine",
-                    {"prefill_tokens": p, "decode_tokens": d},
-                )
-                for label, engine in zip(self.labels, engines, strict=True)
-                for a, b, p, d in engine.stats.step_trace
-            ]
-            for t in r.device_faults:  # NOTE: a mark on the device's track where its breaker changed
-                at = int((self.breaker_start + t["at_s"]) * 1e9)
-                spans.append(Span(f"breaker {t['state']}", at, at, f"{t['device']}/engine", {"reason": t["reason"]}))
-            write_trace(sorted(spans, key=lambda span: span.start_ns), self.config.trace_path)
+            spans = engine_trace(self.labels, engines, r.device_faults, self.breaker_start)
+            write_trace(spans, self.config.trace_path)
         if self.config.report_path:
             r.write_json(self.config.report_path)
         return r
