@@ -1,0 +1,74 @@
+"""Tensor parallelism on 2 gloo ranks: each rank's shard of Llama, Qwen2 (qkv bias) and Qwen3 (q/k
+norm) tiny checkpoints gives the logits and greedy tokens of the whole model (TP=1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from hpcinfer.errors import ConfigError
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.llama import DenseCausalAttention
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.parallel.decoder import rank_config, vocab_rows
+from hpcinfer.parallel.group import free_port
+
+from .tp_ranks import run_rank
+
+CHECKPOINTS = {
+    "llama": ("LlamaForCausalLM", {}),
+    "llama-bias-tied": ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True, "tie": True}),
+    "qwen2": ("Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3ForCausalLM", {"head_dim": 16}),
+}
+
+
+def _reference(path: Path, prompts: list[list[int]], steps: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    logits, tokens = [], []
+    with torch.inference_mode():
+        for prompt in prompts:
+            seq = list(prompt)
+            for step in range(steps):
+                hidden = model(torch.tensor(seq), torch.arange(len(seq)), DenseCausalAttention())
+                rows = model.logits(hidden if step == 0 else hidden[-1:])
+                if step == 0:
+                    logits.append(rows)
+                seq.append(int(rows[-1].argmax()))
+            tokens.append(seq[len(prompt) :])
+    return logits, tokens
+
+
+def test_two_gloo_ranks_equal_the_whole_model(tmp_path):
+    paths = []
+    for name, (arch, extra) in CHECKPOINTS.items():
+        paths.append(build_tiny_decoder(tmp_path / name, arch, seed=3, **extra))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 30000, (n,), generator=g).tolist() for n in (1, 7, 19)]
+    out = tmp_path / "tp.pt"
+    mp.start_processes(
+        run_rank, (2, free_port(), [str(p) for p in paths], prompts, 6, str(out)), nprocs=2, start_method="spawn"
+    )
+    results = torch.load(out)
+    for path in paths:
+        want_logits, want_tokens = _reference(path, prompts, 6)
+        for vocab_parallel in (True, False):
+            logits, tokens, weight_bytes = results[(str(path), vocab_parallel)]
+            for got, want in zip(logits, want_logits, strict=True):
+                assert got.shape == want.shape
+                assert (got - want).abs().max().item() <= 1e-4, (path.name, vocab_parallel)
+            assert tokens == want_tokens, (path.name, vocab_parallel)
+        # the vocabulary-parallel rank holds half the embedding (and head) the replicated one does
+        assert results[(str(path), True)][2] < results[(str(path), False)][2]
+
+
+def test_shard_arithmetic_and_what_does_not_divide(tmp_path):
+    assert [vocab_rows(10, r, 4) for r in range(4)] == [(0, 3, 3), (3, 3, 3), (6, 3, 3), (9, 1, 3)]
+    cfg = inspect_decoder(build_tiny_decoder(tmp_path / "m", heads=4, kv_heads=2)).config
+    half = rank_config(cfg, 2)
+    assert (half.num_heads, half.num_kv_heads, half.intermediate_size, half.vocab_size) == (2, 1, 64, cfg.vocab_size)
+    with pytest.raises(ConfigError, match="--tp 4 must divide the model's KV heads"):
+        rank_config(cfg, 4)

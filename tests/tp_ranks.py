@@ -1,0 +1,45 @@
+"""Rank processes for the tensor-parallel model tests: each loads its shard of tiny checkpoints and
+runs whole sequences (no KV cache); rank 0 saves the logits and greedy tokens for the test to compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpcinfer.models.decoder_checkpoint import inspect_decoder
+from hpcinfer.models.llama import DenseCausalAttention
+from hpcinfer.parallel.group import Collectives, Rendezvous, end_group
+from hpcinfer.parallel.shard_loader import load_shard
+
+
+def run_rank(
+    rank: int, world: int, port: int, ckpts: list[str], prompts: list[list[int]], steps: int, out: str
+) -> None:
+    torch.set_num_threads(1)
+    rdv = Rendezvous(rank, world, port, 60.0)
+    rdv.join(torch.device("cpu"))
+    comm = Collectives(rank, world, torch.device("cpu"))
+    results = {}
+    for path in ckpts:
+        for vocab_parallel in (True, False):
+            model = load_shard(inspect_decoder(Path(path)), comm, torch.device("cpu"), torch.float32, vocab_parallel)
+            logits, tokens = [], []
+            with torch.inference_mode():
+                for prompt in prompts:
+                    seq = list(prompt)
+                    for step in range(steps):
+                        ids = torch.tensor(seq)
+                        hidden = model(ids, torch.arange(len(seq)), DenseCausalAttention())
+                        rows = model.logits(hidden if step == 0 else hidden[-1:])
+                        if step == 0:
+                            logits.append(rows)
+                        token = torch.tensor([int(rows[-1].argmax()) if rank == 0 else 0])
+                        dist.broadcast(token, 0)
+                        seq.append(int(token))
+                    tokens.append(seq[len(prompt) :])
+            results[(path, vocab_parallel)] = (logits, tokens, model.weight_bytes)
+    if rank == 0:
+        torch.save(results, out)
+    end_group()
