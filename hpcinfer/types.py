@@ -62,8 +62,8 @@ REJECT_REASONS = (
     "duplicate_id",
     "too_long",
     "oom",
-    "empty_input",  # an OpenAI embeddings request whose `input` list is empty
-    "invalid_request",  # an OpenAI embeddings request's other fields (encoding_format, several inputs)
+    "empty_input",  # an OpenAI-style request with an empty list (`input`, `text_1`, `documents`)
+    "invalid_request",  # an OpenAI-style request's other fields (url, encoding_format, top_n, pairing)
     "invalid_dimensions",  # `dimensions` below 1 or above the model's
 )
 
@@ -85,7 +85,7 @@ class RowBlock:
     lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any
     arrival_ns: np.ndarray | None = None  # int64 [rows]: when each request arrived (--rate replay)
     file_first_row: int = 0  # global row number of the first row of `source`
-    options: list[Any] | None = None  # per valid row: an OpenAI request's answer options (OpenAIOptions)
+    options: list[Any] | None = None  # per valid row (a request's part): its RequestPart
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -99,6 +99,32 @@ class OpenAIOptions:
     dimensions: int | None = None
     encoding_format: str = "float"
     model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreOptions:
+    """How a vLLM-style `/v1/score` or `/v1/rerank` request wants its answer: `kind` (score or
+    rerank), the `model` name it gave, rerank's `top_n` (0: every document) and its documents
+    (the answer shows each one's text)."""
+
+    kind: str
+    model: str | None = None
+    top_n: int = 0
+    documents: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPart:
+    """One pipeline row of a request that fans out into several (each text of an `input` list, each
+    pair of a score or rerank body): the request's answer options (shared by its parts), this
+    part's place in the request and the request's number of parts.
+
+    NOTE: a request's parts are consecutive rows under one input row number; windows end only on
+    input-row edges, so a request is committed whole or not at all (tasks/embed/fanout.py)."""
+
+    request: Any  # OpenAIOptions or ScoreOptions
+    index: int
+    count: int
 
 
 @dataclass(slots=True)
@@ -140,7 +166,7 @@ class Window:
     rejects: list[Reject] = field(default_factory=list)
     num_batches: int = 0
     arrival_ns: np.ndarray | None = None  # int64 [rows], under --rate: per-request latency starts here
-    options: list[Any] | None = None  # per row: OpenAI answer options (RowBlock.options)
+    options: list[Any] | None = None  # per row: its RequestPart (RowBlock.options)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -89,7 +89,7 @@ def test_openai_batch_file_is_answered_in_openai_format(tmp_path, tiny_model, ro
              for i, r in enumerate(rows)]  # fmt: skip
     bad = {
         "empty": ({"model": "m", "input": []}, "empty_input"),
-        "two": ({"model": "m", "input": ["a", "b"]}, "invalid_request"),
+        "one_bad": ({"model": "m", "input": ["a", 7]}, "wrong_type"),  # one bad text rejects the request
         "wide": ({"model": "m", "input": "a", "dimensions": 10_000}, "invalid_dimensions"),
         "zero": ({"model": "m", "input": "a", "dimensions": 0}, "invalid_dimensions"),
         "number": ({"model": "m", "input": 7}, "wrong_type"),

@@ -222,6 +222,9 @@ def test_score_and_openai_embeddings_on_ray_equal_the_local_engine(tmp_path, tin
     lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": t, "dimensions": 8}}
              for i, t in enumerate(texts)]  # fmt: skip
     lines[5]["body"]["input"] = []
+    for i in range(0, 120, 3):  # requests of several texts: one answer line each, gathered on the driver
+        lines[i]["body"]["input"] = [texts[i], texts[(i + 1) % 120][:30], texts[(i + 2) % 120]]
+    lines[90]["custom_id"] = "c3"  # a repeated id in a later window: the driver rejects the request whole
     batch = write_jsonl(tmp_path / "batch.jsonl", lines)
     from hpcinfer.api import run
     from hpcinfer.obs.progress import Progress
@@ -229,9 +232,10 @@ def test_score_and_openai_embeddings_on_ray_equal_the_local_engine(tmp_path, tin
     run(small_config(batch, tmp_path / "l.jsonl", tiny_model, plan=window), progress=Progress("off"))
     run(_ray(small_config(batch, tmp_path / "r.jsonl", tiny_model, plan=window)), progress=Progress("off"))
     ours, theirs = ([json.loads(x) for x in (tmp_path / f).read_text().splitlines()] for f in ("l.jsonl", "r.jsonl"))
-    assert [x["custom_id"] for x in ours] == [x["custom_id"] for x in theirs] == [f"c{i}" for i in range(120)]
-    assert theirs[5]["error"]["code"] == "empty_input"
+    assert [x["custom_id"] for x in ours] == [x["custom_id"] for x in theirs] == [line["custom_id"] for line in lines]
+    assert theirs[5]["error"]["code"] == "empty_input" and theirs[90]["error"]["code"] == "duplicate_id"
     for a, b in zip(ours, theirs, strict=True):
         if a["response"] is not None:
-            got = b["response"]["body"]["data"][0]["embedding"]
-            np.testing.assert_allclose(a["response"]["body"]["data"][0]["embedding"], got, atol=1e-6)
+            assert len(b["response"]["body"]["data"]) == (3 if int(a["custom_id"][1:]) % 3 == 0 else 1)
+            for x, y in zip(a["response"]["body"]["data"], b["response"]["body"]["data"], strict=True):
+                np.testing.assert_allclose(x["embedding"], y["embedding"], atol=1e-6)

@@ -46,6 +46,10 @@ def slice_block(block: RowBlock, i: int, j: int, block_id: int) -> RowBlock:
     )
     if block.texts is not None:
         part.texts = block.texts[i:j]
+    if block.prompts is not None:
+        part.prompts = block.prompts[i:j]
+    if block.options is not None:
+        part.options = block.options[i:j]
     if block.token_ids is not None:
         flat, lengths = block.token_ids
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
@@ -87,6 +91,7 @@ class ArrivalReplay:
                 yield self._emit(block, 0, 0)
                 continue
             gaps = poisson_gaps_ns(self._rng, self.rate, n)
+            gaps[1:][np.diff(block.rows) == 0] = 0  # NOTE: a request's parts (one input row) arrive together
             if last is None:  # the first request arrives as soon as the first block is read
                 last = self.first_arrival_ns = self._clock()
                 gaps[0] = 0
@@ -98,6 +103,8 @@ class ArrivalReplay:
                 self._sleep_until(int(arrivals[i]))
                 now = self._clock()
                 j = max(i + 1, int(np.searchsorted(arrivals, now, side="right")))
+                while j < n and block.rows[j] == block.rows[j - 1]:
+                    j += 1  # never a part of a request without the rest
                 self.max_lag_ns = max(self.max_lag_ns, now - int(arrivals[i]))
                 yield self._emit(block, i, j)
                 i = j

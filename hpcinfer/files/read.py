@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 
 from ..config import InputConfig
 from ..errors import InputError
-from ..types import OpenAIOptions, Reject, RowBlock
+from ..types import Reject, RequestPart, RowBlock
 from .ids import IdSet, check_id, id_key
 from .lines import LineSplitter
+from .openai_requests import Request, parse_request
 from .row_values import (
     Rows,
     arrow_ids,
@@ -39,8 +40,6 @@ from .row_values import (
     check_text,
     check_tokens,
     duplicate_reason,
-    openai_options,
-    openai_problem,
     pair_payload,
 )
 from .sources import (
@@ -180,8 +179,6 @@ class Reader:
             payload, row_id, obj = self._parse_line(src, raw)
             rows.payloads.append(payload)
             rows.ids.append(row_id)
-            if src.fmt == "openai":
-                rows.bodies.append((obj or {}).get("body"))
             if rows.prompts is not None:
                 rows.prompts.append(obj.get(prompt) if obj is not None else None)
         if rows.prompts is not None:
@@ -230,13 +227,8 @@ class Reader:
             return ("malformed_json", f"not valid JSON ({exc})"), None, None
         if not isinstance(obj, dict):
             return ("malformed_json", f"a JSON {type(obj).__name__}, not an object"), None, None
-        if src.fmt == "openai":
-            body = obj.get("body")
-            text = body.get("input") if isinstance(body, dict) else None
-            bad = openai_problem(body) if isinstance(body, dict) else None
-            if isinstance(text, list) and len(text) == 1:
-                text = text[0]
-            return (text if (bad := bad or check_text(text)) is None else bad), obj.get("custom_id"), obj
+        if src.fmt == "openai":  # NOTE: a score run (its pair columns set) answers score and rerank bodies
+            return parse_request(obj, bool(self.cfg.pair_columns)), obj.get("custom_id"), obj
         row_id = obj.get(self.cfg.id_column)
         if src.payload == "pair":
             first, second = (obj.get(c) for c in self.cfg.pair_columns)
@@ -280,7 +272,7 @@ class Reader:
         duplicate = self._duplicates(payloads, ids) if src.has_ids else None
         texts: list[str] = []
         tokens: list[list[int]] = []
-        options: list[OpenAIOptions] = []
+        options: list[RequestPart] = []
         row_prompts = rows.prompts[start:end] if rows.prompts is not None else None
         prompts: list[str | None] = []
         for k, payload in enumerate(payloads):
@@ -290,14 +282,17 @@ class Reader:
                 shown_id = row_id if check_id(row_id) is None else repr(row_id)
                 block.rejects.append(Reject(row, src.path, lines[k], shown_id, reason, message, row - file_first_row))
                 continue
-            block.ids.append(row_id)
-            block.rows.append(row)
-            block.lines.append(lines[k])
-            (tokens if src.payload == "tokens" else texts).append(payload)
-            if row_prompts is not None:
-                prompts.append(row_prompts[k])
-            if src.fmt == "openai":
-                options.append(openai_options(rows.bodies[start + k]))
+            # NOTE: a request fans out into consecutive rows under its one input row number (RequestPart)
+            parts = payload.parts if isinstance(payload, Request) else [payload]
+            for index, part in enumerate(parts):
+                block.ids.append(row_id)
+                block.rows.append(row)
+                block.lines.append(lines[k])
+                (tokens if src.payload == "tokens" else texts).append(part)
+                if row_prompts is not None:
+                    prompts.append(row_prompts[k])
+                if isinstance(payload, Request):
+                    options.append(RequestPart(payload.options, index, len(parts)))
         if src.payload == "tokens":
             lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
             flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))

@@ -7,7 +7,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..types import OpenAIOptions
 from .ids import is_unicode
 
 
@@ -15,8 +14,7 @@ class Rows:
     """Parsed rows of one chunk: per-row payload or reject, plus ids and line numbers."""
 
     def __init__(self) -> None:
-        self.payloads: list[Any] = []  # str, list[int] or a (reason, message) reject
-        self.bodies: list[Any] = []  # an OpenAI batch file's request bodies (its answer options)
+        self.payloads: list[Any] = []  # str, list[int], a text pair, an OpenAI-style Request or a reject
         self.ids: list[Any] = []
         self.lines: list[int | None] = []
         self.prompts: list[str | None] | None = None  # with --prompt-column: each row's, or None
@@ -40,30 +38,6 @@ def pair_payload(first: Any, second: Any, names: tuple[str, ...]) -> Any:
         if (bad := check_text(value)) is not None:
             return bad[0], f"{name}: {bad[1]}"
     return [first, second]
-
-
-def openai_problem(body: dict[str, Any]) -> tuple[str, str] | None:
-    """What is wrong with an OpenAI `/v1/embeddings` body beside its text, or None."""
-    text = body.get("input")
-    if isinstance(text, list) and not text:
-        return "empty_input", "input is an empty list"
-    if isinstance(text, list) and len(text) > 1:
-        return "invalid_request", f"input lists {len(text)} texts: give one text per request line"
-    dims = body.get("dimensions")
-    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
-        return "invalid_dimensions", f"dimensions must be a positive integer, got {dims!r}"
-    if body.get("encoding_format", "float") not in ("float", "base64"):
-        return "invalid_request", f"encoding_format must be float or base64, got {body.get('encoding_format')!r}"
-    return None
-
-
-def openai_options(body: Any) -> OpenAIOptions:
-    """A valid OpenAI embeddings body's answer options."""
-    body = body if isinstance(body, dict) else {}
-    model = body.get("model")
-    return OpenAIOptions(
-        body.get("dimensions"), body.get("encoding_format", "float"), model if isinstance(model, str) else None
-    )
 
 
 def check_tokens(value: Any) -> tuple[str, str] | None:

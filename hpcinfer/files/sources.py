@@ -72,6 +72,11 @@ def json_objects(path: str, limit: int = 1000) -> list[dict]:
     return found
 
 
+def is_batch_line(obj: dict) -> bool:
+    """A line of an OpenAI-style batch file (`custom_id` and a `body` object)."""
+    return "custom_id" in obj and isinstance(obj.get("body"), dict)
+
+
 def is_text_type(kind: pa.DataType) -> bool:
     """Text as Parquet writers store it: plain, large, view, or dictionary-encoded (pandas 'category')."""
     if pa.types.is_dictionary(kind):
@@ -93,7 +98,7 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         if not fmt:
             raise InputError("unknown file type (expected .jsonl or .parquet; see --input-format)", path=path)
     objects = json_objects(path) if fmt in ("jsonl", "openai") else []
-    if fmt == "jsonl" and objects and "custom_id" in objects[0] and isinstance(objects[0].get("body"), dict):
+    if fmt == "jsonl" and objects and is_batch_line(objects[0]):
         fmt = "openai"
     if fmt == "openai":
         return Source(path, "openai", "text", True)

@@ -118,7 +118,9 @@ def drop_repeated_ids(seen: IdSet, window: Committed, admitted: list[Admitted]) 
     rejects, moved = with_duplicate_rejects(window.rejects, duplicates, set(written))
     ids = [i for i, k in zip(window.ids, keep, strict=True) if k]
     meta = None
-    if window.meta is not None:
-        meta = {key: [v for v, k in zip(values, keep, strict=True) if k] for key, values in window.meta.items()}
-    values = window.values[keep]
+    if window.meta is None:
+        values = window.values[keep]
+    else:
+        meta = {key: [v for v, k in zip(column, keep, strict=True) if k] for key, column in window.meta.items()}
+        values = window.values[np.repeat(keep, window.meta["counts"])]  # a request's values are its parts
     return Committed(window.window_id, window.first_row, window.input_rows, ids, values, rejects, meta), moved

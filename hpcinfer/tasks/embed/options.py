@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from ...config import EmbedConfig, RunConfig
 from ...errors import ConfigError
-from ...files.sources import expand_paths, json_objects
+from ...files.sources import expand_paths, is_batch_line, json_objects
 from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
 from ...models.registry import inspect_embedder, resolve_model_path
 
@@ -51,19 +51,30 @@ PAIR_DEFAULTS = (("query", "document"), ("text", "text_pair"))
 
 def with_pair_columns(config: RunConfig) -> RunConfig:
     """A score run's pair columns: --pair-columns, else the first of PAIR_DEFAULTS the input has
-    (its first file's columns); --pair-columns on any other task is refused."""
+    (its first file's columns); --pair-columns on any other task is refused.
+
+    NOTE: an OpenAI batch file's bodies name their own pairs (/v1/score, /v1/rerank); its run gets
+    the first defaults all the same, since set pair columns are what tells the reader a run scores.
+    """
     if config.task != "score":
         if config.input.pair_columns:
             raise ConfigError("--pair-columns is for --task score (a cross-encoder scores text pairs)")
         return config
-    if config.input.pair_columns:
-        return config
     files = expand_paths(config.input.paths)
     first = files[0] if files else ""
+    objects = [] if first.lower().endswith((".parquet", ".pq")) else json_objects(first)
+    if config.input.input_format == "openai" or (objects and is_batch_line(objects[0])):
+        if config.input.pair_columns:
+            raise ConfigError(
+                "--pair-columns: an OpenAI batch file's bodies name their pairs (text_1/text_2, query/documents)"
+            )
+        return replace(config, input=replace(config.input, pair_columns=PAIR_DEFAULTS[0]))
+    if config.input.pair_columns:
+        return config
     if first.lower().endswith((".parquet", ".pq")):
         columns = set(pq.read_schema(first).names)
     else:
-        columns = {key for obj in json_objects(first) for key in obj}
+        columns = {key for obj in objects for key in obj}
     for pair in PAIR_DEFAULTS:
         if set(pair) <= columns:
             return replace(config, input=replace(config.input, pair_columns=pair))

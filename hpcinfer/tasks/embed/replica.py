@@ -90,7 +90,8 @@ class RangeReader(Reader):
         if src.has_ids:  # NOTE: without an id column ids are row numbers: never repeated
             self.admitted.extend(
                 (row, row_id, line, src.path, row - file_first_row)
-                for row, row_id, line in zip(block.rows, block.ids, block.lines, strict=True)
+                for k, (row, row_id, line) in enumerate(zip(block.rows, block.ids, block.lines, strict=True))
+                if k == 0 or block.rows[k - 1] != row  # a request's parts (one input row) are admitted once
             )
         return block
 

@@ -15,6 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ...types import Reject, RowBlock, TokenBlock
+from .fanout import whole_requests
 
 
 class TokenizeStage:
@@ -47,6 +48,8 @@ class TokenizeStage:
         if self.on_long == "reject":
             for i in np.flatnonzero(too_long):
                 bad.setdefault(int(i), ("too_long", f"longer than --max-length {self.max_length} tokens"))
+        # NOTE: a bad part of a request rejects the request, once; its other parts go with it
+        bad, drop = whole_requests(bad, block.rows, block.options)
         rejects = list(block.rejects)
         for i, (reason, message) in sorted(bad.items()):
             row = block.rows[i]
@@ -54,14 +57,14 @@ class TokenizeStage:
                 Reject(row, block.source, block.lines[i], block.ids[i], reason, message, row - block.file_first_row)
             )
         keep = np.ones(len(lengths), dtype=bool)
-        keep[list(bad)] = False
+        keep[list(drop)] = False
         # Truncation (pre-tokenized rows; the tokenizer truncates text itself) as a token mask.
         starts = np.cumsum(lengths) - lengths
         position = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
         token_keep = np.repeat(keep, lengths) & (position < self.max_length)
         out_lengths = np.minimum(lengths[keep], self.max_length).astype(np.int32)
         truncated = 0 if self.on_long == "reject" else int((too_long & keep).sum())
-        ids = [block.ids[i] for i in np.flatnonzero(keep)] if bad else block.ids
+        ids = [block.ids[i] for i in np.flatnonzero(keep)] if drop else block.ids
         rows = np.asarray(block.rows, dtype=np.int64)[keep]
         arrivals = block.arrival_ns[keep] if block.arrival_ns is not None else None
         yield TokenBlock(

@@ -18,6 +18,7 @@ from ...files.parts import PartStore
 from ...job.rejects import RejectCounter
 from ...obs.latency import LatencyLog
 from ...types import Pending, Reject, Window
+from .fanout import gathered_meta, request_firsts, whole_requests
 
 
 @dataclass(slots=True)
@@ -93,53 +94,46 @@ class Writer:
     def _commit(self, state: _WindowState) -> None:
         w = state.window
         keep = np.ones(len(w), dtype=bool)
-        oom = self._dimension_rejects(w, keep)
-        for i in state.failed:
-            if not keep[i]:
-                continue  # already rejected for its dimensions
-            keep[i] = False
-            block, row = int(w.block_ids[i]), int(w.rows[i])
-            oom.append(
-                Reject(
-                    row,
-                    w.sources.get(block, ""),
-                    None,
-                    w.ids[i],
-                    "oom",
-                    "does not fit in device memory even alone",
-                    row - w.file_first_rows.get(block, 0),
-                )
-            )
-        self.rejects.add(oom)
-        rejects = sorted(w.rejects + oom, key=lambda r: r.row)
-        ids = [i for i, k in zip(w.ids, keep, strict=True) if k] if oom else w.ids
+        # NOTE: a failed part rejects its whole request (fanout.py); plain rows are their own request
+        first, drop = whole_requests(self._dimension_problems(w), w.rows, w.options, name_parts=False)
+        oom = {i: ("oom", "does not fit in device memory even alone") for i in state.failed if i not in drop}
+        more, more_drop = whole_requests(oom, w.rows, w.options)
+        first, drop = first | more, drop | more_drop
+        keep[list(drop)] = False
+        late = [self._reject(w, i, reason, message) for i, (reason, message) in sorted(first.items())]
+        self.rejects.add(late)
+        rejects = sorted(w.rejects + late, key=lambda r: r.row)
         meta = None
-        if w.options is not None:  # OpenAI answers: each request's options, rows and token counts
-            tokens = np.diff(w.offsets)[keep].tolist()
-            options = [o for o, k in zip(w.options, keep, strict=True) if k]
-            meta = {"options": options, "rows": w.rows[keep].tolist(), "tokens": tokens}
+        if w.options is not None:  # requests (OpenAI-style): one output row each, gathered from its parts
+            meta = gathered_meta(w.options, w.rows, np.diff(w.offsets), keep)
+            answered = request_firsts(w.options, keep)
+        else:
+            answered = np.flatnonzero(keep)
+        ids = [w.ids[i] for i in answered.tolist()] if late or w.options is not None else w.ids
         rows = [r.to_json() for r in rejects]
         self.store.commit(w.window_id, w.first_row, w.input_rows, ids, state.values[keep], rows, meta)
         self.rows_written += len(ids)
-        blocks, counts = np.unique(w.block_ids[keep], return_counts=True)
+        blocks, counts = np.unique(w.block_ids[answered], return_counts=True)
         for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
             source = w.sources[block]
             self.written_by_source[source] = self.written_by_source.get(source, 0) + count
         if self.latency is not None and w.arrival_ns is not None:
-            self.latency.requests_done(w.arrival_ns[keep], self.clock())
+            self.latency.requests_done(w.arrival_ns[answered], self.clock())
         self.rejects.check_fraction(self.store.rows_committed)
 
-    def _dimension_rejects(self, w: Window, keep: np.ndarray) -> list[Reject]:
-        """OpenAI requests asking for more dimensions than the model has: rejects, taken out of `keep`."""
-        out = []
-        for i, option in enumerate(w.options or []):
-            if option is not None and option.dimensions is not None and option.dimensions > self.dim:
-                keep[i] = False
-                block, row = int(w.block_ids[i]), int(w.rows[i])
-                message = f"dimensions {option.dimensions} is more than the model's {self.dim}"
-                source = w.sources.get(block, "")
-                out.append(Reject(row, source, None, w.ids[i], "invalid_dimensions", message,
-                                  row - w.file_first_rows.get(block, 0)))  # fmt: skip
+    @staticmethod
+    def _reject(w: Window, i: int, reason: str, message: str) -> Reject:
+        block, row = int(w.block_ids[i]), int(w.rows[i])
+        source = w.sources.get(block, "")
+        return Reject(row, source, None, w.ids[i], reason, message, row - w.file_first_rows.get(block, 0))
+
+    def _dimension_problems(self, w: Window) -> dict[int, tuple[str, str]]:
+        """OpenAI requests asking for more dimensions than the model has: {window row: problem}."""
+        out = {}
+        for i, part in enumerate(w.options or []):
+            dims = getattr(part.request, "dimensions", None)
+            if dims is not None and dims > self.dim:
+                out[i] = ("invalid_dimensions", f"dimensions {dims} is more than the model's {self.dim}")
         return out
 
     def finish(self) -> Iterator[None]:
