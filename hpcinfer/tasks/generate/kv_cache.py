@@ -152,6 +152,9 @@ class KVCache:
         # Flat [slots, kv_heads, head_dim] views for writing this step's K/V by slot.
         self.k_slots = self.k.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
         self.v_slots = self.v.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
+        # Tensor parallelism (rank 0): the block copies made since the last step, which the other
+        # ranks make in their own pools before that step's forward. None: not recorded.
+        self.copied: list[tuple[int, int]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +163,8 @@ class KVCache:
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """K/V of block `src` copied into block `dst`, every layer, for each (src, dst): a forked
         sequence's own copy of its parent's last, partly filled block (copy-on-write)."""
+        if self.copied is not None:
+            self.copied.extend(pairs)
         src = torch.tensor([s for s, _ in pairs], device=self.k.device)
         dst = torch.tensor([d for _, d in pairs], device=self.k.device)
         self.k.index_copy_(1, dst, self.k.index_select(1, src))

@@ -64,6 +64,8 @@ class GenerateReport(JsonReport):
     device_faults: list[dict[str, Any]] = field(default_factory=list)  # breaker transitions: device, at_s, state
     moved_prompts: dict[str, int] = field(default_factory=dict)  # per device: prompts moved away after its faults
     share_after_recovery: dict[str, float] = field(default_factory=dict)  # a recovered device's token share since
+    # --tp: per rank, its weights, KV pool, resident memory after loading and time in collectives
+    tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
 
     completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
@@ -107,6 +109,13 @@ class GenerateReport(JsonReport):
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
         self._device_rows(table)
+        for r in self.tensor_parallel:
+            table.add_row(
+                f"tensor-parallel rank {r['rank']} ({r['device']})",
+                f"weights {r['weight_bytes'] / 2**20:,.1f} MiB, KV pool {r['kv_pool_bytes'] / 2**20:,.1f} MiB, "
+                f"RSS after load {r['rss_after_load_bytes'] / 2**20:,.0f} MiB, "
+                f"collectives {r['collective_s']:,.2f} s ({r['collective_calls']:,} calls)",
+            )
         for t in self.device_faults:
             table.add_row(f"device {t['device']} at {t['at_s']:.1f} s", f"{t['state']}: {t['reason']}")
         if self.moved_prompts:

@@ -7,6 +7,9 @@ start-up and filled in place each step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -15,7 +18,7 @@ from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, Tr
 from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache
-from .scheduler import StepPlan
+from .scheduler import Chunk, StepPlan
 from .staging import InFlightTokens, StepStaging
 
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
@@ -29,6 +32,22 @@ CPU_DECODE_GROUP_BYTES = 4 << 20
 # when the whole vocabulary is one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
 # rows, one core, S = 64-128); the logits are bit for bit the same.
 CPU_VOCAB_CHUNK = 512
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """What the device needs of a step, built on the host: its index arrays (sent in one copy) and
+    how they split into decode groups and prefill segments. Plain arrays and ints: under tensor
+    parallelism rank 0 sends it to the other ranks, which build the same batch from it."""
+
+    arrays: list[np.ndarray]  # from_ahead, ids, positions, slots, sample_at, lens, group tables, chunk tables, kernel
+    num_decodes: int
+    num_tokens: int
+    bounds: list[tuple[int, int]]  # decode groups' [start, end) rows
+    spans: list[tuple[int, int, int]]  # prefill chunks' (flat offset, length, start position)
+    kernel: bool  # the arrays end with an in-place kernel's (tokens, tables, rows, context)
+    pending: bool  # some decode inputs are the step in flight's tokens (`from_ahead`)
+    logprob_rows: list[tuple[int, int]]  # (flat offset, count) of the rows whose prompt log-probabilities are asked
 
 
 class ModelRunner:
@@ -68,6 +87,8 @@ class ModelRunner:
         self.staging = StepStaging(self.device, 3 * tokens + 2 * max_num_seqs * (1 + min(self.max_blocks, 64)))
         self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
         self.graphs = None
+        # Tensor parallelism (rank 0): sends each step's inputs to the other ranks before its forward.
+        self.mirror: Callable[[StepInputs], None] | None = None
         if scratch_block is not None:
             capture = self.device.type == "cuda"
             kernel = self.attention.kernel if isinstance(self.attention, TritonPagedAttention) else None
@@ -78,11 +99,11 @@ class ModelRunner:
     def prepare(
         self, plan: StepPlan, ahead: InFlightTokens | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
-        """ids [T], positions [T], the attention batch, and the flat index of each sampling token.
+        """ids [T], positions [T], the attention batch, and the flat index of each sampling token."""
+        return self.device_inputs(self.host_inputs(plan, ahead), ahead)
 
-        The host fills its index arrays, then every one of them goes to the device in one copy
-        (`StepStaging`); the masks are built on the device from the copied lengths.
-        """
+    def host_inputs(self, plan: StepPlan, ahead: InFlightTokens | None = None) -> StepInputs:
+        """The step's index arrays, filled on the host from the plan (the host buffers, reused next step)."""
         bs = self.block_size
         nd = len(plan.decodes)
         # NOTE: decodes run shortest context first, so each group of them pads its gathered
@@ -120,31 +141,39 @@ class ModelRunner:
         group_tables = [self._tables[s:e, : self._widths[e - 1]] for s, e in bounds]
         kernel = self._kernel_arrays(nd, spans, tables) if in_place else []
         pending = ahead is not None and bool((self._from_ahead[:nd] >= 0).any())
-        from_ahead, ids, pos, slots, sample_at, lens, *rest = self.staging.send(
-            [
-                self._from_ahead[: nd if pending else 0],
-                self._ids[:offset],
-                self._pos[:offset],
-                self._slots[:offset],
-                self._sample_at[:sample_rows],
-                self._lens[:nd],
-                *group_tables,
-                *tables,
-                *kernel,
-            ]
-        )
-        if pending:
+        arrays = [
+            self._from_ahead[: nd if pending else 0],
+            self._ids[:offset],
+            self._pos[:offset],
+            self._slots[:offset],
+            self._sample_at[:sample_rows],
+            self._lens[:nd],
+            *group_tables,
+            *tables,
+            *kernel,
+        ]
+        logprob_rows = [(start, n) for _, start, n in _logprob_chunks(plan)]
+        return StepInputs(arrays, nd, offset, bounds, spans, bool(kernel), pending, logprob_rows)
+
+    def device_inputs(
+        self, step: StepInputs, ahead: InFlightTokens | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, torch.Tensor]:
+        """The step's arrays on the device in one copy (`StepStaging`), and its attention batch;
+        the masks are built on the device from the copied lengths."""
+        nd, bounds, spans = step.num_decodes, step.bounds, step.spans
+        from_ahead, ids, pos, slots, sample_at, lens, *rest = self.staging.send(step.arrays)
+        if step.pending:
             assert ahead is not None
             ids[:nd] = ahead.fill(ids[:nd], from_ahead)
-        blocks = rest[: len(bounds) + len(tables)]
+        blocks = rest[: len(bounds) + len(spans)]
         groups = [self._decode_group(s, e, lens, b) for (s, e), b in zip(bounds, blocks, strict=False)]
         segments = [
             self._segment(start, n, p, b) for (start, n, p), b in zip(spans, blocks[len(bounds) :], strict=True)
         ]
         batch = PagedBatch(slots=slots, decodes=groups, prefills=segments)
-        if kernel:
+        if step.kernel:
             tokens, table, rows, context = rest[len(blocks) :]
-            batch.kernel = KernelTokens(tokens, table, rows, context, every_token=tokens.shape[0] == offset)
+            batch.kernel = KernelTokens(tokens, table, rows, context, every_token=tokens.shape[0] == step.num_tokens)
         return ids, pos, batch, sample_at
 
     def _kernel_arrays(self, nd: int, spans: list[tuple[int, int, int]], tables: list[np.ndarray]) -> list[np.ndarray]:
@@ -211,32 +240,56 @@ class ModelRunner:
             logits = self.graphs.run(plan.decodes, ahead)  # every decode samples, in plan order
             if logits is not None:
                 return logits
-        ids, positions, batch, sample_at = self.prepare(plan, ahead)
+        step = self.host_inputs(plan, ahead)
+        if self.mirror is not None:
+            self.mirror(step)  # NOTE: tensor parallelism: the other ranks run this step's forward too
+        ids, positions, batch, sample_at = self.device_inputs(step, ahead)
         hidden = self.model(ids, positions, self.attention.bind(batch))
-        if any(c.seq.params.prompt_logprobs is not None for c in plan.prefills):
+        if step.logprob_rows:
             self.prompt_logprobs(plan, hidden)
         return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
+
+    @torch.inference_mode()
+    def replay(self, step: StepInputs) -> None:
+        """Another rank's side of a tensor-parallel step: the forward and logits that `run` makes on
+        rank 0, in the same order (their collectives pair up); no sampling, nothing returned."""
+        ids, positions, batch, sample_at = self.device_inputs(step)
+        hidden = self.model(ids, positions, self.attention.bind(batch))
+        for start, n in step.logprob_rows:
+            self.model.logits(hidden[start : start + n], self.vocab_chunk)
+        self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
 
     def prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor) -> None:
         """For the prefill chunks whose requests ask (`prompt_logprobs`): each next prompt token's
         log-probability, rank and the best alternatives, from the same forward (teacher forcing).
         NOTE: the host waits for them (one copy per step that has such chunks)."""
-        offset = len(plan.decodes)  # prefill chunks follow the decodes in the flat batch (prepare)
-        for chunk in plan.prefills:
-            seq, start, n = chunk.seq, chunk.start, chunk.length
+        for chunk, offset, count in _logprob_chunks(plan):
+            seq, start = chunk.seq, chunk.start
             k = seq.params.prompt_logprobs
-            stop = min(start + n, seq.num_prompt - 1)  # a position's next token must be a prompt token
-            if k is not None and stop > start:
-                rows = torch.arange(offset, offset + stop - start, device=hidden.device)
-                logp = torch.log_softmax(self.model.logits(hidden.index_select(0, rows), self.vocab_chunk), dim=-1)
-                targets = torch.tensor(seq.tokens[start + 1 : stop + 1], device=hidden.device)[:, None]
-                chosen = logp.gather(1, targets)
-                ranks = (logp > chosen).sum(dim=-1) + 1
-                values, ids = logp.topk(max(k, 1), dim=-1)
-                if len(seq.prompt_logprobs) < seq.num_prompt:
-                    seq.prompt_logprobs = [None] * seq.num_prompt  # the first token has no context
-                for j, (c, r, v, i) in enumerate(
-                    zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
-                ):
-                    seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
-            offset += n
+            assert k is not None
+            stop = start + count
+            rows = torch.arange(offset, offset + count, device=hidden.device)
+            logp = torch.log_softmax(self.model.logits(hidden.index_select(0, rows), self.vocab_chunk), dim=-1)
+            targets = torch.tensor(seq.tokens[start + 1 : stop + 1], device=hidden.device)[:, None]
+            chosen = logp.gather(1, targets)
+            ranks = (logp > chosen).sum(dim=-1) + 1
+            values, ids = logp.topk(max(k, 1), dim=-1)
+            if len(seq.prompt_logprobs) < seq.num_prompt:
+                seq.prompt_logprobs = [None] * seq.num_prompt  # the first token has no context
+            for j, (c, r, v, i) in enumerate(
+                zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
+            ):
+                seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
+
+
+def _logprob_chunks(plan: StepPlan) -> list[tuple[Chunk, int, int]]:
+    """The prefill chunks whose requests ask for prompt log-probabilities, with the flat offset and
+    count of their rows that have a next prompt token."""
+    out, offset = [], len(plan.decodes)  # prefill chunks follow the decodes in the flat batch
+    for chunk in plan.prefills:
+        seq, start = chunk.seq, chunk.start
+        stop = min(start + chunk.length, seq.num_prompt - 1)  # a position's next token must be a prompt token
+        if seq.params.prompt_logprobs is not None and stop > start:
+            out.append((chunk, offset, stop - start))
+        offset += chunk.length
+    return out

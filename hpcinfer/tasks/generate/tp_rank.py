@@ -1,0 +1,78 @@
+"""`python -m hpcinfer.tasks.generate.tp_rank RANK`: one tensor-parallel rank other than 0, started by
+rank 0 (tp.py). It reads its setup, then each step's inputs, from stdin; it loads its shard,
+sizes its KV pool with the others, and runs each step's forward on its shard until rank 0 says
+the run is over (None) or goes away (the end of stdin). Its figures go to a JSON file for rank
+0's report; a failure is its last stderr line, which rank 0 reports with its exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ...errors import HpcinferError
+from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group
+from .kv_cache import KVCache
+from .runner import ModelRunner
+from .tp import RankSetup, load_rank
+
+
+def serve(setup: RankSetup, rank: int, inbox: object) -> None:
+    """Joins the group, loads the shard, then replays rank 0's steps until it ends the run."""
+    device = torch.device(setup.devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif setup.threads:
+        torch.set_num_threads(setup.threads)
+    rdv = Rendezvous(rank, setup.world, setup.port, setup.timeout_s)
+    rdv.mark("up")
+    rdv.join(device)
+    comm = Collectives(rank, setup.world, device, lambda exc: RankFailed(f"a collective failed: {exc}"))
+    model, layout, blocks, figures = load_rank(setup, rank, rdv, comm)
+    cache = KVCache(layout, blocks, device)
+    max_model_len = min(model.cfg.max_model_len, blocks * setup.block_size)
+    runner = ModelRunner(
+        model, cache, setup.max_num_batched_tokens, setup.max_num_seqs, max_model_len, attention=setup.attention
+    )
+    with torch.inference_mode():
+        while True:
+            try:
+                message = pickle.load(inbox)  # type: ignore[arg-type]
+            except EOFError:
+                raise RankFailed("rank 0 went away") from None
+            if message is None:
+                break
+            copies, step = message
+            if copies:
+                cache.copy_blocks(copies)
+            runner.replay(step)
+            figures.steps += 1
+    figures.collective_s = round(comm.seconds, 4)
+    figures.collective_calls, figures.collective_bytes = comm.calls, comm.bytes
+    Path(setup.stats_dir, f"rank{rank}.json").write_text(json.dumps(asdict(figures)))
+    end_group()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C stops rank 0, which ends this rank
+    rank = int(sys.argv[1])
+    inbox = sys.stdin.buffer
+    try:
+        setup = pickle.load(inbox)
+        serve(setup, rank, inbox)
+    except HpcinferError as exc:
+        print(f"hpcinfer: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        print(f"hpcinfer: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
