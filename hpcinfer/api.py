@@ -45,12 +45,10 @@ def run(
     config.validate()
     task = pick_task(config)
     config = with_pair_columns(replace(config, task=task))  # --task score: which columns hold the pairs
-    if task == "generate" and config.backend != "native":
-        raise ConfigError(
-            "--backend transformers runs embed, classify and score; generation runs on hpcinfer's own engine "
-            "(transformers would give static batches: each padded to its longest prompt and run until its "
-            "longest answer ends, no paged KV cache, no continuous batching)"
-        )
+    if task == "generate" and config.backend != "native":  # static batches: what it cannot do is refused here
+        from .tasks.generate.hf_engine import refused_options
+
+        refused_options(config)
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

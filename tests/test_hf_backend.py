@@ -67,8 +67,10 @@ def test_an_architecture_only_transformers_runs(tmp_path, one_torch_thread):
     assert np.abs(ours - theirs).max() <= 1e-5
 
 
-def test_generation_refuses_the_backend_by_name(tmp_path):
+def test_generation_refuses_what_static_batches_lack(tmp_path):
+    """Generation runs on the backend (tests/test_hf_generate.py); an option it cannot honour is refused."""
     model = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=1)
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "hi"}])
-    with pytest.raises(ConfigError, match="static batches"):
-        run_job(small_config(src, tmp_path / "o.jsonl", model, backend="transformers"))
+    cfg = small_config(src, tmp_path / "o.jsonl", model, backend="transformers", device={"cuda_graphs": True})
+    with pytest.raises(ConfigError, match="--cuda-graphs needs hpcinfer's own engine.*static batches"):
+        run_job(cfg)

@@ -8,9 +8,8 @@ QKV, prepacked CPU linears, no per-call module overhead), and the backend is the
 architectures it does not have.
 
 NOTE: `trust_remote_code` is never set: a checkpoint's own Python is not run, as on the native path.
-Generation is not run here: hpcinfer's engine is its paged KV cache and continuous batching, and
-`transformers` offers neither to a batch job (static batches, each padded to its longest row and
-run until its longest answer ends), so `--task generate` refuses this backend by name.
+Generation on this backend is `tasks/generate/hf_engine.py`: static batches of transformers'
+`AutoModelForCausalLM` (no paged KV cache, continuous batching or prefix caching).
 """
 
 from __future__ import annotations

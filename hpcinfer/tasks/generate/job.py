@@ -48,6 +48,7 @@ from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker, combined_stats, device_summary
 from .engine import Engine
+from .hf_engine import WHAT_IS_LOST, transformers_engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
 from .report import GenerateReport, engine_trace, percentiles, share_after_recovery
@@ -223,6 +224,9 @@ class GenerationJob:
         return self._summarise(engines, start, resumed)
 
     def _engine(self, device: torch.device) -> Engine:
+        if self.config.backend == "transformers":
+            self.progress.note(f"hpcinfer: --backend transformers generates in {WHAT_IS_LOST}")
+            return transformers_engine(self.info, device, self.dtype, self.engine_config, self.tokenizer)
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             model = load_decoder(self.info, device, self.dtype, self.config.device.quantize)

@@ -13,7 +13,7 @@ higher first).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -113,8 +113,10 @@ class RequestReader:
         priority_column: str = "priority",
         grammars: Grammars | None = None,
         max_n: int = 1 << 30,
+        lacks: Callable[[SamplingParams], str | None] | None = None,
     ) -> None:
-        """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together)."""
+        """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together);
+        `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject)."""
         self.files = expand_paths(paths)
         for f in self.files:
             if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
@@ -128,6 +130,7 @@ class RequestReader:
         self.priority_column = priority_column
         self.grammars = grammars
         self.max_n = max_n
+        self.lacks = lacks
         self.skip_rows = 0
         self.rows_read = 0
         self.openai = False  # set once an OpenAI batch row is seen
@@ -224,6 +227,8 @@ class RequestReader:
             )
         if (params.logprobs is not None or params.prompt_logprobs is not None) and not openai:
             return reject("invalid_request", "logprobs are answered in OpenAI batch files (custom_id + body)", row_id)
+        if self.lacks is not None and (problem := self.lacks(params)) is not None:
+            return reject("invalid_request", problem, row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
         model = body.get("model") if openai and isinstance(body.get("model"), str) else None

@@ -21,6 +21,7 @@ from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
 from .engine import EngineConfig
+from .hf_engine import row_problem
 from .kv_cache import kv_storage, parse_kv_memory
 from .requests import RequestReader
 from .sequence import SamplingParams
@@ -136,6 +137,8 @@ def generation_fingerprint(
         options["structured"] = [spec.kind, spec.text]
     if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
         options["quantize"] = [config.device.quantize, g.kv_cache_dtype]
+    if config.backend != "native":
+        options["backend"] = config.backend
     return fingerprint(files, info.path, options)
 
 
@@ -165,6 +168,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         config.generate.priority_column,
         grammars,
         config.generate.max_num_seqs,
+        row_problem if config.backend == "transformers" else None,
     )
 
 
