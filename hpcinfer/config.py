@@ -67,7 +67,8 @@ class PlanConfig:
 class DeviceConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | simulated
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    quantize: str = "none"  # none | fp8: the decoder's linear weights in float8_e4m3fn (generation)
+    quantize: str = "none"  # none | int8 (CPU) | auto (int8 where faster and close enough) | fp8 (generation)
+    min_cosine: float = 0.99  # --quantize auto / tune: int8 only with at least this cosine to float32
     streams: int = 1
     staging_buffers: int = 2
     cuda_graphs: bool = False
@@ -198,6 +199,8 @@ class RunConfig:
             raise ConfigError("no input given")
         if self.task not in TASK_CHOICES:
             raise ConfigError(f"--task must be one of {', '.join(TASK_CHOICES)} (got {self.task!r})")
+        if not 0.0 < self.device.min_cosine <= 1.0:
+            raise ConfigError(f"--min-cosine must be in (0, 1] (got {self.device.min_cosine})")
         if self.backend not in ("native", "transformers"):
             raise ConfigError(f"--backend must be native or transformers (got {self.backend!r})")
         pair = self.input.pair_columns

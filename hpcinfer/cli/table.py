@@ -155,9 +155,16 @@ OPTIONS: tuple[Opt, ...] = (
         "fewest outstanding tokens, or in turn.", commands=RUNS, type=choice(["tokens", "round_robin"])),
     opt("--dtype", "device.dtype", "Devices", "Compute dtype; auto is float32 on CPU, bfloat16 on CUDA "
         "(float16 on a GPU without bfloat16).", type=choice(["auto", "float32", "bfloat16", "float16"])),
-    opt("--quantize", "device.quantize", "Devices", "Weights of a causal LM's linear layers: fp8 is "
-        "float8_e4m3fn with a scale per output channel, multiplied in FP8 (CUDA 8.9+ and CPU) or dequantized.",
-        commands=RUNS, type=choice(["none", "fp8"])),
+    opt("--quantize", "device.quantize", "Devices", "Weights of the linear layers. int8 (CPU, every task): "
+        "int8 with a scale per output channel, activations quantized per call, multiplied by FBGEMM or oneDNN "
+        "(whichever this CPU runs faster, timed at load); the embedding report gives its cosine to float32 on "
+        "the job's first rows. auto (embedding tasks): int8 where it is faster here and its cosine is at "
+        "least --min-cosine, else float32. fp8 (causal LMs): float8_e4m3fn with a scale per output channel, "
+        "multiplied in FP8 (CUDA 8.9+ and CPU) or dequantized. tune with auto or int8 runs its trials on the "
+        "model it chose and writes the choice to the recipe.",
+        type=choice(["none", "int8", "auto", "fp8"])),
+    opt("--min-cosine", "device.min_cosine", "Devices", "With --quantize auto (and in tune): the lowest "
+        "cosine to float32 on the job's first rows that int8 may have.", type=float),
     opt("--streams", "device.streams", "Devices", "Compute streams on CUDA.", commands=RUNS, type=int),
     opt("--staging-buffers", "device.staging_buffers", "Devices", "Pinned staging slots (2 = double "
         "buffering).", commands=RUNS, type=int),

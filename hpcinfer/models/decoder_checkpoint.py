@@ -21,6 +21,7 @@ from .checkpoint import CheckpointInfo, read_model_json, sentence_transformers_i
 from .fp8 import quantize_decoder_fp8
 from .gguf_checkpoint import GGUFFile, find_gguf
 from .gguf_tokenizer import gguf_tokenizer
+from .int8 import int8_problem, quantize_decoder_int8
 from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
 
 
@@ -227,12 +228,14 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
     return state
 
 
-QUANTIZE = ("none", "fp8")
+QUANTIZE = ("none", "fp8", "int8")
+INT8_ROWS = 16  # the rows a decode step multiplies, for timing int8 kernel libraries (models/int8.py)
 
 
 def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaDecoder:
     """Builds the decoder on `device` in `dtype`, its linear layers' weights in FP8 with
-    `quantize="fp8"` (models/fp8.py); strict about missing tensors."""
+    `quantize="fp8"` (models/fp8.py) or int8 with `"int8"` (CPU, models/int8.py); strict about
+    missing tensors."""
     if quantize not in QUANTIZE:
         raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZE)} for a causal LM (got {quantize!r})")
     if info.gguf:
@@ -265,6 +268,11 @@ def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, qu
     model.load_state_dict(state, strict=False, assign=True)
     model.build_rope()
     model = model.eval().requires_grad_(False)
+    if quantize == "int8":
+        if (problem := int8_problem(device, dtype)) is not None:
+            raise ConfigError(problem)
+        quantize_decoder_int8(model, INT8_ROWS)
+        return model
     return quantize_decoder_fp8(model, device) if quantize == "fp8" else model
 
 

@@ -232,6 +232,8 @@ class LlamaDecoder(nn.Module):
         part of the weight a matmul streams through the cache at once.
         """
         h = rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
+        if self.lm_head is not None and not isinstance(self.lm_head, nn.Linear):  # an int8 head (models/int8.py)
+            return self.lm_head(h).float()
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         vocab = weight.shape[0]
         if vocab_chunk <= 0 or vocab_chunk >= vocab:

@@ -110,6 +110,11 @@ class TrialRunner:
 
         return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
 
+    def preload(self, model: LoadedModel | None) -> None:
+        """The model every trial runs (an int8 one chosen before the search), instead of loading it."""
+        if model is not None:
+            self._loaded = model
+
     def _model(self, config: RunConfig) -> LoadedModel:
         """Loaded once for all trials: loading it per run would cost time and, held by the
         allocator afterwards, inflate the memory later trials are charged with."""

@@ -31,6 +31,7 @@ class RunExtras:
     batch_profiler: Any = None  # torch.profiler over a few batches
     model: LoadedModel | None = None  # loaded already for the (first) device and dtype
     trace_marks: list[Span] = field(default_factory=list)  # instants the trace shows besides the stages (breakers)
+    quantize: dict[str, Any] = field(default_factory=dict)  # --quantize int8|auto: the check that chose the model
 
 
 @dataclass(frozen=True, slots=True)

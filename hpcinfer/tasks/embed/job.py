@@ -30,6 +30,7 @@ from .given import EmbedJob, RunExtras
 from .labels import output_store
 from .options import embed_checkpoint
 from .plan import max_padded_len
+from .quantize import int8_model
 from .report import RunReport
 from .run import EmbedRun
 
@@ -60,10 +61,8 @@ def run_embed(
 
 
 def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -> RunReport:
-    if config.device.quantize != "none":
-        raise ConfigError(
-            f"--quantize {config.device.quantize} applies to causal LMs (generation); embedding runs in --dtype"
-        )
+    if config.device.quantize == "fp8":
+        raise ConfigError("--quantize fp8 applies to causal LMs (generation); pooling tasks take int8 or auto")
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
     info = embed_checkpoint(config)
@@ -71,7 +70,12 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
     dtype = resolve_dtype(config.device.dtype, devices[0])
-    fp = embed_fingerprint(config, info, reader, max_length, dtype)
+    weights = "int8" if config.device.quantize == "int8" else "float"
+    if extras.model is None and (weights == "int8" or (config.device.quantize == "auto" and devices[0].kind == "cpu")):
+        model, check = int8_model(config, info, devices[0].torch_device, dtype, max_length)
+        extras = replace(extras, model=model, quantize=check.as_dict())
+        weights = check.chosen
+    fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)
     store = output_store(config, fmt, info, fp, reader.sources)
     with claimed(store, config.output.path):
         return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
@@ -82,6 +86,7 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
     store, reader, config = job.store, job.reader, job.config
     first_window = open_store(store, reader, config.output) if job.first_window is None else job.first_window
     run = EmbedRun(job, extras.progress or Progress(config.pipeline.progress))
+    run.report.quantize = dict(extras.quantize)
     try:
         stages, thread_init, planner, writer, budget = run.stages(first_window, extras.batch_profiler, extras.model)
         rate = config.input.rate
@@ -122,7 +127,7 @@ def check_lengths(config: RunConfig, info: CheckpointInfo) -> int:
 
 
 def embed_fingerprint(
-    config: RunConfig, info: CheckpointInfo, reader: Reader, max_length: int, dtype: torch.dtype
+    config: RunConfig, info: CheckpointInfo, reader: Reader, max_length: int, dtype: torch.dtype, weights: str = "float"
 ) -> dict:
     """Inputs and every option that changes which rows land in which part, or their values."""
     files = [s.path for s in reader.sources]
@@ -138,6 +143,8 @@ def embed_fingerprint(
     }
     # NOTE: only when set, so a run started before these options existed still resumes
     extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
+    if weights != "float" and weights != "float32":  # NOTE: --quantize auto enters as what it chose
+        extra["quantize"] = weights
     if config.backend != "native":
         extra["backend"] = config.backend
     if info.classifier is not None:

@@ -12,6 +12,7 @@ from rich.table import Table
 from ...job.accounting import accounting_line
 from ...obs.render import cluster_line, rows_table
 from ...obs.report_json import JsonReport, ratio
+from .quantize import Int8Check
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class RunReport(JsonReport):
     # fault (device, error, rows committed then: the rest was done on the devices left)
     device_faults: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    # --quantize int8|auto: what ran, and int8 against float32 on the job's first rows (quantize.py)
+    quantize: dict[str, Any] = field(default_factory=dict)
 
     padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
     rows_per_s = property(lambda self: ratio(self.rows, self.wall_s))
@@ -65,11 +68,19 @@ class RunReport(JsonReport):
             console.print(cluster_line(self))
         if (line := saturation_line(self)) is not None:
             console.print(line)
+        if self.quantize:
+            console.print(Int8Check(**self.quantize).line())
         for t in self.device_faults:
             console.print(f"device {t['device']} at {t['at_s']:.1f} s: {t['state']}: {t['reason']}")
         for r in self.restarts:
             where = f"from {r['committed_rows']:,} committed rows"
             console.print(f"restarted after {r['device']} failed ({r['error']}) {where}")
+
+
+def weights_note(report: RunReport) -> str:
+    if report.quantize.get("chosen") == "int8":
+        return f", int8 weights on {report.quantize['engine']}"
+    return ""
 
 
 def summary_table(report: RunReport) -> Table:
@@ -89,7 +100,7 @@ def summary_table(report: RunReport) -> Table:
         ("wall time", f"{report.wall_s:.2f} s"),
         ("rows/s", f"{report.rows_per_s:,.1f}"),
         ("tokens/s", f"{report.tokens_per_s:,.0f}"),
-        ("device", f"{report.device} ({report.dtype})"),
+        ("device", f"{report.device} ({report.dtype}{weights_note(report)})"),
     ):
         table.add_row(name, value)
     if report.batch_latency_ms:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
+from ...device import dtype_for
+from ...models.registry import LoadedModel
 from ...tune.options import TuneOptions
 from ...tune.sample import draw_sample
 from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
@@ -23,6 +25,7 @@ from ...tune.trial import TrialRunner
 from . import tune_view
 from .options import embed_checkpoint
 from .plan import round_up
+from .quantize import Int8Check, int8_model
 
 
 class EmbedTuning:
@@ -58,6 +61,7 @@ class EmbedTuning:
                 rate_seed=rate_seed,
             )
             trial_base = replace(base, input=sample_input, report_path=None, trace_path=None)
+            trial_base, model = self.choose_weights(trial_base, kind, max_length)
             search: Search
 
             def best_score() -> float:
@@ -77,12 +81,27 @@ class EmbedTuning:
                 score=goal.score,
                 on_repeat=repeat_started,
             )
+            runner.preload(model)
             space = search_space(trial_base, kind, max_length, int(sample.lengths.min()))
             shown = None if on_trial is None else (lambda trial: on_trial(search, trial, ""))
             search = Search(runner, goal, space, on_trial=shown)
             search.view = tune_view
             search.run(default_params(trial_base, kind))
         return sample, search, kind
+
+    int8_check: Int8Check | None = None
+
+    def choose_weights(self, base: RunConfig, kind: str, max_length: int) -> tuple[RunConfig, LoadedModel | None]:
+        """Under --quantize int8|auto on the CPU: int8 against float32 on the sample, once (quantize.py);
+        the trials then run the model it chose, and the recipe says which."""
+        if base.device.quantize not in ("int8", "auto") or kind != "cpu":
+            return base, None
+        info = embed_checkpoint(base)
+        dtype = dtype_for(base.device.dtype, torch.device("cpu"))
+        untimed = replace(base, input=replace(base.input, rate=None))
+        model, self.int8_check = int8_model(untimed, info, torch.device("cpu"), dtype, max_length)
+        chosen = "int8" if self.int8_check.chosen == "int8" else "none"
+        return replace(base, device=replace(base.device, quantize=chosen)), model
 
     def columns(self) -> list[tuple[str, Callable[[Trial], Any]]]:
         return [
@@ -101,6 +120,8 @@ class EmbedTuning:
         if base.device.devices:  # one budget, tuned once, for every device
             values["devices"] = base.device.devices
         values["dtype"] = base.device.dtype
+        if self.int8_check is not None:
+            values["quantize"] = "int8" if self.int8_check.chosen == "int8" else "none"
         if base.tokenize.max_length is not None:
             values["max_length"] = base.tokenize.max_length
         values["tokenize_threads"] = base.tokenize.threads
@@ -110,7 +131,7 @@ class EmbedTuning:
         return values
 
     def recipe_notes(self, search: Search, base: RunConfig) -> list[str]:
-        return []
+        return [] if self.int8_check is None else [self.int8_check.line()]
 
 
 def device_kind(spec: str) -> str:

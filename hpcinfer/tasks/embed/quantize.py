@@ -1,0 +1,148 @@
+"""`--quantize int8|auto` for the pooling tasks: the model in int8, checked on the job's own rows.
+
+Before the run, the first `SAMPLE_ROWS` valid rows of the input (tokenized as the run will) go
+through the float32 model and the int8 one. The report gives the cosine between the two outputs
+(min and mean over the rows) and the time each took. `auto` keeps int8 only where it was faster
+here and its min cosine reaches `--min-cosine`: int8 pays only on a CPU with int8 dot-product
+instructions (VNNI, AMX), and a model whose outputs move too far is kept in float32.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...config import RunConfig
+from ...errors import ConfigError
+from ...files.read import Reader
+from ...models.checkpoint import CheckpointInfo
+from ...models.int8 import int8_problem, quantize_int8
+from ...models.registry import LoadedModel, load_model, load_tokenizer
+from .tokenize import TokenizeStage
+
+SAMPLE_ROWS = 64  # half calibrate int8, half measure it
+
+
+@dataclass(slots=True)
+class Int8Check:
+    """What the float32/int8 comparison on the job's rows found, and what the run uses."""
+
+    chosen: str  # int8 | float32
+    engine: str  # the int8 kernel library (fbgemm | onednn)
+    rows: int  # rows compared
+    min_cosine: float
+    mean_cosine: float
+    max_abs_diff: float
+    float_ms: float  # the sample through the float32 model (its packed CPU path), best of two
+    int8_ms: float
+    reason: str  # why auto chose as it did ("" for --quantize int8)
+
+    def line(self) -> str:
+        quality = (
+            f"cosine to float32 on {self.rows} of the job's rows: min {self.min_cosine:.4f}, "
+            f"mean {self.mean_cosine:.4f}"
+        )
+        speed = f"sample {self.float_ms:.0f} ms in float32, {self.int8_ms:.0f} ms in int8 ({self.engine})"
+        chose = f"quantize: {self.chosen}" + (f" ({self.reason})" if self.reason else "")
+        return f"{chose}; {quality}; {speed}" if self.reason else f"{chose} ({self.engine}); {quality}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sample_batch(config: RunConfig, info: CheckpointInfo, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first valid rows of the input, tokenized as the run tokenizes them: (ids [rows, width], lengths)."""
+    stage = TokenizeStage(
+        load_tokenizer(info.path, max_length), max_length, info.config.vocab_size, "truncate", info.prompt
+    )
+    reader = Reader(replace(config.input, limit=SAMPLE_ROWS * 4, rate=None), window_rows=SAMPLE_ROWS * 4)
+    rows: list[np.ndarray] = []
+    for block in reader.produce():
+        for tokens in stage.process(block):
+            starts = np.cumsum(tokens.lengths) - tokens.lengths
+            rows.extend(tokens.flat_ids[s : s + n] for s, n in zip(starts, tokens.lengths, strict=True))
+        if len(rows) >= SAMPLE_ROWS:
+            break
+    rows = [r for r in rows[:SAMPLE_ROWS] if len(r)]
+    if not rows:
+        raise ConfigError("--quantize int8 compares against float32 on the input's rows, and it has none valid")
+    lengths = torch.tensor([len(r) for r in rows])
+    ids = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.from_numpy(r.astype(np.int64))
+    return ids, lengths
+
+
+def _run_sorted(model: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The rows through `model` in length-sorted batches of 16, as the run batches them (padding
+    changes a batch's activation range, and so int8's precision): (outputs in row order, ms)."""
+    order = torch.argsort(lengths)
+    out: torch.Tensor | None = None
+    start = time.perf_counter()
+    for first in range(0, len(order), 16):
+        rows = order[first : first + 16]
+        width = int(lengths[rows].max())
+        part = model(ids[rows, :width], lengths[rows]).float()
+        if out is None:
+            out = part.new_empty(len(order), part.shape[-1])
+        out[rows] = part
+    assert out is not None
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def _timed(model: Any, ids: torch.Tensor, lengths: torch.Tensor, timed: bool) -> tuple[torch.Tensor, float]:
+    """The outputs, and with `timed` the ms of a second pass (the first builds the kernels)."""
+    out, ms = _run_sorted(model, ids, lengths)
+    return (out, _run_sorted(model, ids, lengths)[1]) if timed else (out, ms)
+
+
+def int8_model(
+    config: RunConfig, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, max_length: int
+) -> tuple[LoadedModel, Int8Check]:
+    """The model the run uses under --quantize int8|auto, and the comparison that chose it.
+
+    Half the sample calibrates int8 (each layer's activation ranges set its smoothing); the
+    cosine is taken on the other half, rows int8 has not seen.
+    """
+    if (problem := int8_problem(device, dtype)) is not None:
+        raise ConfigError(problem)
+    ids, lengths = sample_batch(config, info, max_length)
+    calibration, held_out = torch.arange(0, len(ids), 2), torch.arange(1, len(ids), 2)
+    if not len(held_out):
+        calibration = held_out = torch.arange(len(ids))
+    fast_float = load_model(info, device, dtype)  # the float32 path a run without --quantize takes
+    timed = config.device.quantize == "auto"  # NOTE: only auto decides by speed; int8 is told
+    reference, float_ms = _timed(fast_float.embedder, ids[held_out], lengths[held_out], timed)
+    quantized = load_model(info, device, dtype, cpu_fast_path=False)
+    embedder = quantized.embedder
+    rows = config.plan.max_batch_tokens or 2048  # the int8 kernels are timed at a full batch
+    engine = quantize_int8(embedder, rows, calibrate=lambda: embedder(ids[calibration], lengths[calibration]))
+    out, int8_ms = _timed(embedder, ids[held_out], lengths[held_out], timed)
+    cosine = torch.nn.functional.cosine_similarity(out, reference, dim=-1)
+    check = Int8Check(
+        "int8",
+        engine,
+        len(held_out),
+        round(float(cosine.min()), 6),
+        round(float(cosine.mean()), 6),
+        float((out - reference).abs().max()),
+        round(float_ms, 2),
+        round(int8_ms, 2),
+        "",
+    )
+    if config.device.quantize == "auto":
+        if int8_ms >= float_ms:
+            check.chosen, check.reason = "float32", "int8 was not faster on this CPU"
+        elif check.min_cosine < config.device.min_cosine:
+            check.chosen = "float32"
+            check.reason = f"int8's min cosine {check.min_cosine:.4f} < --min-cosine {config.device.min_cosine:g}"
+        else:
+            check.reason = f"{float_ms / int8_ms:.2f}x faster, min cosine >= {config.device.min_cosine:g}"
+    return (quantized if check.chosen == "int8" else fast_float), check
+
+
+__all__ = ["SAMPLE_ROWS", "Int8Check", "int8_model", "sample_batch"]
