@@ -18,6 +18,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config import DeviceConfig
+from ..errors import ConfigError
+
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
 
@@ -26,6 +29,20 @@ class BreakerSettings:
     failures: int = 2  # failures within window_s that open a breaker
     window_s: float = 600.0
     cooldown_s: float = 30.0  # open this long before a trial (half-open)
+
+
+def breaker_settings(d: DeviceConfig) -> BreakerSettings:
+    """`--breaker-failures/--breaker-window/--breaker-cooldown` as settings, checked with
+    `--step-timeout`: a bad value is the user's error, named by its flag."""
+    for flag, bad, rule in (
+        ("--breaker-failures", d.breaker_failures < 1, "at least 1"),
+        ("--breaker-window", d.breaker_window <= 0, "above 0 seconds"),
+        ("--breaker-cooldown", d.breaker_cooldown < 0, "0 seconds or more"),
+        ("--step-timeout", d.step_timeout is not None and d.step_timeout <= 0, "above 0 seconds"),
+    ):
+        if bad:
+            raise ConfigError(f"{flag} must be {rule}")
+    return BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,15 +15,14 @@ from typing import Any
 
 from ...config import RunConfig
 from ...device import Device
-from ...errors import DeviceHung, DeviceResultFailed, DevicesFailed, HpcinferError, StageError
+from ...errors import DevicesFailed, StageError
 from ...obs.progress import Progress
 from ...obs.timing import Span
-from ...place.breaker import Breaker, BreakerLog, BreakerSettings, Transition
+from ...place.breaker import Breaker, BreakerLog, Transition, breaker_settings
 from ...place.devices import device_labels
+from .faults import device_fault
 from .given import RunExtras
 from .report import RunReport
-
-DEVICE_STAGES = ("stage", "execute", "collect")  # a device's steps; tokenize, plan and write are the host's
 
 
 def run_degrading(
@@ -36,9 +35,7 @@ def run_degrading(
     there, exactly as `--resume` redoes them, so the output is the one an undisturbed run
     writes. The run fails only when every device is out, naming each."""
     labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
-    settings = BreakerSettings(
-        config.device.breaker_failures, config.device.breaker_window, config.device.breaker_cooldown
-    )
+    settings = breaker_settings(config.device)
     progress = extras.progress or Progress(config.pipeline.progress)
     marks: list[Span] = []  # NOTE: each transition is also an instant on the trace, on its device's track
 
@@ -62,18 +59,12 @@ def run_degrading(
         try:
             report = run_once(config, [devices[i] for i in live], extras)
         except StageError as exc:
-            local = device_labels([labels[i] for i in live])  # NOTE: a run on fewer devices numbers them anew
-            stage, _, where = exc.stage.partition("@")
-            if len(live) == 1 and stage in DEVICE_STAGES:
-                where = local[0]  # one device: its stages carry no device name
-            if isinstance(exc.cause, DeviceResultFailed):
-                where = local[exc.cause.replica]  # a device's failure the writer saw first
-            if isinstance(exc.cause, HpcinferError) or where not in local:
+            # NOTE: a run on fewer devices numbers them anew
+            fault = device_fault(exc, device_labels([labels[i] for i in live]))
+            if fault is None:
                 raise  # a user's problem, or a stage that is not a device's
-            failed = live[local.index(where)]
-            cause = exc.cause.__cause__ if isinstance(exc.cause, DeviceResultFailed) else exc.cause
-            error = f"{type(cause).__name__}: {cause}"
-            if isinstance(exc.cause, DeviceHung):
+            failed, error = live[fault.device], fault.error
+            if fault.hung:
                 breakers[failed].trip(error)  # NOTE: a hung device is out at once
             else:
                 breakers[failed].failure(error)

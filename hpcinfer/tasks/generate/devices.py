@@ -75,6 +75,17 @@ class DeviceFault:
         return f"{type(self.error).__name__}: {self.error}"
 
 
+def step_fault(engine: Engine, exc: Exception) -> DeviceFault:
+    """What an engine step raised, as its device's fault: the one rule of every engine, local or a
+    Ray replica. A user's problem (HpcinferError: a bad option, a file that changed) is re-raised, to
+    end the run as one line; a row's own problem never raises (it is a reject); anything else is
+    the device's. The engine drops its sequences (their K/V can no longer be trusted): the caller
+    runs their prompts elsewhere, with their seeds."""
+    if isinstance(exc, HpcinferError):
+        raise exc
+    return DeviceFault(exc, [seq.seq_id for seq in engine.reset()])
+
+
 @dataclass(slots=True)
 class WorkerStats:
     """One device's figures, written by its thread only (dispatch reads the rate as it goes)."""
@@ -175,14 +186,12 @@ class EngineWorker:
                 while self._take():
                     try:
                         self._step()
-                    except HpcinferError:
-                        raise
                     except Exception as exc:  # a device fault: the pool moves the work, the thread goes on
                         self.step_started = None
-                        dropped = [seq.seq_id for seq in self.engine.reset()]
+                        fault = step_fault(self.engine, exc)
                         with self._cond:
                             self._engine_left = self._waiting = 0
-                        self.outbox.put((self.index, DeviceFault(exc, dropped)))
+                        self.outbox.put((self.index, fault))
         except BaseException as exc:  # sent to the job loop, which stops the run naming this device
             self.outbox.put((self.index, exc))
 
