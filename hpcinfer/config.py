@@ -81,6 +81,7 @@ class DeviceConfig:
     breaker_window: float = 600.0
     breaker_cooldown: float = 30.0
     step_timeout: float | None = 600.0
+    tensor_parallel: int = 1  # --tp N: the decoder split across N devices, one process per rank (generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +194,8 @@ class RunConfig:
             raise ConfigError(f"--engine must be local or ray (got {self.cluster.engine!r})")
         if self.cluster.replicas is not None and self.cluster.replicas < 1:
             raise ConfigError(f"--replicas must be at least 1 (got {self.cluster.replicas})")
+        if self.device.tensor_parallel < 1:
+            raise ConfigError(f"--tp must be at least 1 (got {self.device.tensor_parallel})")
         if self.cluster.gpus_per_replica < 0:
             raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:

@@ -182,6 +182,9 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--step-timeout", "device.step_timeout", "Devices", "With --devices: a device that returns nothing "
         "for this many seconds while it has work is hung: its work moves to the others.", commands=RUNS,
         type=float),
+    opt("--tp --tensor-parallel", "device.tensor_parallel", "Devices", "Generation: split the decoder across "
+        "N devices (heads, KV cache and MLP divided; one process per rank). With --devices, list the N devices "
+        "of the group.", commands=("run",), dest="tensor_parallel", type=int, metavar="N"),
     # -- Cluster
     opt("--engine", "cluster.engine", "Cluster", "local: this machine; ray: the same job in Ray Data actors, "
         "one model replica each (pip install 'hpcinfer[ray]').", commands=RUNS, type=choice(["local", "ray"])),

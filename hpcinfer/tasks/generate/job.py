@@ -47,7 +47,7 @@ from .. import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker, combined_stats, device_summary
-from .engine import Engine
+from .engine import Engine, EngineConfig
 from .hf_engine import WHAT_IS_LOST, transformers_engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
@@ -62,6 +62,7 @@ from .setup import (
     request_reader,
     run_decoder_info,
 )
+from .tp import TensorParallel, attach, group_devices, rank_setup, start_tensor_parallel, tp_engine_config
 
 
 def wants_generation(config: RunConfig) -> bool:
@@ -106,6 +107,10 @@ class GenerationJob:
         check_output(config.output.path)
         self.info = run_decoder_info(config)
         self.devices, self.dtype = generation_devices(config)
+        self.tp: TensorParallel | None = None  # --tp N: rank 0 of a running group
+        if config.device.tensor_parallel > 1:  # one engine, on rank 0's device; the group's devices in `tp_devices`
+            self.tp_devices = group_devices(config, self.info, self.devices)
+            self.devices = self.tp_devices[:1]
         self.device = self.devices[0]
         self.labels = device_labels([str(d) for d in self.devices])
         self.step_hooks = step_hooks or {}
@@ -203,36 +208,56 @@ class GenerationJob:
         open_store(self.store, self.reader, self.config.output)
         resumed = self.store.rows_written
         self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
-        engines = [self._engine(device) for device in self.devices]
-        # NOTE: a KV pool smaller than the model's context bounds the prompts too.
-        self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
-        source = self.reader.produce()
-        start = time.perf_counter()
-        if len(engines) == 1:
-            sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges)
-            run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
-            self.by_device[0].last_step_end = sink.last_step_end
-        else:
-            self._run_many(engines, source, stop, ranges)
-        if not stop.is_set():
-            self.report.accounting = settle(
-                ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
-                self.written_by_source,
-                self.rejects.by_source,
-            )
-            self.store.assemble()
+        engines = [self._tp_engine()] if self.tp_size > 1 else [self._engine(device) for device in self.devices]
+        try:
+            # NOTE: a KV pool smaller than the model's context bounds the prompts too.
+            self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
+            source = self.reader.produce()
+            start = time.perf_counter()
+            if len(engines) == 1:
+                sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges)
+                run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
+                self.by_device[0].last_step_end = sink.last_step_end
+            else:
+                self._run_many(engines, source, stop, ranges)
+            if not stop.is_set():
+                self.report.accounting = settle(
+                    ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
+                    self.written_by_source,
+                    self.rejects.by_source,
+                )
+                self.store.assemble()
+        finally:
+            if self.tp is not None:
+                self.report.tensor_parallel = [asdict(f) for f in self.tp.close(engines[0].stats.steps)]
         return self._summarise(engines, start, resumed)
 
-    def _engine(self, device: torch.device) -> Engine:
+    @property
+    def tp_size(self) -> int:
+        return self.config.device.tensor_parallel
+
+    def _tp_engine(self) -> Engine:
+        """Rank 0 of a --tp group: the other ranks started, its shard loaded, its engine mirrored to them."""
+        self.tp = start_tensor_parallel(
+            rank_setup(self.config, self.info, self.tp_devices, self.dtype, self.engine_config)
+        )
+        if self.devices[0].type == "cpu":
+            torch.set_num_threads(self.tp.ranks.setup.threads or 1)
+        engine = self._engine(self.devices[0], self.tp.model, tp_engine_config(self.engine_config, self.tp))
+        attach(engine, self.tp)
+        return engine
+
+    def _engine(self, device: torch.device, model: Any = None, config: EngineConfig | None = None) -> Engine:
         if self.config.backend == "transformers":
             self.progress.note(f"hpcinfer: --backend transformers generates in {WHAT_IS_LOST}")
             return transformers_engine(self.info, device, self.dtype, self.engine_config, self.tokenizer)
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            model = load_decoder(self.info, device, self.dtype, self.config.device.quantize)
+            if model is None:
+                model = load_decoder(self.info, device, self.dtype, self.config.device.quantize)
             return Engine(
                 model,
-                self.engine_config,
+                config or self.engine_config,
                 self.info.eos_token_ids,
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 trace_steps=self.config.trace_path is not None,
