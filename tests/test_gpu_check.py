@@ -34,7 +34,7 @@ def test_the_steps_file_fails_a_run_where_a_step_did_not_run(tmp_path):
     finally:
         sys.path.remove(str(BENCH))
     out = tmp_path / "steps.json"
-    names = ["environment", "checkpoint", "checks", "multi-device", "benchmark", "generation"]
+    names = ["environment", "checkpoint", "checks", "multi-device", "benchmark", "generation", "tensor-parallel"]
     every = [f"{name} ok {i}" for i, name in enumerate(names)]
     assert main([str(out), "1", *every]) == 0
     assert [s["step"] for s in json.loads(out.read_text())["steps"]] == [line.split()[0] for line in every]
