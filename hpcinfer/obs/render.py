@@ -24,12 +24,12 @@ def rows_table(title: str, rows: list[dict[str, Any]], columns: tuple[tuple[str,
 
 
 def cluster_line(report: Any) -> str:
-    """The Ray run in one line: replicas, the slowest actor, restarts, Ray's spill and failed tasks."""
+    """The Ray run in one line: replicas, the slowest actor, restarts, and the windows moved away
+    from replicas that failed (their breakers' transitions have lines of their own)."""
     c = report.cluster
     parts = [f"ray: {c['replicas']} replicas", f"slowest actor {c['slowest_actor']}"]
     parts.append(f"actor restarts seen {c['actor_restarts_seen']}")
-    if "tasks_failed" in c:
-        parts.append(f"failed tasks {c['tasks_failed']} (retried)")
-    if "object_store_spilled_bytes" in c:
-        parts.append(f"object store spilled {c['object_store_spilled_bytes'] / 2**20:,.1f} MiB")
+    for replica, m in c.get("moved_from", {}).items():
+        windows = f"{m['windows']:,} window{'s' if m['windows'] != 1 else ''}"
+        parts.append(f"moved {windows} ({m['rows']:,} rows) from {replica}")
     return ", ".join(parts)

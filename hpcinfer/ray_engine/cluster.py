@@ -1,16 +1,17 @@
-"""Talking to Ray: joining or starting a cluster, the actor pool a run gets, and every unit through it."""
+"""Talking to Ray: joining or starting a cluster, the resources a run gets, and its replicas' actors."""
 
 from __future__ import annotations
 
 import math
 import os
-import pickle
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..place.breaker import breaker_settings
+from .replicas import ReplicaSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,6 @@ def refuse_unsupported(config: RunConfig) -> None:
 def import_ray() -> Any:
     try:
         import ray
-        import ray.data  # noqa: F401
     except ImportError:
         raise ConfigError("--engine ray needs Ray: pip install 'hpcinfer[ray]'") from None
     return ray
@@ -96,57 +96,15 @@ def replica_dtype(ray: Any, config: RunConfig, pool: Pool) -> Any:
     return getattr(torch, ray.get(half.remote()).removeprefix("torch."))
 
 
-def run_units(
-    ray: Any, replica_cls: type, units: list, config: RunConfig, pool: Pool, task: str, stats: dict[str, Any]
-) -> Iterator[Any]:
-    """Every unit through the actor pool; yields each unit's result as it comes back (any order).
-
-    Ray Data's own figures for the dataset land in `stats` once every result is back.
-    """
-    if not units:
-        return
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    items = [{"unit": pickle.dumps(u, protocol=pickle.HIGHEST_PROTOCOL)} for u in units]
+def start_replicas(
+    ray: Any, replica_cls: type, config: RunConfig, pool: Pool, task: str, listener: Callable[[Any], None]
+) -> ReplicaSet:
+    """The run's replicas, each an actor with the pool's CPUs and GPUs, loading the model (`listener`
+    hears each breaker transition)."""
     threads = config.device.threads or (pool.cpus if pool.kind == "cpu" else None)
-    ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        replica_cls,
-        fn_constructor_kwargs={"config": config, "workdir": os.getcwd(), "threads": threads, "task": task},
-        batch_size=1,
-        compute=ray.data.ActorPoolStrategy(size=pool.replicas),
-        num_cpus=pool.cpus,
-        num_gpus=pool.gpus or None,
-        # NOTE: Ray Data restarts a dead actor and redoes its unit on it (max_restarts and
-        # max_task_retries default to -1 for actor pools); the driver commits each window
-        # once, whichever attempt delivered it.
-    )
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=pool.replicas):
-        for blob in batch["result"]:
-            yield pickle.loads(blob)
-    stats.update(ray_stats(ds))
-
-
-def ray_stats(ds: Any) -> dict[str, Any]:
-    """Ray Data's own figures for this dataset, where this Ray version exposes them (a private API)."""
-    try:
-        summary = ds._get_stats_summary()
-    except Exception:  # noqa: BLE001 - statistics are a nicety; their absence never fails a run
-        return {}
-    spilled = failed = 0
-
-    def walk(stats: Any) -> None:
-        nonlocal spilled, failed
-        for op in [stats, *getattr(stats, "operators_stats", [])]:
-            extra = getattr(op, "extra_metrics", None) or {}
-            spilled += int(extra.get("obj_store_mem_spilled", 0) or 0)
-            failed += int(extra.get("num_tasks_failed", 0) or 0)
-        for parent in getattr(stats, "parents", []):
-            walk(parent)
-
-    walk(summary)
-    return {
-        "object_store_spilled_bytes": spilled,
-        "cluster_spilled_bytes": int(getattr(summary, "global_bytes_spilled", 0) or 0),
-        "tasks_failed": failed,
-    }
+    args = {"config": config, "workdir": os.getcwd(), "threads": threads, "task": task}
+    options: dict[str, Any] = {"num_cpus": pool.cpus}
+    if pool.gpus:
+        options["num_gpus"] = pool.gpus
+    settings = breaker_settings(config.device)
+    return ReplicaSet(ray, replica_cls, pool.replicas, args, options, settings, listener)

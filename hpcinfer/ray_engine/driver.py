@@ -1,14 +1,19 @@
-"""`--engine ray`: a run's windows done by replicas in Ray Data actors, for any task.
+"""`--engine ray`: a run's windows done by replicas in Ray actors, for any task.
 
 What runs where. The driver (this process) checks the inputs, output and model as a local run
-does, takes the output's lock, cuts the input into the local run's windows (`units.py`) and hands
-them to Ray Data: `map_batches(ReplicaActor, concurrency=N)` over one block per window, so Ray
-schedules the windows on an actor pool, restarts an actor that dies and redoes its windows. Each
-actor runs the task's own engine on its window (the task's `replica.py`). Results come back to the
-driver, which alone writes: it turns ids repeated across windows into rejects, commits each
-window as a part in the manifest, in window order, and assembles OUTPUT as a local run does. A
-window is committed once, by the driver, whatever Ray retried, so no row is ever written twice; a
-kill of the driver leaves a committed prefix that `--resume` (on either engine) continues.
+does, takes the output's lock, cuts the input into the local run's windows (`units.py`) and
+starts `--replicas` actors (replicas.py), each loading the model once. It hands the windows out
+itself, one at a time per replica, lowest first (schedule.py): each replica runs the task's own
+engine on its window (the task's `replica.py`). Results come back to the driver, which alone
+writes: it turns ids repeated across windows into rejects, commits each window as a part in the
+manifest, in window order, and assembles OUTPUT as a local run does. A window is committed once,
+by the driver, whichever attempt delivered it, so no row is ever written twice; a kill of the
+driver leaves a committed prefix that `--resume` (on either engine) continues.
+
+A circuit breaker per replica (place/breaker.py, as for local devices) keeps work away from a
+replica that keeps failing: a device fault, a hang past `--step-timeout` or a process that died
+counts against it, and its window is redone on another replica; Ray replaces the process. Only
+when every replica is open does the run fail, naming each, its committed windows kept.
 
 What differs between tasks (which model facts, which store, how a window's results are
 committed, how the replicas' figures merge) is the task's `ClusterTask` (tasks/*/cluster.py).
@@ -19,11 +24,11 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 from ..config import RunConfig, flatten
-from ..errors import HpcinferError, Interrupted, OutputError
+from ..errors import HpcinferError, Interrupted, OutputError, StageError
 from ..files.ids import IdSet, id_key
 from ..files.parts import PartStore
 from ..files.sources import Source
@@ -32,9 +37,11 @@ from ..job.claim import claimed, open_store
 from ..job.output_checks import check_output, output_format
 from ..job.rejects import RejectCounter
 from ..obs.progress import Progress
+from ..place.breaker import Transition, breaker_settings
 from .actor import ReplicaActor
-from .cluster import Pool, connect, import_ray, refuse_unsupported, replica_dtype, resources, run_units
+from .cluster import Pool, connect, import_ray, refuse_unsupported, replica_dtype, resources, start_replicas
 from .commit import reject_from_json
+from .schedule import ReplicaError, Scheduler
 from .units import Unit, plan_units
 
 
@@ -69,14 +76,6 @@ class ClusterTask(Protocol):
         """The task's own lines of the report, once the output is assembled."""
 
 
-class RayUnitError(HpcinferError):
-    """A replica's unit failed for a user's reason (a file changed under the run, say)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def run_on_ray(
     config: RunConfig, task: ClusterTask, *, progress: Progress | None = None, replica_cls: type = ReplicaActor
 ) -> Any:
@@ -85,6 +84,7 @@ def run_on_ray(
     `replica_cls` is the actor class (tests pass one that dies on purpose).
     """
     refuse_unsupported(config)
+    breaker_settings(config.device)  # NOTE: a bad value is refused before Ray starts
     ray = import_ray()
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
@@ -125,7 +125,6 @@ class ClusterJob:
         self.read: dict[str, int] = {}
         self.written: dict[str, int] = {}
         self.results: list[Any] = []
-        self.ray_stats: dict[str, Any] = {}
 
     def run(self, ray: Any, replica_cls: type, progress: Progress) -> Any:
         config, store, window = self.config, self.store, self.task.window_rows(self.config)
@@ -141,14 +140,23 @@ class ClusterJob:
         progress.set_total(sum(u.input_rows for u in units))
         expected = {u.window_id: u for u in units}
         start = time.perf_counter()
-        stream = run_units(ray, replica_cls, units, config, self.pool, self.task.name, self.ray_stats)
+
+        def tell(t: Transition) -> None:
+            progress.note(f"hpcinfer: {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}")
+
+        replicas = start_replicas(ray, replica_cls, config, self.pool, self.task.name, tell)
+        schedule = Scheduler(ray, replicas, units, config.device.step_timeout, progress)
         try:
             commit_in_order(
-                stream, first_window, len(units), lambda r: self._commit(r, expected[r.window_id], progress)
+                schedule.results(),
+                first_window,
+                len(units),
+                lambda r: self._commit(r, expected[r.window_id], progress),
             )
         except KeyboardInterrupt:  # the committed windows stay: say so, and how to resume
             raise Interrupted(signal.SIGINT, store.rows_written, config.output.path) from None
         finally:
+            replicas.close()
             progress.close()
         resumed = _resumed_by_file(sources, totals, resumed_rows)
         report = self.task.merge(self.results, time.perf_counter() - start, self.pool)
@@ -161,10 +169,11 @@ class ClusterJob:
         report.wall_s = time.perf_counter() - start
         report.rows, report.rows_resumed = store.rows_written, resumed_written
         report.rejects = dict(sorted(self.rejects.by_reason.items()))
-        replicas = self.pool.replicas
-        report.device = f"ray: {replicas} replica{'s' if replicas > 1 else ''} ({self.pool.kind})"
+        n = self.pool.replicas
+        report.device = f"ray: {n} replica{'s' if n > 1 else ''} ({self.pool.kind})"
         report.dtype, report.model, report.output = self.dtype, self.task.model, config.output.path
-        report.cluster.update(self.ray_stats)
+        report.cluster.update(schedule.figures())
+        report.device_faults = [asdict(t) for t in replicas.log.transitions]
         report.config = flatten(config)
         self.task.finish(report, store, config)
         if config.report_path:
@@ -189,24 +198,22 @@ class ClusterJob:
 def commit_in_order(results: Iterator[Any], first_window: int, count: int, commit: Callable[[Any], None]) -> None:
     """Commits units' results in window order, whatever order they come back in; all `count` must come.
 
-    A result with an `error` (a user's problem, found by a replica) stops the run with that message;
-    a failure of Ray itself (an actor that cannot start, ...) becomes one line.
+    A user's problem found by a replica, or every replica failing, stops the run with its one
+    line; any other failure (of Ray itself) becomes one line too.
     """
     pending: dict[int, Any] = {}
     next_window = first_window
     try:
         for result in results:
-            if result.error is not None:
-                raise RayUnitError(*result.error)
             pending[result.window_id] = result
             while next_window in pending:
                 commit(pending.pop(next_window))
                 next_window += 1
-    except (HpcinferError, KeyboardInterrupt):
+    except (HpcinferError, StageError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - Ray's own failure: one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise RayUnitError(f"the Ray job failed: {type(exc).__name__}: {first}", 1) from exc
+        raise ReplicaError(f"the Ray job failed: {type(exc).__name__}: {first}", 1) from exc
     if next_window != first_window + count:
         raise AccountingError(f"windows {next_window}-{first_window + count - 1} never came back from Ray")
 

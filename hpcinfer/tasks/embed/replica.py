@@ -31,6 +31,7 @@ from ...files.sources import Source
 from ...obs.progress import Progress
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import RowBlock
+from .faults import device_fault
 from .options import embed_checkpoint
 from .report import RunReport
 
@@ -147,6 +148,7 @@ class UnitResult:
     started: float = 0.0  # wall clock (time.time), to place the unit on the job's timeline
     finished: float = 0.0
     error: tuple[str, int] | None = None  # (message, exit code)
+    fault: str | None = None  # set instead when its device failed: the unit is redone elsewhere
 
 
 class EmbedReplica:
@@ -172,7 +174,8 @@ class EmbedReplica:
         self.model = load_model(self.info, self.devices[0].torch_device, self.dtype)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
-    def run(self, unit: Unit) -> UnitResult:
+    def run(self, unit: Unit, progress: Progress | None = None) -> UnitResult:
+        """The unit's windows; `progress` hears of each batch written (the driver's --step-timeout)."""
         result = UnitResult(unit.window_id, self.name, started=time.time())
         try:
             reader = RangeReader(self.config.input, self.config.plan.sort_window, unit)
@@ -180,9 +183,16 @@ class EmbedReplica:
             job = self._job.EmbedJob(
                 self.config, self.devices, store, reader, self.info, self.max_length, self.dtype, unit.window_id
             )
-            extras = self._job.RunExtras(Progress("off"), model=self.model)
+            extras = self._job.RunExtras(progress or Progress("off"), model=self.model)
             report = _off_main_thread(lambda: self._job.execute_job(job, extras))
-        except (HpcinferError, StageError) as exc:  # a user's problem: the driver reports it as one line
+        except StageError as exc:  # the local run's classifier: the device's fault, or no device's
+            fault = device_fault(exc, [self.devices[0].kind])
+            if fault is not None:
+                result.fault = fault.error
+            else:
+                result.error = (str(exc), exc.exit_code)
+            return result
+        except HpcinferError as exc:  # a user's problem: the driver reports it as one line
             result.error = (str(exc), exc.exit_code)
             return result
         result.windows = store.windows

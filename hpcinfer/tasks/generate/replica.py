@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,12 @@ from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
 from ...models.decoder_checkpoint import load_decoder
+from ...ray_engine.beat import Beat
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import Reject
 from .admission import Admission
 from .answers import answer_row
+from .devices import DeviceFault, step_fault
 from .engine import Engine
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader, _parse
@@ -73,6 +75,28 @@ class GenerateUnitResult:
     started: float = 0.0  # wall clock (time.time), to place the unit on the job's timeline
     finished: float = 0.0
     error: tuple[str, int] | None = None  # (message, exit code)
+    fault: str | None = None  # set instead when its device failed: the unit is redone elsewhere
+
+
+class StepFailed(Exception):
+    """An engine step failed for its device's reason (devices.step_fault): the unit is not done."""
+
+    def __init__(self, fault: DeviceFault) -> None:
+        super().__init__(fault.text)
+
+
+class ReplicaSink(EngineSink):
+    """The replica's engine as the loop's sink: `beat` before each step (the driver's --step-timeout
+    watch), and what a step raises classified by the rule of every engine (devices.step_fault)."""
+
+    def __init__(self, engine: Engine, beat: Callable[[], None]) -> None:
+        super().__init__(engine, hook=beat)
+
+    def collect(self, wait: float | None) -> Iterator[tuple[int, list[Sequence]]]:
+        try:
+            yield from super().collect(wait)
+        except Exception as exc:
+            raise StepFailed(step_fault(self.engine, exc)) from exc
 
 
 class RangeRequestReader(RequestReader):
@@ -155,19 +179,30 @@ class GenerateReplica:
         )
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.step_hook: Callable[[], None] | None = None  # before each step: a slowed or failing device (tests)
 
-    def run(self, unit: Unit) -> GenerateUnitResult:
+    def run(self, unit: Unit, beat: Beat | None = None) -> GenerateUnitResult:
+        """The unit's answers; `beat.touch()` is called before each engine step (the driver's --step-timeout)."""
         result = GenerateUnitResult(unit.window_id, self.name, started=time.time())
         try:
             with torch.inference_mode():
-                self._run(unit, result)
+                self._run(unit, result, beat.touch if beat is not None else None)
+        except StepFailed as exc:  # its sequences are dropped: the unit is redone elsewhere, with its seeds
+            result.fault = str(exc)
+            return result
         except HpcinferError as exc:  # a user's problem: the driver reports it as one line
             result.error = (str(exc), exc.exit_code)
             return result
         result.finished = time.time()
         return result
 
-    def _run(self, unit: Unit, result: GenerateUnitResult) -> None:
+    def _before_step(self, beat: Callable[[], None] | None) -> None:
+        if beat is not None:
+            beat()
+        if self.step_hook is not None:
+            self.step_hook()
+
+    def _run(self, unit: Unit, result: GenerateUnitResult, beat: Callable[[], None] | None = None) -> None:
         g, engine = self.config.generate, self.engine
         window = GenerateWindow(unit.window_id, unit.first_row)
         reader = RangeRequestReader(self.whole, unit)
@@ -188,7 +223,7 @@ class GenerateReplica:
             window.answers.append((request.row, answer_row(seq, request, self.tokenizer, self.config.model)))
             _count(result, seq, request)
 
-        run_loop(admission, reader.produce(), EngineSink(engine), finished)
+        run_loop(admission, reader.produce(), ReplicaSink(engine, lambda: self._before_step(beat)), finished)
         assert window.closed and window.pending == 0, "the unit's every row was read and answered"
         result.answers = sorted(window.answers, key=lambda item: item[0])
         result.rejects = [r.to_json() for r in window.rejects]
