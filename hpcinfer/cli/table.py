@@ -172,16 +172,17 @@ OPTIONS: tuple[Opt, ...] = (
         "length) bucket and replay them (CUDA only).", commands=RUNS, switch=True),
     opt("--threads", "device.threads", "Devices", "CPU threads for compute.", type=int,
         default_help="torch's choice"),
-    opt("--breaker-failures", "device.breaker_failures", "Devices", "With --devices: a device failing this "
-        "many times within --breaker-window gets no more work until --breaker-cooldown has passed (its "
-        "work goes to the others); the run fails only when every device is out.", commands=RUNS, type=int),
+    opt("--breaker-failures", "device.breaker_failures", "Devices", "With --devices or --engine ray: a device "
+        "(a Ray replica) failing this many times within --breaker-window gets no more work until "
+        "--breaker-cooldown has passed (its work goes to the others); the run fails only when every device "
+        "is out.", commands=RUNS, type=int),
     opt("--breaker-window", "device.breaker_window", "Devices", "Seconds within which --breaker-failures "
         "count.", commands=RUNS, type=float),
     opt("--breaker-cooldown", "device.breaker_cooldown", "Devices", "Seconds a failed device rests before it "
         "gets work on trial.", commands=RUNS, type=float),
-    opt("--step-timeout", "device.step_timeout", "Devices", "With --devices: a device that returns nothing "
-        "for this many seconds while it has work is hung: its work moves to the others.", commands=RUNS,
-        type=float),
+    opt("--step-timeout", "device.step_timeout", "Devices", "With --devices or --engine ray: a device (a Ray "
+        "replica) that returns nothing for this many seconds while it has work is hung: its work moves to "
+        "the others.", commands=RUNS, type=float),
     opt("--tp --tensor-parallel", "device.tensor_parallel", "Devices", "Generation: split the decoder across "
         "N devices (heads, KV cache and MLP divided; one process per rank). With --devices, list the N devices "
         "of the group.", commands=("run",), dest="tensor_parallel", type=int, metavar="N"),
