@@ -40,6 +40,25 @@ def test_an_int8_linear_is_the_float_linear_within_int8_rounding(engine):
     assert relative_error(layer(x[0, :1]), ref[0, :1]) < 0.02  # one row: the decode shape
 
 
+def test_a_few_rows_take_the_weight_only_kernel_and_agree_with_the_float_linear():
+    """A decode step of a few sequences multiplies the int8 weight by bfloat16 activations."""
+    torch.manual_seed(2)
+    linear = nn.Linear(384, 512)
+    layer = Int8Linear(linear.weight, linear.bias, available_engines()[0], weight_only_rows=4)
+    calls = []
+    original = torch._weight_int8pack_mm
+    x = torch.randn(5, 384)
+    with torch.no_grad():
+        ref = linear(x)
+    try:
+        torch._weight_int8pack_mm = lambda *a: calls.append(a[0].shape) or original(*a)
+        small, large = layer(x[:3]), layer(x)
+    finally:
+        torch._weight_int8pack_mm = original
+    assert calls == [(3, 384)]  # 3 rows: weight-only; 5 rows: activations quantized
+    assert relative_error(small, ref[:3]) < 0.02 and relative_error(large, ref) < 0.02
+
+
 def test_smoothing_keeps_the_product_and_tames_an_outlier_channel():
     """SmoothQuant: x/s times w*s is x times w; with one activation channel 100x the others,
     plain int8 loses the small channels and smoothed int8 keeps them."""

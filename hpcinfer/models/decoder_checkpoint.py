@@ -229,7 +229,7 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
 
 
 QUANTIZE = ("none", "fp8", "int8")
-INT8_ROWS = 16  # the rows a decode step multiplies, for timing int8 kernel libraries (models/int8.py)
+INT8_ROWS = 64  # a batched decode step's rows, for timing int8 kernel libraries (models/int8.py)
 
 
 def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaDecoder:

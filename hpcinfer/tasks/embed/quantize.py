@@ -94,19 +94,14 @@ def _run_sorted(model: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[t
     return out, (time.perf_counter() - start) * 1e3
 
 
-def _timed(model: Any, ids: torch.Tensor, lengths: torch.Tensor, timed: bool) -> tuple[torch.Tensor, float]:
-    """The outputs, and with `timed` the ms of a second pass (the first builds the kernels)."""
-    out, ms = _run_sorted(model, ids, lengths)
-    return (out, _run_sorted(model, ids, lengths)[1]) if timed else (out, ms)
-
-
 def int8_model(
     config: RunConfig, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, max_length: int
 ) -> tuple[LoadedModel, Int8Check]:
     """The model the run uses under --quantize int8|auto, and the comparison that chose it.
 
     Half the sample calibrates int8 (each layer's activation ranges set its smoothing); the
-    cosine is taken on the other half, rows int8 has not seen.
+    cosine is taken on the other half, rows int8 has not seen. One float32 model is loaded and
+    quantized in place; only `auto` also times the float32 path a run without --quantize takes.
     """
     if (problem := int8_problem(device, dtype)) is not None:
         raise ConfigError(problem)
@@ -114,14 +109,14 @@ def int8_model(
     calibration, held_out = torch.arange(0, len(ids), 2), torch.arange(1, len(ids), 2)
     if not len(held_out):
         calibration = held_out = torch.arange(len(ids))
-    fast_float = load_model(info, device, dtype)  # the float32 path a run without --quantize takes
-    timed = config.device.quantize == "auto"  # NOTE: only auto decides by speed; int8 is told
-    reference, float_ms = _timed(fast_float.embedder, ids[held_out], lengths[held_out], timed)
     quantized = load_model(info, device, dtype, cpu_fast_path=False)
     embedder = quantized.embedder
+    reference, _ = _run_sorted(embedder, ids[held_out], lengths[held_out])
     rows = config.plan.max_batch_tokens or 2048  # the int8 kernels are timed at a full batch
-    engine = quantize_int8(embedder, rows, calibrate=lambda: embedder(ids[calibration], lengths[calibration]))
-    out, int8_ms = _timed(embedder, ids[held_out], lengths[held_out], timed)
+    engine = quantize_int8(
+        embedder, rows, calibrate=lambda: _run_sorted(embedder, ids[calibration], lengths[calibration])
+    )
+    out, int8_ms = _run_sorted(embedder, ids[held_out], lengths[held_out])
     cosine = torch.nn.functional.cosine_similarity(out, reference, dim=-1)
     check = Int8Check(
         "int8",
@@ -130,18 +125,23 @@ def int8_model(
         round(float(cosine.min()), 6),
         round(float(cosine.mean()), 6),
         float((out - reference).abs().max()),
-        round(float_ms, 2),
-        round(int8_ms, 2),
+        0.0,
+        0.0,
         "",
     )
-    if config.device.quantize == "auto":
-        if int8_ms >= float_ms:
-            check.chosen, check.reason = "float32", "int8 was not faster on this CPU"
-        elif check.min_cosine < config.device.min_cosine:
-            check.chosen = "float32"
-            check.reason = f"int8's min cosine {check.min_cosine:.4f} < --min-cosine {config.device.min_cosine:g}"
-        else:
-            check.reason = f"{float_ms / int8_ms:.2f}x faster, min cosine >= {config.device.min_cosine:g}"
+    if config.device.quantize != "auto":
+        return quantized, check
+    fast_float = load_model(info, device, dtype)  # the float32 path a run without --quantize takes
+    _run_sorted(fast_float.embedder, ids[held_out], lengths[held_out])  # NOTE: first passes build kernels
+    check.float_ms = round(_run_sorted(fast_float.embedder, ids[held_out], lengths[held_out])[1], 2)
+    check.int8_ms = round(_run_sorted(embedder, ids[held_out], lengths[held_out])[1], 2)
+    if check.int8_ms >= check.float_ms:
+        check.chosen, check.reason = "float32", "int8 was not faster on this CPU"
+    elif check.min_cosine < config.device.min_cosine:
+        check.chosen = "float32"
+        check.reason = f"int8's min cosine {check.min_cosine:.4f} < --min-cosine {config.device.min_cosine:g}"
+    else:
+        check.reason = f"{check.float_ms / check.int8_ms:.2f}x faster, min cosine >= {config.device.min_cosine:g}"
     return (quantized if check.chosen == "int8" else fast_float), check
 
 
