@@ -72,6 +72,22 @@ def test_each_sample_is_the_row_alone_with_its_seed(llama, ahead: bool, prefix_c
     assert len(set(drawn)) > 1  # seeded samples differ from each other
 
 
+def test_forks_of_prompts_still_prefilling_hold_their_places(llama) -> None:
+    """More samples than --max-num-seqs: prompts admitted together, each with forks still to come,
+    never put more sequences in a step than the engine's buffers hold."""
+    _, info, model, prompts = llama
+    config = EngineConfig(max_num_seqs=4, kv_cache_memory=2 << 20, block_size=4, max_num_batched_tokens=512)
+    engine = Engine(model, config, info.eos_token_ids)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=2, n=2, ignore_eos=True)
+    seqs = [engine.add(p, params, seq_id=i) for i, p in enumerate(prompts)]
+    most = 0
+    while engine.has_work:
+        engine.step()
+        most = max(most, len(engine.scheduler.running))
+    assert most <= 4
+    assert all(len(s.all_samples) == 2 and all(len(x.completion) == 6 for x in s.all_samples) for s in seqs)
+
+
 def test_openai_bodies_answer_n_choices(llama, tmp_path: Path) -> None:
     path, *_ = llama
     chat = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6, "temperature": 1.0, "seed": 3}

@@ -165,9 +165,11 @@ class Scheduler:
     def _admit(self, plan: StepPlan, budget: int) -> None:
         # NOTE: a sequence preempted in this step is not re-admitted in the same step.
         preempted = {id(s) for s in plan.preempted}
+        # NOTE: a prompt with n samples takes n places: its forks join the running list when it
+        # samples, so places are held for the forks of prompts still prefilling too
+        places = len(self.running) + sum(s.forks_due for s in self.running)
         for seq in list(self.waiting):
-            # NOTE: a prompt with n samples takes n places: its forks join the running list when it samples
-            if budget == 0 or len(self.running) + 1 + seq.forks_due > self.max_num_seqs or id(seq) in preempted:
+            if budget == 0 or places + 1 + seq.forks_due > self.max_num_seqs or id(seq) in preempted:
                 break
             hits, pending = self.blocks.match(seq)
             if pending:
@@ -180,6 +182,7 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
+            places += 1 + seq.forks_due
             self.blocks.admit(seq, hits, n)
             if seq.preemptions == 0:
                 seq.num_cached = cached
