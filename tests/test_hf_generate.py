@@ -86,3 +86,37 @@ def test_what_the_backend_lacks_is_refused(tmp_path, llama):
         with pytest.raises(ConfigError, match=message) as caught:
             run(_config(src, tmp_path / "x.jsonl", llama, "transformers", **option), progress=Progress("off"))
         assert "static batches, no paged KV cache" in str(caught.value)
+
+
+def test_an_architecture_without_native_code_generates_as_transformers_does(tmp_path, llama):
+    """GPT-2 (learned positions, GELU, no native decoder): --backend transformers answers each prompt
+    as transformers' own greedy `generate` does, token for token; the native backend refuses it."""
+    import shutil
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = tmp_path / "gpt2"
+    tokenizer = Tokenizer.from_file(str(llama / "tokenizer.json"))
+    tokenizer.no_padding()  # NOTE: the file pads to 128 (it is MiniLM's); prompts are never padded
+    eos = tokenizer.token_to_id("[SEP]")
+    config = GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=96, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    torch.manual_seed(5)
+    GPT2LMHeadModel(config).save_pretrained(gpt2)
+    shutil.copy(llama / "tokenizer.json", gpt2 / "tokenizer.json")
+    texts = [" ".join(t.split()[: 4 + 3 * i]) for i, t in enumerate(make_texts(5, seed=21))]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": t} for i, t in enumerate(texts)])
+    report, ours = _answers(src, tmp_path, gpt2, "transformers", max_tokens=8)
+    assert report.rows == len(ours) == 5
+    model = GPT2LMHeadModel.from_pretrained(gpt2).eval()
+    for row, text in zip(ours, texts, strict=True):
+        ids = tokenizer.encode(text).ids
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=eos)
+        completion = out[0, len(ids) :].tolist()
+        assert row["text"] == tokenizer.decode(completion, skip_special_tokens=True)
+        assert row["completion_tokens"] == len(completion)
+    with pytest.raises(Exception, match="unsupported architecture 'GPT2LMHeadModel'"):
+        _answers(src, tmp_path, gpt2, "native")

@@ -40,7 +40,8 @@ class DecoderInfo:
 
 
 def is_causal_lm(path: Path) -> bool:
-    """True for a GGUF file and when config.json names a `*ForCausalLM` architecture (supported or not)."""
+    """True for a GGUF file and when config.json names a `*ForCausalLM` (or `*LMHeadModel`, as GPT-2
+    does) architecture, supported or not."""
     if find_gguf(path) is not None:
         return True
     file = path / "config.json"
@@ -48,7 +49,7 @@ def is_causal_lm(path: Path) -> bool:
         return False
     raw = read_model_json(file)
     archs = raw.get("architectures") if isinstance(raw, dict) else None
-    return any(str(a).endswith("ForCausalLM") for a in archs or [])
+    return any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs or [])
 
 
 def _ids(value: Any) -> list[int]:
@@ -64,8 +65,11 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def inspect_decoder(path: Path) -> DecoderInfo:
-    """Validates a causal-LM checkpoint (a HF directory or a GGUF file) and reads everything but the weights."""
+def inspect_decoder(path: Path, native: bool = True) -> DecoderInfo:
+    """Validates a causal-LM checkpoint (a HF directory or a GGUF file) and reads everything but the weights.
+
+    `native=False` (--backend transformers): any architecture; transformers reads the weights,
+    and the config gives only what the job itself needs (`loose_config`)."""
     if (file := find_gguf(path)) is not None:
         return inspect_gguf(file)
     if not path.is_dir():
@@ -73,10 +77,10 @@ def inspect_decoder(path: Path) -> DecoderInfo:
     for name in ("config.json", "tokenizer.json"):
         if not (path / name).is_file():
             raise ModelError(f"model directory has no {name}", path=str(path))
-    if not weight_files(path):
+    if native and not weight_files(path):
         raise ModelError("model directory has no model.safetensors (nor model.safetensors.index.json)", path=str(path))
     raw = read_model_json(path / "config.json")
-    config = _config(raw, path)
+    config = _config(raw, path) if native else loose_config(raw, path)
     eos = _ids(raw.get("eos_token_id"))
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
@@ -102,6 +106,38 @@ def _config(raw: dict[str, Any], path: Path) -> DecoderConfig:
         raise ModelError(f"incomplete config ({exc})", path=str(path)) from None
     except ModelError as exc:
         raise ModelError(str(exc), path=str(path)) from None
+
+
+def loose_config(raw: dict[str, Any], path: Path) -> DecoderConfig:
+    """The native reading where it works; for another architecture, the few facts the generation
+    job uses (the vocabulary, the context) under the names transformers' configs use for them."""
+    try:
+        return DecoderConfig.from_hf(raw)
+    except (KeyError, TypeError, ValueError, ModelError):
+        pass
+
+    def first(*keys: str, default: Any = None) -> Any:
+        return next((raw[k] for k in keys if raw.get(k) is not None), default)
+
+    vocab = first("vocab_size", default=(raw.get("text_config") or {}).get("vocab_size"))
+    if vocab is None:
+        raise ModelError("config.json gives no vocab_size", path=str(path))
+    hidden = int(first("hidden_size", "n_embd", "d_model", default=1))
+    heads = int(first("num_attention_heads", "n_head", "num_heads", default=1))
+    context = int(first("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", default=2048))
+    arch = next(iter(raw.get("architectures") or []), raw.get("model_type", "unknown"))
+    return DecoderConfig(
+        architecture=str(arch),
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(first("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden),
+        num_layers=int(first("num_hidden_layers", "n_layer", "num_layers", default=1)),
+        num_heads=heads,
+        num_kv_heads=int(first("num_key_value_heads", default=heads)),
+        head_dim=max(1, hidden // max(1, heads)),
+        rms_norm_eps=1e-6,
+        max_position_embeddings=context,
+    )
 
 
 def inspect_decoder_embedder(path: Path) -> CheckpointInfo:

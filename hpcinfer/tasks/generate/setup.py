@@ -54,7 +54,7 @@ def first_device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
 def run_decoder_info(config: RunConfig) -> DecoderInfo:
     """The checkpoint's facts, its context capped by --max-model-len (positions, the KV pool's
     longest sequence and the longest prompt follow); a cap past the checkpoint's context is refused."""
-    info = inspect_decoder(resolve_model_path(config.model))
+    info = inspect_decoder(resolve_model_path(config.model), native=config.backend == "native")
     cap = config.generate.max_model_len
     if cap is None:
         return info
