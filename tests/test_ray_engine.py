@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcinfer.config import ClusterConfig
+from hpcinfer.config import ClusterConfig, DeviceConfig
 from hpcinfer.errors import ConfigError, OutputError
 from hpcinfer.files.read import Reader
 from hpcinfer.obs.progress import Progress
@@ -174,6 +174,25 @@ def test_ray_engine_refuses_what_it_cannot_do(tmp_path, tiny_model, requests_jso
         run_job(replace(cfg, input=replace(cfg.input, rate=10.0)))
     with pytest.raises(ConfigError, match="needs --gpus-per-replica"):
         run_job(replace(cfg, device=replace(cfg.device, device="cuda")))
+    with pytest.raises(ConfigError, match="--quantize auto is not available with --engine ray"):
+        run_job(replace(cfg, device=replace(cfg.device, quantize="auto")))
+
+
+def test_int8_on_ray_is_int8_as_locally(tmp_path, tiny_model, ray_address):
+    """Every replica calibrates on the input's first rows as a local run does: the same smoothing."""
+    inputs = _inputs(tmp_path)
+    int8 = DeviceConfig(quantize="int8")
+    local = replace(small_config(inputs, tmp_path / "local.parquet", tiny_model), device=int8)
+    run_job(local)
+    run_job(_ray(replace(local, output=replace(local.output, path=str(tmp_path / "ray.parquet")))))
+    ta, tb = read_output(tmp_path / "local.parquet"), read_output(tmp_path / "ray.parquet")
+    assert ta.column("id").to_pylist() == tb.column("id").to_pylist()
+    ea, eb = np.array(ta.column("embedding").to_pylist()), np.array(tb.column("embedding").to_pylist())
+    cosine = (ea * eb).sum(1) / np.linalg.norm(ea, axis=1) / np.linalg.norm(eb, axis=1)
+    assert cosine.min() > 0.999  # NOTE: a replica may time another kernel library faster than the driver's machine did
+    with pytest.raises(OutputError):  # int8 is in the fingerprint on Ray too
+        run_job(_ray(replace(local, output=replace(local.output, path=str(tmp_path / "ray.parquet"), resume=True),
+                             device=DeviceConfig())))  # fmt: skip
 
 
 def test_without_ray_installed_the_engine_says_how_to_get_it(tmp_path, tiny_model, requests_jsonl, monkeypatch):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...config import RunConfig, resolve_plan
+from ...errors import ConfigError
 from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.read import Reader
@@ -37,6 +38,11 @@ class EmbedCluster:
     reader: Reader | None = None  # set by settle(): the whole input's sources
 
     def prepare(self, config: RunConfig) -> None:
+        if config.device.quantize in ("auto", "fp8"):
+            raise ConfigError(
+                f"--quantize {config.device.quantize} is not available with --engine ray for pooling tasks "
+                "(int8 is: every replica quantizes the same way)"
+            )
         self.info = embed_checkpoint(config)
         self.model = str(self.info.path)
 
@@ -45,7 +51,8 @@ class EmbedCluster:
         config = replace(config, plan=resolve_plan(config.plan, pool.kind, None))
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
-        fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype)
+        weights = "int8" if config.device.quantize == "int8" else "float"
+        fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype, weights)
         return config, output_store(config, fmt, self.info, fp, self.reader.sources)
 
     def window_rows(self, config: RunConfig) -> int:

@@ -171,7 +171,13 @@ class EmbedReplica:
         self.info = embed_checkpoint(self.config)
         self.max_length = job.check_lengths(self.config, self.info)
         self.dtype = resolve_dtype(self.config.device.dtype, self.devices[0])
-        self.model = load_model(self.info, self.devices[0].torch_device, self.dtype)
+        if self.config.device.quantize == "int8":  # NOTE: each replica calibrates on the same first rows
+            from .quantize import int8_model
+
+            device = self.devices[0].torch_device
+            self.model, _ = int8_model(self.config, self.info, device, self.dtype, self.max_length)
+        else:
+            self.model = load_model(self.info, self.devices[0].torch_device, self.dtype)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def run(self, unit: Unit, progress: Progress | None = None) -> UnitResult:
