@@ -264,6 +264,25 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
     return state
 
 
+def assign_weights(model: Any, state: dict[str, torch.Tensor], path: Path) -> Any:
+    """A decoder built on the meta device given its weights (strict: a missing tensor or a shape the
+    config does not give is a ModelError), its RoPE tables built; in eval mode, without gradients."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ModelError(f"weights are missing {missing[:4]}", path=str(path))
+    wrong = [
+        f"{k} {tuple(state[k].shape)} (config gives {tuple(v.shape)})"
+        for k, v in expected.items()
+        if state[k].shape != v.shape
+    ]
+    if wrong:
+        raise ModelError(f"weights do not match the config: {', '.join(wrong[:2])}", path=str(path))
+    model.load_state_dict(state, strict=False, assign=True)
+    model.build_rope()
+    return model.eval().requires_grad_(False)
+
+
 QUANTIZE = ("none", "fp8", "int8")
 INT8_ROWS = 64  # a batched decode step's rows, for timing int8 kernel libraries (models/int8.py)
 
@@ -290,20 +309,7 @@ def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, qu
         state.pop("lm_head.weight", None)
     elif "lm_head.weight" not in state and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # some checkpoints omit a head equal to the embedding
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ModelError(f"weights are missing {missing[:4]}", path=str(info.path))
-    wrong = [
-        f"{k} {tuple(state[k].shape)} (config gives {tuple(v.shape)})"
-        for k, v in expected.items()
-        if state[k].shape != v.shape
-    ]
-    if wrong:
-        raise ModelError(f"weights do not match the config: {', '.join(wrong[:2])}", path=str(info.path))
-    model.load_state_dict(state, strict=False, assign=True)
-    model.build_rope()
-    model = model.eval().requires_grad_(False)
+    model = assign_weights(model, state, info.path)
     if quantize == "int8":
         if (problem := int8_problem(device, dtype)) is not None:
             raise ConfigError(problem)
