@@ -46,8 +46,8 @@ def rank_main(rank: int, world: int, port: int, path: str, device: str, out: str
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
     torch.set_num_threads(1)
     rdv = Rendezvous(rank, world, port, 120.0)
-    rdv.join(dev)
-    comm = Collectives(rank, world, dev)
+    group = rdv.join(dev)
+    comm = Collectives(group, dev)
     info, figures = inspect_decoder(Path(path)), {}
     for variant in (vocab_parallel,):  # NOTE: one variant per process: freed memory stays resident
         before = rss_bytes()
@@ -75,7 +75,7 @@ def rank_main(rank: int, world: int, port: int, path: str, device: str, out: str
         del model
         figures[next(iter(figures))]["rss_delta_after_steps_bytes"] = rss_bytes() - before
     Path(out, f"rank{rank}-{int(vocab_parallel)}.json").write_text(json.dumps(figures))
-    end_group()
+    end_group(group)
 
 
 def whole_main(_: int, path: str, device: str, out: str) -> None:

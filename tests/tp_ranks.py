@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from hpcinfer.models.decoder_checkpoint import inspect_decoder
 from hpcinfer.models.llama import DenseCausalAttention
@@ -19,8 +18,8 @@ def run_rank(
 ) -> None:
     torch.set_num_threads(1)
     rdv = Rendezvous(rank, world, port, 60.0)
-    rdv.join(torch.device("cpu"))
-    comm = Collectives(rank, world, torch.device("cpu"))
+    group = rdv.join(torch.device("cpu"))
+    comm = Collectives(group, torch.device("cpu"))
     results = {}
     for path in ckpts:
         for vocab_parallel in (True, False):
@@ -36,10 +35,10 @@ def run_rank(
                         if step == 0:
                             logits.append(rows)
                         token = torch.tensor([int(rows[-1].argmax()) if rank == 0 else 0])
-                        dist.broadcast(token, 0)
+                        comm.broadcast(token)
                         seq.append(int(token))
                     tokens.append(seq[len(prompt) :])
             results[(path, vocab_parallel)] = (logits, tokens, model.weight_bytes)
     if rank == 0:
         torch.save(results, out)
-    end_group()
+    end_group(group)

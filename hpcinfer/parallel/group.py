@@ -4,10 +4,15 @@ gloo on the CPU, NCCL on CUDA; every collective runs under the group's timeout, 
 stops answering ends the step with an error instead of a hang. A rank that dies (its sockets
 close) fails the collective at once. `Collectives` counts the calls, bytes and seconds spent in
 them, for the report; on CUDA the seconds come from events on the stream that ran them.
+
+Each group is a process group object of its own (its own TCP store and port), not torch's
+default group: one process holds rank 0 of several groups when `--devices` lists several groups'
+devices (one engine thread per group), and a process has only one default group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -15,6 +20,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend  # a group's gloo or NCCL backend, usable without the default group
 
 from ..errors import HpcinferError
 
@@ -34,12 +40,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 class Collectives:
-    """One rank's view of its group: all-reduce, gather to rank 0, a minimum; timed.
+    """One rank's view of its group: all-reduce, gather to rank 0, a minimum, a broadcast; timed.
 
     `on_error(exc)` turns a failed collective into the error the run reports (the rank that died,
     when it can be told); by default the error itself.
@@ -47,12 +49,12 @@ class Collectives:
 
     def __init__(
         self,
-        rank: int,
-        world: int,
+        group: Backend,
         device: torch.device,
         on_error: Callable[[BaseException], BaseException] | None = None,
     ) -> None:
-        self.rank, self.world, self.device = rank, world, device
+        self.group, self.device = group, device
+        self.rank, self.world = group.rank(), group.size()
         self.on_error = on_error or (lambda exc: exc)
         self.calls = 0
         self.bytes = 0
@@ -66,23 +68,34 @@ class Collectives:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums `x` over the ranks, in place."""
-        self._run(lambda: dist.all_reduce(x), x.nbytes)
+        self._run(lambda: self.group.allreduce([x]), x.nbytes)
         return x
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [S, n] of every rank -> [S, world * n] on rank 0 (rank r's columns at r * n), None elsewhere."""
         x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world)] if self.rank == 0 else None
-        self._run(lambda: dist.gather(x, parts, dst=0), x.nbytes)
-        return torch.cat(parts, dim=-1) if parts is not None else None
+        parts = [torch.empty_like(x) for _ in range(self.world)] if self.rank == 0 else []
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        self._run(lambda: self.group.gather([parts] if parts else [], [x], opts), x.nbytes)
+        return torch.cat(parts, dim=-1) if parts else None
 
     def all_min(self, value: int) -> int:
         """The smallest of the ranks' `value`s (the KV pool's blocks: every rank must hold as many)."""
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        self._run(lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN), t.nbytes)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._run(lambda: self.group.allreduce([t], opts), t.nbytes)
         return int(t.item())
 
-    def _run(self, op: Callable[[], object], nbytes: int) -> None:
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` on every rank, in place."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self._run(lambda: self.group.broadcast([x], opts), x.nbytes)
+        return x
+
+    def _run(self, op: Callable[[], dist.Work], nbytes: int) -> None:
         self.calls += 1
         self.bytes += nbytes
         cuda = self.device.type == "cuda"
@@ -91,7 +104,7 @@ class Collectives:
             start.record()
         t0 = time.perf_counter()
         try:
-            op()
+            op().wait()
         except Exception as exc:
             raise self.on_error(exc) from None
         if start is None:
@@ -132,15 +145,21 @@ class Rendezvous:
                 raise RankFailed(f"tensor-parallel ranks did not reach {stage!r} within {self.timeout_s:g} s")
             time.sleep(0.02)
 
-    def join(self, device: torch.device) -> None:
-        """Joins the process group; `timeout_s` bounds every collective after it."""
+    def join(self, device: torch.device) -> Backend:
+        """The group's process group on this rank; `timeout_s` bounds every collective in it."""
         timeout = timedelta(seconds=self.timeout_s)
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(
-            backend_for(device), store=self.store, rank=self.rank, world_size=self.world, timeout=timeout, **kwargs
-        )
+        if device.type != "cuda":
+            return dist.ProcessGroupGloo(self.store, self.rank, self.world, timeout)
+        nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]  # absent from CPU builds of torch
+        options = nccl.Options()
+        options._timeout = timeout
+        group = nccl(self.store, self.rank, self.world, options)
+        group.eager_connect_single_device(device)  # NOTE: its communicator on this rank's device, not cuda:0
+        return group
 
 
-def end_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def end_group(group: Backend | None) -> None:
+    """Leaves the group (its sockets or NCCL communicator freed now, not at exit)."""
+    if group is not None:
+        with contextlib.suppress(Exception):
+            group.shutdown()

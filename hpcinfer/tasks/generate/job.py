@@ -62,7 +62,8 @@ from .setup import (
     request_reader,
     run_decoder_info,
 )
-from .tp import TensorParallel, attach, group_devices, rank_setup, start_tensor_parallel, tp_engine_config
+from .tp import TensorParallel
+from .tp_groups import close_groups, rank_setup, rank_threads, start_groups, tensor_groups
 
 
 def wants_generation(config: RunConfig) -> bool:
@@ -107,10 +108,10 @@ class GenerationJob:
         check_output(config.output.path)
         self.info = run_decoder_info(config)
         self.devices, self.dtype = generation_devices(config)
-        self.tp: TensorParallel | None = None  # --tp N: rank 0 of a running group
-        if config.device.tensor_parallel > 1:  # one engine, on rank 0's device; the group's devices in `tp_devices`
-            self.tp_devices = group_devices(config, self.info, self.devices)
-            self.devices = self.tp_devices[:1]
+        self.tps: list[TensorParallel] = []  # --tp N: rank 0 of each running group
+        if config.device.tensor_parallel > 1:  # one engine per group, on its rank 0's device
+            self.tp_groups = tensor_groups(config, self.info, self.devices)
+            self.devices = [group[0] for group in self.tp_groups]
         self.device = self.devices[0]
         self.labels = device_labels([str(d) for d in self.devices])
         self.step_hooks = step_hooks or {}
@@ -208,7 +209,7 @@ class GenerationJob:
         open_store(self.store, self.reader, self.config.output)
         resumed = self.store.rows_written
         self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
-        engines = [self._tp_engine()] if self.tp_size > 1 else [self._engine(device) for device in self.devices]
+        engines = self._tp_engines() if self.tp_size > 1 else [self._engine(device) for device in self.devices]
         try:
             # NOTE: a KV pool smaller than the model's context bounds the prompts too.
             self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
@@ -228,24 +229,26 @@ class GenerationJob:
                 )
                 self.store.assemble()
         finally:
-            if self.tp is not None:
-                self.report.tensor_parallel = [asdict(f) for f in self.tp.close(engines[0].stats.steps)]
+            if self.tps:
+                steps = [e.stats.steps for e in engines]
+                self.report.tensor_parallel = [asdict(f) for f in close_groups(self.tps, steps)]
         return self._summarise(engines, start, resumed)
 
     @property
     def tp_size(self) -> int:
         return self.config.device.tensor_parallel
 
-    def _tp_engine(self) -> Engine:
-        """Rank 0 of a --tp group: the other ranks started, its shard loaded, its engine mirrored to them."""
-        self.tp = start_tensor_parallel(
-            rank_setup(self.config, self.info, self.tp_devices, self.dtype, self.engine_config)
+    def _tp_engines(self) -> list[Engine]:
+        """Rank 0 of each --tp group: the other ranks started, its shard loaded, its engine mirrored to them."""
+        threads = rank_threads(self.config, self.tp_groups)
+        setups = [
+            rank_setup(self.config, self.info, devices, self.dtype, self.engine_config, threads, i)
+            for i, devices in enumerate(self.tp_groups)
+        ]
+        engines, self.tps = start_groups(
+            setups, self.engine_config, lambda model, config: self._engine(model.embed.weight.device, model, config)
         )
-        if self.devices[0].type == "cpu":
-            torch.set_num_threads(self.tp.ranks.setup.threads or 1)
-        engine = self._engine(self.devices[0], self.tp.model, tp_engine_config(self.engine_config, self.tp))
-        attach(engine, self.tp)
-        return engine
+        return engines
 
     def _engine(self, device: torch.device, model: Any = None, config: EngineConfig | None = None) -> Engine:
         if self.config.backend == "transformers":
@@ -266,7 +269,7 @@ class GenerationJob:
 
     def _run_many(self, engines: list[Engine], source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:
         """Feeds the engines' threads and commits what they finish; the first device failure stops the run."""
-        cpus = sum(d.type == "cpu" for d in self.devices)
+        cpus = sum(d.type == "cpu" for d in self.devices) * self.tp_size  # NOTE: with --tp, each rank's share
         threads = max(1, (self.config.device.threads or torch.get_num_threads()) // cpus) if cpus else None
         outbox: Any = queue.Queue()
         workers = [

@@ -64,7 +64,7 @@ class GenerateReport(JsonReport):
     device_faults: list[dict[str, Any]] = field(default_factory=list)  # breaker transitions: device, at_s, state
     moved_prompts: dict[str, int] = field(default_factory=dict)  # per device: prompts moved away after its faults
     share_after_recovery: dict[str, float] = field(default_factory=dict)  # a recovered device's token share since
-    # --tp: per rank, its weights, KV pool, resident memory after loading and time in collectives
+    # --tp: per rank (of each group), its weights, KV pool, resident memory after loading and time in collectives
     tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -109,9 +109,11 @@ class GenerateReport(JsonReport):
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
         self._device_rows(table)
+        groups = len({r.get("group", 0) for r in self.tensor_parallel})
         for r in self.tensor_parallel:
+            group = f"group {r.get('group', 0)} " if groups > 1 else ""
             table.add_row(
-                f"tensor-parallel rank {r['rank']} ({r['device']})",
+                f"tensor-parallel {group}rank {r['rank']} ({r['device']})",
                 f"weights {r['weight_bytes'] / 2**20:,.1f} MiB, KV pool {r['kv_pool_bytes'] / 2**20:,.1f} MiB, "
                 f"RSS after load {r['rss_after_load_bytes'] / 2**20:,.0f} MiB, "
                 f"collectives {r['collective_s']:,.2f} s ({r['collective_calls']:,} calls)",

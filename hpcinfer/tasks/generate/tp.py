@@ -12,7 +12,8 @@ a rank waits for its next step as long as rank 0 has nothing to run, without a t
 and it sees rank 0 die as the end of its stdin. Every collective has the group's timeout; a rank
 that dies closes its sockets and fails the step's collective at once. Rank 0 then names the
 rank that died (its exit status, the last line it wrote) and the run ends as after any device
-error: committed windows stay, `--resume` finishes the rest.
+error: committed windows stay, `--resume` finishes the rest. Which devices form the groups, and
+rank 0's engine, are set up in tp_groups.py.
 """
 
 from __future__ import annotations
@@ -33,13 +34,10 @@ from typing import Any
 
 import torch
 
-from ...config import RunConfig
-from ...errors import ConfigError
 from ...models.decoder_checkpoint import DecoderInfo
-from ...parallel.decoder import ShardedDecoder, rank_config
-from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group, free_port
+from ...parallel.decoder import ShardedDecoder
+from ...parallel.group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
 from ...parallel.shard_loader import load_shard
-from .engine import Engine, EngineConfig
 from .kv_cache import KVLayout, size_pool
 from .runner import StepInputs
 
@@ -65,6 +63,7 @@ class RankSetup:
     attention: str
     vocab_parallel: bool = True
     stats_dir: str = ""
+    group: int = 0  # which of the run's groups (--devices of several groups)
 
     @property
     def world(self) -> int:
@@ -77,6 +76,7 @@ class RankFigures:
 
     rank: int
     device: str
+    group: int = 0
     weight_bytes: int = 0
     kv_pool_bytes: int = 0
     rss_after_load_bytes: int = 0
@@ -104,7 +104,7 @@ def load_rank(
     heads and device, and the smallest count is every rank's (a block is one slot range on all)."""
     device = torch.device(setup.devices[rank])
     model = load_shard(setup.info, comm, device, setup.dtype, setup.vocab_parallel)
-    figures = RankFigures(rank, str(device), model.weight_bytes, rss_after_load_bytes=rss_bytes())
+    figures = RankFigures(rank, str(device), setup.group, model.weight_bytes, rss_after_load_bytes=rss_bytes())
     rdv.mark("loaded")
     if rank == 0:
         rdv.wait("loaded", check)
@@ -212,6 +212,7 @@ class TensorParallel:
 
     model: ShardedDecoder
     comm: Collectives
+    group: Backend
     ranks: RankProcesses
     kv_blocks: int
     kv_bytes_per_block: int
@@ -227,7 +228,7 @@ class TensorParallel:
         self.figures.collective_calls, self.figures.collective_bytes = self.comm.calls, self.comm.bytes
         self.figures.steps = steps
         others = self.ranks.close()
-        end_group()
+        end_group(self.group)
         self.each = [self.figures, *sorted(others, key=lambda f: f.rank)]
         return self.each
 
@@ -237,83 +238,15 @@ def start_tensor_parallel(setup: RankSetup) -> TensorParallel:
     ranks started are stopped and the error names the rank that failed."""
     setup = replace(setup, port=free_port())
     ranks = RankProcesses(setup)
+    group = None
     try:
         rdv = Rendezvous(0, setup.world, setup.port, setup.timeout_s)
         rdv.wait("up", ranks.check)
-        rdv.join(torch.device(setup.devices[0]))
-        comm = Collectives(0, setup.world, torch.device(setup.devices[0]), ranks.failure)
+        group = rdv.join(torch.device(setup.devices[0]))
+        comm = Collectives(group, torch.device(setup.devices[0]), ranks.failure)
         model, layout, blocks, figures = load_rank(setup, 0, rdv, comm, ranks.check)
     except BaseException:
         ranks.close()
-        end_group()
+        end_group(group)
         raise
-    return TensorParallel(model, comm, ranks, blocks, layout.bytes_per_block, figures)
-
-
-def group_devices(config: RunConfig, info: DecoderInfo, devices: list[torch.device]) -> list[torch.device]:
-    """The N devices of a `--tp N` group: --devices lists them, else N CPU ranks or cuda:0..N-1.
-    A model that does not divide by N, and combinations not built, are refused in one line."""
-    n, d = config.device.tensor_parallel, config.device
-    if info.gguf:
-        raise ConfigError("--tp reads safetensors checkpoints; run a GGUF file with --tp 1")
-    rank_config(info.config, n)
-    if d.cuda_graphs:
-        raise ConfigError("--cuda-graphs with --tp is not built yet (the decode graphs hold no collectives)")
-    if d.quantize != "none":
-        raise ConfigError(f"--quantize {d.quantize} with --tp is not built yet: give --quantize none")
-    if d.devices:
-        if len(devices) != n:
-            raise ConfigError(
-                f"--tp {n} with --devices of {len(devices)} devices: list the {n} devices of the group "
-                "(several tensor-parallel replicas are not built yet)"
-            )
-        if len({str(x) for x in devices}) != n and devices[0].type == "cuda":
-            raise ConfigError(f"--tp {n}: each rank needs a device of its own (got {d.devices})")
-        return devices
-    if devices[0].type == "cpu":
-        return [devices[0]] * n
-    visible = torch.cuda.device_count()
-    if visible < n:
-        raise ConfigError(f"--tp {n} needs {n} GPUs; {visible} visible")
-    return [torch.device("cuda", i) for i in range(n)]
-
-
-def rank_setup(
-    config: RunConfig, info: DecoderInfo, devices: list[torch.device], dtype: torch.dtype, engine: EngineConfig
-) -> RankSetup:
-    """The group's setup for this run: the CPU's threads shared out among the ranks."""
-    cpus = [x for x in devices if x.type == "cpu"]
-    threads = max(1, (config.device.threads or torch.get_num_threads()) // len(cpus)) if cpus else None
-    return RankSetup(
-        info=info,
-        devices=tuple(str(x) for x in devices),
-        dtype=dtype,
-        port=0,
-        timeout_s=config.device.step_timeout or DEFAULT_TIMEOUT_S,
-        threads=threads,
-        kv_memory=engine.kv_cache_memory,
-        block_size=engine.block_size,
-        kv_storage=engine.kv_storage,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_num_seqs=engine.max_num_seqs,
-        attention=engine.attention,
-    )
-
-
-def tp_engine_config(engine: EngineConfig, tp: TensorParallel) -> EngineConfig:
-    """Rank 0's engine: the KV pool every rank agreed on, and step by step (the other ranks take
-    each step's inputs from the host, so a step's tokens must be there before the next one)."""
-    return replace(engine, kv_cache_memory=tp.kv_blocks * tp.kv_bytes_per_block, ahead=False)
-
-
-def attach(engine: Engine, tp: TensorParallel) -> None:
-    """Rank 0's engine sends each step's inputs (and the KV block copies made since the last step)
-    to the other ranks before its forward."""
-    cache = engine.cache
-    cache.copied = []
-
-    def mirror(step: StepInputs) -> None:
-        copies, cache.copied = cache.copied or [], []
-        tp.mirror(copies, step)
-
-    engine.runner.mirror = mirror
+    return TensorParallel(model, comm, group, ranks, blocks, layout.bytes_per_block, figures)

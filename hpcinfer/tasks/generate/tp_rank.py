@@ -32,8 +32,8 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
         torch.set_num_threads(setup.threads)
     rdv = Rendezvous(rank, setup.world, setup.port, setup.timeout_s)
     rdv.mark("up")
-    rdv.join(device)
-    comm = Collectives(rank, setup.world, device, lambda exc: RankFailed(f"a collective failed: {exc}"))
+    group = rdv.join(device)
+    comm = Collectives(group, device, lambda exc: RankFailed(f"a collective failed: {exc}"))
     model, layout, blocks, figures = load_rank(setup, rank, rdv, comm)
     cache = KVCache(layout, blocks, device)
     max_model_len = min(model.cfg.max_model_len, blocks * setup.block_size)
@@ -56,7 +56,7 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
     figures.collective_s = round(comm.seconds, 4)
     figures.collective_calls, figures.collective_bytes = comm.calls, comm.bytes
     Path(setup.stats_dir, f"rank{rank}.json").write_text(json.dumps(asdict(figures)))
-    end_group()
+    end_group(group)
 
 
 def main() -> None:
