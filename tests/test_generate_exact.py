@@ -98,7 +98,7 @@ def test_small_decode_groups_keep_tokens(case, monkeypatch):
     from hpcinfer.tasks.generate import runner
 
     block = KVLayout.of(case[0].cfg, 16, torch.float32).bytes_per_block // case[0].cfg.num_layers
-    monkeypatch.setattr(runner, "CPU_DECODE_GROUP_BYTES", 8 * block)
+    monkeypatch.setattr(runner, "decode_group_bytes", lambda: 8 * block)
     sizes: list[int] = []
     bounds = runner.ModelRunner._group_bounds
 

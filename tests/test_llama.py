@@ -98,7 +98,7 @@ def test_the_mlp_in_column_slices_equals_transformers(tmp_path, monkeypatch, ext
     """On CPU gate and up run in column slices: 48 columns of 128 leaves a ragged last slice."""
     from hpcinfer.models import llama
 
-    monkeypatch.setattr(llama, "CPU_MLP_SLICE", 48)
+    monkeypatch.setattr(llama, "matmul_slice_rows", lambda row_bytes: 48)
     calls = []
     sliced = llama.DecoderLayer._sliced_act
     monkeypatch.setattr(llama.DecoderLayer, "_sliced_act", lambda self, h, w: calls.append(w) or sliced(self, h, w))

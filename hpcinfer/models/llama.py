@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device.cpu_shape import matmul_slice_rows
 from ..errors import ModelError
 from .rope import ROPE_TYPES, rope_tables
 
 # NOTE: on CPU, MKL runs a [T, hidden] x [hidden, 2 * intermediate] matmul well below its usual
 # FLOP/s when T is a decode batch (measured on one core, hidden 512, intermediate 1536, T = 128:
-# 43 GFLOP/s as one matmul, 66 in slices of 512 columns), so the MLP's gate and up run in slices.
-CPU_MLP_SLICE = 512
+# 43 GFLOP/s as one matmul, 66 in slices of 512 columns), so the MLP's gate and up run in slices
+# sized to this CPU's L2 (`matmul_slice_rows`: 512 columns on that 2 MiB L2).
 
 # HF architecture name -> (qkv bias, q/k RMSNorm). Llama's `attention_bias` also biases o_proj.
 ARCHITECTURES = {
@@ -170,8 +171,10 @@ class DecoderLayer(nn.Module):
             q, k = qk[:, :heads], qk[:, heads:]
         x = x + self.o_proj(attn(self.index, q, k, v))
         h = rms_norm(x, self.post_norm, cfg.rms_norm_eps)
-        if x.device.type == "cpu" and 0 < CPU_MLP_SLICE < cfg.intermediate_size and isinstance(self.gate_up, nn.Linear):
-            return x + self.down(self._sliced_act(h, CPU_MLP_SLICE))
+        if x.device.type == "cpu" and isinstance(self.gate_up, nn.Linear):
+            width = matmul_slice_rows(cfg.hidden_size * h.element_size())
+            if width < cfg.intermediate_size:
+                return x + self.down(self._sliced_act(h, width))
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 

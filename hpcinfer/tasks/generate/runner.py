@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...device.cpu_shape import decode_group_bytes, matmul_slice_rows
 from ...models.llama import LlamaDecoder
 from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention, choose_attention
 from .block_manager import blocks_for
@@ -24,14 +25,14 @@ from .staging import InFlightTokens, StepStaging
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
 MIN_GROUP = 16
 # NOTE: on CPU the torch path gathers each decode group's K/V into a buffer that SDPA then reads;
-# a group whose gathered K/V fit in about this many bytes is still in cache when SDPA reads it.
-# Measured on one core (32 sequences of 192-320 keys, 8 heads): 1.5-1.8x faster per layer than
-# four groups of 32, though it makes more, smaller attention calls.
-CPU_DECODE_GROUP_BYTES = 4 << 20
-# NOTE: on CPU, MKL runs the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
-# when the whole vocabulary is one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
-# rows, one core, S = 64-128); the logits are bit for bit the same.
-CPU_VOCAB_CHUNK = 512
+# a group whose gathered K/V fit in `decode_group_bytes` (twice one core's L2) is still in cache
+# when SDPA reads it. Measured on one core with a 2 MiB L2 (32 sequences of 192-320 keys, 8 heads,
+# 4 MiB groups): 1.5-1.8x faster per layer than four groups of 32, though it makes more, smaller
+# attention calls.
+# NOTE: on CPU, MKL ran the LM head [S, hidden] x [hidden, vocab] at about half its usual FLOP/s
+# when the whole vocabulary was one matmul (measured 26-37 GFLOP/s against 50-63 in slices of 512
+# rows, one core, S = 64-128); slices are sized to this CPU's L2 (`matmul_slice_rows`), and the
+# logits are bit for bit the same.
 
 
 @dataclass(slots=True)
@@ -85,7 +86,9 @@ class ModelRunner:
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
         # NOTE: sized for tables of up to 64 blocks a sequence; it grows on the first longer steps.
         self.staging = StepStaging(self.device, 3 * tokens + 2 * max_num_seqs * (1 + min(self.max_blocks, 64)))
-        self.vocab_chunk = CPU_VOCAB_CHUNK if self.device.type == "cpu" else 0
+        row_bytes = model.cfg.hidden_size * model.norm.element_size()  # one row of the LM head's weight
+        self.vocab_chunk = matmul_slice_rows(row_bytes) if self.device.type == "cpu" else 0
+        self.group_bytes = decode_group_bytes()
         self.graphs = None
         # Tensor parallelism (rank 0): sends each step's inputs to the other ranks before its forward.
         self.mirror: Callable[[StepInputs], None] | None = None
@@ -203,7 +206,7 @@ class ModelRunner:
         return DecodeGroup(start, end - start, blocks, mask.view(end - start, 1, 1, keys), lens[start:end])
 
     def _group_bounds(self, nd: int) -> list[tuple[int, int]]:
-        """[start, end) row ranges: on CPU each group's gathered K/V within CPU_DECODE_GROUP_BYTES;
+        """[start, end) row ranges: on CPU each group's gathered K/V within `group_bytes`;
         elsewhere up to MAX_DECODE_GROUPS groups of at least MIN_GROUP rows."""
         if nd == 0:
             return []
@@ -216,7 +219,7 @@ class ModelRunner:
         widths, out, start = self._widths, [], 0
         while start < nd:
             end = start + 1  # rows are sorted by width, so a group's width is its last row's
-            while end < nd and (end + 1 - start) * int(widths[end]) * per_block <= CPU_DECODE_GROUP_BYTES:
+            while end < nd and (end + 1 - start) * int(widths[end]) * per_block <= self.group_bytes:
                 end += 1
             out.append((start, end))
             start = end
