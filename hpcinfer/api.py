@@ -49,9 +49,11 @@ def run(
         from .tasks.generate.hf_engine import refused_options
 
         refused_options(config)
-    if config.device.tensor_parallel > 1 and (task != "generate" or config.cluster.engine == "ray"):
-        where = "--engine ray" if task == "generate" else f"--task {task}"
-        raise ConfigError(f"--tp runs generation on this machine's devices; with {where} it is not built yet")
+    if config.device.tensor_parallel > 1 and task != "generate":
+        raise ConfigError(f"--tp runs generation; with --task {task} it is not built yet")
+    if config.device.cpu_affinity != "off" and (task == "generate" or config.cluster.engine == "ray"):
+        where = "--engine ray" if config.cluster.engine == "ray" else "generation"
+        raise ConfigError(f"--cpu-affinity pins the pooling tasks' pipeline on this machine; not {where} yet")
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

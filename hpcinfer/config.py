@@ -73,6 +73,7 @@ class DeviceConfig:
     staging_buffers: int = 2
     cuda_graphs: bool = False
     threads: int | None = None  # CPU intra-op threads; None keeps torch's default
+    cpu_affinity: str = "off"  # off | auto | COMPUTE[/TOKENIZE[/HOST]] core lists (place/affinity.py)
     devices: str | None = None  # several devices, one replica each: "cuda:0,cuda:1", "all", "cpu,cpu"
     dispatch: str = "tokens"  # which replica gets a batch: fewest outstanding tokens, or round_robin
     # Circuit breakers (place/breaker.py), generation on several local devices: failures within the

@@ -51,6 +51,7 @@ class RunReport(JsonReport):
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # --quantize int8|auto: what ran, and int8 against float32 on the job's first rows (quantize.py)
     quantize: dict[str, Any] = field(default_factory=dict)
+    cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
 
     padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
     rows_per_s = property(lambda self: ratio(self.rows, self.wall_s))
@@ -70,6 +71,8 @@ class RunReport(JsonReport):
             console.print(line)
         if self.quantize:
             console.print(Int8Check(**self.quantize).line())
+        if self.cpu_affinity:
+            console.print(f"cpu affinity: {self.cpu_affinity}")
         for t in self.device_faults:
             console.print(f"device {t['device']} at {t['at_s']:.1f} s: {t['state']}: {t['reason']}")
         for r in self.restarts:

@@ -4,6 +4,7 @@ their pipeline stages, the dispatcher, the report filled as batches land, the ha
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from ...obs.latency import LatencyLog
 from ...obs.progress import Progress
 from ...obs.timing import Span, Timings, bottleneck
 from ...obs.trace import write_trace
+from ...place.affinity import resolve_affinity
 from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
 from ...types import Pending
@@ -55,6 +57,8 @@ class EmbedRun:
         self.device_log = DeviceLog(self.labels)
         self.dispatcher = Dispatcher(len(devices), self.config.device.dispatch)
         self.latency = LatencyLog()
+        self.affinity = resolve_affinity(self.config.device.cpu_affinity, [_spec(d) for d in devices])
+        self.report.cpu_affinity = self.affinity.describe() if self.affinity is not None else ""
 
     def stages(self, first_window: int, batch_profiler: Any, preloaded: LoadedModel | None) -> tuple:
         """(stages, thread_init, planner, writer, budget): tokenize, plan, each device's stage and
@@ -74,23 +78,21 @@ class EmbedRun:
         planner = Planner(
             plan, budget, first_window, self.rejects.add, online=online, timeout_ms=timeout, max_width=max_width
         )
+        pin = self.affinity
         if len(replicas) == 1:
             only = replicas[0]
-            return (
-                [tokenize, planner, only.stage, only.executor, writer],
-                only.device.bind_thread,
-                planner,
-                writer,
-                budget,
-            )
+            init = only.device.bind_thread if pin is None else pin.thread_init(only.device.bind_thread)
+            return [tokenize, planner, only.stage, only.executor, writer], init, planner, writer, budget
+        binds = [r.device.bind_thread for r in replicas]
         fan = Fanout(
             "dispatch",
             lambda batch: self.dispatcher.choose(batch.padded_tokens, batch.num_rows),
             [[r.stage, r.executor, ResultWait()] for r in replicas],
-            [r.device.bind_thread for r in replicas],
+            binds if pin is None else [pin.thread_init(b, i) for i, b in enumerate(binds)],
             self.labels,
         )
-        return [tokenize, planner, fan, writer], None, planner, writer, budget
+        shared = None if pin is None else pin.thread_init()
+        return [tokenize, planner, fan, writer], shared, planner, writer, budget
 
     def on_batch(self, pending: Pending) -> None:
         """A batch's results are written: its device time, tokens and rows into the report."""
@@ -126,6 +128,13 @@ class EmbedRun:
                 watchdog=watchdog,
                 **common,
             )
+        elif self.affinity is not None:  # NOTE: one thread does everything, so it takes the compute cores
+            mine = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.affinity.replicas[0].compute)
+            try:
+                run_serial(source, stages, self.timings, **common)
+            finally:
+                os.sched_setaffinity(0, mine)
         else:
             run_serial(source, stages, self.timings, **common)
 
@@ -205,3 +214,8 @@ def _record_device_spans(timings: Timings, pending: Pending, device: str = "") -
         ("d2h", "compute_done", "d2h_done", compute_track),
     ):
         timings.busy(stage, ev[start].time_ns(), ev[end].time_ns(), track, **args)
+
+
+def _spec(device: Any) -> str:
+    """'cpu', 'cuda:1' or 'simulated': what --cpu-affinity auto looks a device's cores up by."""
+    return str(device.torch_device) if device.kind == "cuda" else device.kind
