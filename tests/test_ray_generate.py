@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -267,6 +268,19 @@ def test_a_local_run_killed_9_resumes_on_ray_identically(tmp_path, ckpt, ray_add
     report = run(replace(_config(inputs, out, ckpt, replicas=1), **resume), progress=Progress("off"))
     assert report.accounting["rows_resumed"] == 8 and report.accounting["balanced"]
     _same_output(tmp_path / "local.jsonl", out)
+
+
+def test_a_tensor_parallel_replica_equals_the_local_engine(tmp_path, ckpt, ray_address):
+    """--tp 2 on Ray: the replica's actor is rank 0 of a group whose rank 1 it starts itself."""
+    inputs = _inputs(tmp_path)
+    local = run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+    cfg = _config(inputs, tmp_path / "ray.jsonl", ckpt, replicas=1)
+    report = run(replace(cfg, device=replace(cfg.device, tensor_parallel=2)), progress=Progress("off"))
+    _same_output(tmp_path / "local.jsonl", tmp_path / "ray.jsonl")
+    assert report.rows == local.rows and report.rejects == local.rejects
+    gpus = replace(cfg, cluster=replace(cfg.cluster, gpus_per_replica=1), device=replace(cfg.device, tensor_parallel=2))
+    with pytest.raises(ConfigError, match=re.escape("--tp 2 with --engine ray on GPUs needs --gpus-per-replica 2")):
+        run(gpus, progress=Progress("off"))
 
 
 def test_ray_generation_refuses_what_it_cannot_do(tmp_path, ckpt):

@@ -36,6 +36,9 @@ def refuse_unsupported(config: RunConfig) -> None:
             raise ConfigError(f"{flag} is not available with --engine ray")
     if config.device.device.startswith("cuda") and not config.cluster.gpus_per_replica:
         raise ConfigError("--device cuda with --engine ray needs --gpus-per-replica (Ray hands out the GPUs)")
+    tp, gpus = config.device.tensor_parallel, config.cluster.gpus_per_replica
+    if tp > 1 and 0 < gpus < tp:  # NOTE: each replica is a --tp group: its ranks need a GPU each
+        raise ConfigError(f"--tp {tp} with --engine ray on GPUs needs --gpus-per-replica {tp} (got {gpus:g})")
 
 
 def import_ray() -> Any:

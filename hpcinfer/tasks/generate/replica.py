@@ -34,11 +34,13 @@ from ...types import Reject
 from .admission import Admission
 from .answers import answer_row
 from .devices import DeviceFault, step_fault
-from .engine import Engine
+from .engine import Engine, EngineConfig
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader, _parse
 from .sequence import Sequence
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
+from .tp import TensorParallel
+from .tp_groups import replica_engine
 
 _BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
 
@@ -166,17 +168,26 @@ class GenerateReplica:
         device, dtype = first_device(config)
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
-        with torch.inference_mode():
-            model = load_decoder(self.info, device, dtype, config.device.quantize)
+
+        def make(model: Any, settings: EngineConfig) -> Engine:
+            return Engine(
+                model,
+                settings,
+                self.info.eos_token_ids,
+                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                grammars=self.whole.grammars,
+            )
+
         # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one
         # window serves the next, as in a local run.
-        self.engine = Engine(
-            model,
-            engine_config(config),
-            self.info.eos_token_ids,
-            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            grammars=self.whole.grammars,
-        )
+        self.tp: TensorParallel | None = None  # --tp N: this replica is a group, its rank 0 here
+        self.tp_threads: int | None = None
+        with torch.inference_mode():
+            if config.device.tensor_parallel > 1:
+                self.engine, self.tp, self.tp_threads = replica_engine(config, self.info, device, dtype, make)
+            else:
+                model = load_decoder(self.info, device, dtype, config.device.quantize)
+                self.engine = make(model, engine_config(config))
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.step_hook: Callable[[], None] | None = None  # before each step: a slowed or failing device (tests)
@@ -184,6 +195,8 @@ class GenerateReplica:
     def run(self, unit: Unit, beat: Beat | None = None) -> GenerateUnitResult:
         """The unit's answers; `beat.touch()` is called before each engine step (the driver's --step-timeout)."""
         result = GenerateUnitResult(unit.window_id, self.name, started=time.time())
+        if self.tp_threads:  # NOTE: the actor set this thread's count for one process; rank 0 has its share
+            torch.set_num_threads(self.tp_threads)
         try:
             with torch.inference_mode():
                 self._run(unit, result, beat.touch if beat is not None else None)

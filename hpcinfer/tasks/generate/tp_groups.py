@@ -23,6 +23,7 @@ from ...models.decoder_checkpoint import DecoderInfo
 from ...parallel.decoder import ShardedDecoder, rank_config
 from .engine import Engine, EngineConfig
 from .runner import StepInputs
+from .setup import engine_config
 from .tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 
 MakeEngine = Callable[[ShardedDecoder, EngineConfig], Engine]  # rank 0's engine on its shard
@@ -134,3 +135,16 @@ def start_groups(
 def close_groups(groups: list[TensorParallel], steps: list[int]) -> list[RankFigures]:
     """Stops every group's ranks; every rank's figures, group by group, rank 0 first."""
     return [f for tp, n in zip(groups, steps, strict=True) for f in tp.close(n)]
+
+
+def replica_engine(
+    config: RunConfig, info: DecoderInfo, device: torch.device, dtype: torch.dtype, make: MakeEngine
+) -> tuple[Engine, TensorParallel, int | None]:
+    """A Ray replica's `--tp N` group: rank 0 in the actor, ranks 1..N-1 processes it starts, on
+    the devices Ray gave the actor (N CPU ranks, or its N GPUs: --gpus-per-replica N). Returns
+    rank 0's engine, the group, and rank 0's intra-op threads."""
+    groups = tensor_groups(config, info, [device])
+    threads = rank_threads(config, groups)
+    engine = engine_config(config)
+    engines, started = start_groups([rank_setup(config, info, groups[0], dtype, engine, threads)], engine, make)
+    return engines[0], started[0], threads

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import signal
 import sys
 from dataclasses import asdict
@@ -44,7 +45,8 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
         while True:
             try:
                 message = pickle.load(inbox)  # type: ignore[arg-type]
-            except EOFError:
+            except EOFError:  # NOTE: rank 0 died (a kill, a Ray actor ended): no one reads its stats dir now
+                shutil.rmtree(setup.stats_dir, ignore_errors=True)
                 raise RankFailed("rank 0 went away") from None
             if message is None:
                 break
