@@ -188,8 +188,10 @@ OPTIONS: tuple[Opt, ...] = (
         "replica) that returns nothing for this many seconds while it has work is hung: its work moves to "
         "the others.", commands=RUNS, type=float),
     opt("--tp --tensor-parallel", "device.tensor_parallel", "Devices", "Generation: split the decoder across "
-        "N devices (heads, KV cache and MLP divided; one process per rank). With --devices, list the N devices "
-        "of the group.", commands=("run",), dest="tensor_parallel", type=int, metavar="N"),
+        "N devices (heads, KV cache and MLP divided; one process per rank). With --devices, every N devices "
+        "in turn form a group, one replica each (8 GPUs, --tp 2: 4 replicas); with --engine ray, each "
+        "replica is a group (--gpus-per-replica N on GPUs).", commands=("run",), dest="tensor_parallel",
+        type=int, metavar="N"),
     # -- Cluster
     opt("--engine", "cluster.engine", "Cluster", "local: this machine; ray: the same job in Ray Data actors, "
         "one model replica each (pip install 'hpcinfer[ray]').", commands=RUNS, type=choice(["local", "ray"])),
