@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ConfigError, ModelError
-from ..models.decoder_checkpoint import DecoderInfo
+from ..models.decoder_checkpoint import DecoderInfo, assign_weights
 from .decoder import ShardedDecoder, rank_config, vocab_rows
 from .group import Collectives
 
@@ -129,17 +129,4 @@ def load_shard(
         model = ShardedDecoder(info.config, comm, vocab_parallel)
     with ExitStack() as stack:
         state = shard_tensors(_Checkpoint(info, stack, device, dtype), model)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ModelError(f"weights are missing {missing[:4]}", path=str(info.path))
-    wrong = [
-        f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
-        for k, v in expected.items()
-        if state[k].shape != v.shape
-    ]
-    if wrong:
-        raise ModelError(f"weights do not match the config: {', '.join(wrong[:2])}", path=str(info.path))
-    model.load_state_dict(state, strict=False, assign=True)
-    model.build_rope()
-    return model.eval().requires_grad_(False)
+    return assign_weights(model, state, info.path)
