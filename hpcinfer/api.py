@@ -49,8 +49,8 @@ def run(
         from .tasks.generate.hf_engine import refused_options
 
         refused_options(config)
-    if config.device.tensor_parallel > 1 and task != "generate":
-        raise ConfigError(f"--tp runs generation; with --task {task} it is not built yet")
+    if config.device.tensor_parallel > 1 and task not in ("generate", "embed"):
+        raise ConfigError(f"--tp splits a decoder (generation, decoder embedders); --task {task} runs an encoder")
     if config.device.cpu_affinity != "off" and (task == "generate" or config.cluster.engine == "ray"):
         where = "--engine ray" if config.cluster.engine == "ray" else "generation"
         raise ConfigError(f"--cpu-affinity pins the pooling tasks' pipeline on this machine; not {where} yet")

@@ -176,6 +176,8 @@ def test_ray_engine_refuses_what_it_cannot_do(tmp_path, tiny_model, requests_jso
         run_job(replace(cfg, device=replace(cfg.device, device="cuda")))
     with pytest.raises(ConfigError, match="--quantize auto is not available with --engine ray"):
         run_job(replace(cfg, device=replace(cfg.device, quantize="auto")))
+    with pytest.raises(ConfigError, match="a pooling task with --tp runs locally"):
+        run_job(replace(cfg, device=replace(cfg.device, tensor_parallel=2)))
 
 
 def test_int8_on_ray_is_int8_as_locally(tmp_path, tiny_model, ray_address):

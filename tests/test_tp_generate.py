@@ -145,7 +145,7 @@ def test_a_model_that_does_not_divide_is_one_line(tmp_path, ckpt):
 @pytest.mark.parametrize(
     ("device", "task", "says"),
     [
-        (DeviceConfig(tensor_parallel=2), "embed", "--tp runs generation; with --task embed"),
+        (DeviceConfig(tensor_parallel=2), "classify", "--tp splits a decoder (generation, decoder embedders)"),
         (DeviceConfig(tensor_parallel=2, devices="cpu,cpu,cpu"), "auto", "--tp 2 with --devices of 3 devices"),
         (DeviceConfig(tensor_parallel=2, quantize="fp8"), "auto", "--quantize fp8 with --tp is not built yet"),
         (DeviceConfig(tensor_parallel=0), "auto", "--tp must be at least 1"),

@@ -44,6 +44,14 @@ def pack_decoder_for_cpu(decoder: LlamaDecoder) -> LlamaDecoder:
     return decoder
 
 
+def padded_hidden(decoder: LlamaDecoder, ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's hidden states [rows * width, hidden] of right-padded rows ids [rows, width]
+    (a tensor-parallel rank replays exactly this on its shard: parallel/embed_rank)."""
+    rows, width = ids.shape
+    positions = torch.arange(width, device=ids.device).repeat(rows)
+    return decoder(ids.reshape(-1), positions, PaddedCausalAttention(rows, width))
+
+
 class DecoderEmbedder(SentenceEmbedder):
     """Decoder + final norm + pooling (+ Matryoshka truncation, + L2 normalisation): the sentence
     embedder's steps with the decoder's forward."""
@@ -54,11 +62,10 @@ class DecoderEmbedder(SentenceEmbedder):
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         rows, width = ids.shape
-        positions = torch.arange(width, device=ids.device).repeat(rows)
-        hidden = self.decoder(ids.reshape(-1), positions, PaddedCausalAttention(rows, width))
+        hidden = padded_hidden(self.decoder, ids)
         hidden = rms_norm(hidden, self.decoder.norm, self.decoder.cfg.rms_norm_eps).view(rows, width, -1)
         token_mask = torch.arange(width, device=ids.device)[None, :] < lengths[:, None]
         return hidden, token_mask
 
 
-__all__ = ["DecoderEmbedder", "PaddedCausalAttention", "pack_decoder_for_cpu"]
+__all__ = ["DecoderEmbedder", "PaddedCausalAttention", "pack_decoder_for_cpu", "padded_hidden"]

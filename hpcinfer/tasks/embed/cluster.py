@@ -38,6 +38,8 @@ class EmbedCluster:
     reader: Reader | None = None  # set by settle(): the whole input's sources
 
     def prepare(self, config: RunConfig) -> None:
+        if config.device.tensor_parallel > 1:
+            raise ConfigError("--tp with --engine ray runs generation; a pooling task with --tp runs locally")
         if config.device.quantize in ("auto", "fp8"):
             raise ConfigError(
                 f"--quantize {config.device.quantize} is not available with --engine ray for pooling tasks "

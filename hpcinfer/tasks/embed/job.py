@@ -34,6 +34,8 @@ from .plan import max_padded_len
 from .quantize import int8_model
 from .report import RunReport
 from .run import EmbedRun
+from .tensor_parallel import refusal as tp_refusal
+from .tensor_parallel import start_embedding_group
 
 
 def run_embed(
@@ -78,10 +80,25 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
         model, check = int8_model(config, info, devices[0].torch_device, dtype, max_length)
         extras = replace(extras, model=model, quantize=check.as_dict())
         weights = check.chosen
+    if config.device.tensor_parallel > 1 and (why := tp_refusal(config, info, devices)) is not None:
+        raise ConfigError(why)
     fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)
     store = output_store(config, fmt, info, fp, reader.sources)
     with claimed(store, config.output.path):
-        return execute_job(EmbedJob(config, devices, store, reader, info, max_length, dtype), extras)
+        job = EmbedJob(config, devices, store, reader, info, max_length, dtype)
+        return execute_tensor_parallel(job, extras) if config.device.tensor_parallel > 1 else execute_job(job, extras)
+
+
+def execute_tensor_parallel(job: EmbedJob, extras: RunExtras) -> RunReport:
+    """`--tp N` on a decoder embedder: the job's pipeline on rank 0's shard, ranks 1..N-1 beside it
+    (tensor_parallel.py); the ranks are stopped however the run ends."""
+    model, tp, threads = start_embedding_group(job.config, job.info, job.devices[0], job.dtype)
+    if threads is not None:
+        job.devices[0].threads = threads  # type: ignore[attr-defined]  # NOTE: rank 0's share of the cores
+    try:
+        return execute_job(job, replace(extras, model=model))
+    finally:
+        tp.close(model.embedder.batches)  # type: ignore[attr-defined]
 
 
 def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:

@@ -70,6 +70,14 @@ class RankSetup:
         return len(self.devices)
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedBatch:
+    """A pooling task's batch for ranks 1..N-1 (`--tp N --task embed` on a decoder embedder): the
+    right-padded ids they run the same decoder forward on (models/decoder_embedder.padded_hidden)."""
+
+    ids: torch.Tensor  # [rows, width], on the CPU
+
+
 @dataclass(slots=True)
 class RankFigures:
     """One rank's memory and collective time (the report's `tensor_parallel` rows)."""
@@ -155,6 +163,10 @@ class RankProcesses:
     def send(self, copies: list[tuple[int, int]], step: StepInputs) -> None:
         for rank in self.procs:
             self._write(rank, (copies, step))
+
+    def send_batch(self, batch: EmbedBatch) -> None:
+        for rank in self.procs:
+            self._write(rank, batch)
 
     def close(self) -> list[RankFigures]:
         """Ends every rank (a clean end after the last step; killed if it does not end) and returns

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from ...errors import HpcinferError
+from ...models.decoder_embedder import padded_hidden
 from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group
 from .kv_cache import KVCache
 from .runner import ModelRunner
-from .tp import RankSetup, load_rank
+from .tp import EmbedBatch, RankSetup, load_rank
 
 
 def serve(setup: RankSetup, rank: int, inbox: object) -> None:
@@ -50,6 +51,10 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
                 raise RankFailed("rank 0 went away") from None
             if message is None:
                 break
+            if isinstance(message, EmbedBatch):  # a pooling task's batch: the same decoder forward
+                padded_hidden(model, message.ids.to(device))
+                figures.steps += 1
+                continue
             copies, step = message
             if copies:
                 cache.copy_blocks(copies)
