@@ -51,6 +51,9 @@ def test_two_ranks_embed_as_one_process(tmp_path, embedder):
     eb = np.stack(b.column("embedding").to_numpy(zero_copy_only=False))
     assert np.abs(ea - eb).max() <= 1e-5
     assert two.rejects == one.rejects == {"empty_text": 1}
+    ranks = two.tensor_parallel
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] == two.batches > 0
+    assert all(r["collective_calls"] > 0 and r["weight_bytes"] > 0 for r in ranks)
     assert not psutil.Process().children(), "rank 1 ended with the run"
 
 

@@ -8,7 +8,7 @@ same `execute_job` over the window range it is handed (replica.py).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -96,9 +96,13 @@ def execute_tensor_parallel(job: EmbedJob, extras: RunExtras) -> RunReport:
     if threads is not None:
         job.devices[0].threads = threads  # type: ignore[attr-defined]  # NOTE: rank 0's share of the cores
     try:
-        return execute_job(job, replace(extras, model=model))
+        report = execute_job(job, replace(extras, model=model))
     finally:
-        tp.close(model.embedder.batches)  # type: ignore[attr-defined]
+        ranks = tp.close(model.embedder.batches)  # type: ignore[attr-defined]
+    report.tensor_parallel = [asdict(r) for r in ranks]
+    if job.config.report_path:  # NOTE: written once already, before the ranks' figures were in
+        report.write_json(job.config.report_path)
+    return report
 
 
 def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:

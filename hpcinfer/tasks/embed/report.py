@@ -51,6 +51,8 @@ class RunReport(JsonReport):
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # --quantize int8|auto: what ran, and int8 against float32 on the job's first rows (quantize.py)
     quantize: dict[str, Any] = field(default_factory=dict)
+    # --tp N (a decoder embedder): each rank's weights, RSS after loading and time in collectives
+    tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
 
     padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
@@ -71,6 +73,12 @@ class RunReport(JsonReport):
             console.print(line)
         if self.quantize:
             console.print(Int8Check(**self.quantize).line())
+        for r in self.tensor_parallel:
+            console.print(
+                f"tensor-parallel rank {r['rank']} ({r['device']}): weights {r['weight_bytes'] / 2**20:,.1f} MiB, "
+                f"RSS after load {r['rss_after_load_bytes'] / 2**20:,.0f} MiB, collectives "
+                f"{r['collective_s']:,.2f} s ({r['collective_calls']:,} calls), batches {r['steps']:,}"
+            )
         if self.cpu_affinity:
             console.print(f"cpu affinity: {self.cpu_affinity}")
         for t in self.device_faults:
