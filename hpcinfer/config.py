@@ -76,8 +76,9 @@ class DeviceConfig:
     cpu_affinity: str = "off"  # off | auto | COMPUTE[/TOKENIZE[/HOST]] core lists (place/affinity.py)
     devices: str | None = None  # several devices, one replica each: "cuda:0,cuda:1", "all", "cpu,cpu"
     dispatch: str = "tokens"  # which replica gets a batch: fewest outstanding tokens, or round_robin
-    # Circuit breakers (place/breaker.py), generation on several local devices: failures within the
-    # window that open a device's breaker, its cool-down, and the time after which a step is a hang.
+    # Circuit breakers (place/breaker.py), per device with --devices and per replica on Ray, both
+    # tasks: failures within the window that open a breaker, its cool-down, and the time after
+    # which a step (a batch, a window's progress) is a hang.
     breaker_failures: int = 2
     breaker_window: float = 600.0
     breaker_cooldown: float = 30.0
