@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
 from .classifier import ClassificationHead, classifier_config, pair_separator, split_weights
+from .meta import empty_modules
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
@@ -245,7 +246,7 @@ def load_encoder(info: CheckpointInfo) -> BertEncoder:
 
 
 def _encoder(config: BertConfig, weights: dict[str, torch.Tensor], file: Path) -> BertEncoder:
-    with torch.device("meta"):
+    with empty_modules():
         encoder = BertEncoder(config)
     state = {k: v.float() for k, v in _native_state_dict(weights).items()}
     missing = sorted(set(encoder.state_dict()) - set(state))

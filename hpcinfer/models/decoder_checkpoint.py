@@ -23,6 +23,7 @@ from .gguf_checkpoint import GGUFFile, find_gguf
 from .gguf_tokenizer import gguf_tokenizer
 from .int8 import int8_problem, quantize_decoder_int8
 from .llama import ARCHITECTURES, DecoderConfig, LlamaDecoder
+from .meta import empty_modules
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +304,7 @@ def load_decoder(info: DecoderInfo, device: torch.device, dtype: torch.dtype, qu
             except Exception as exc:  # safetensors raises its own error types
                 raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
         state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights).items()}
-    with torch.device("meta"):
+    with empty_modules():
         model = LlamaDecoder(info.config)
     if info.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

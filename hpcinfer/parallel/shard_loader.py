@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from ..errors import ConfigError, ModelError
 from ..models.decoder_checkpoint import DecoderInfo, assign_weights
+from ..models.meta import empty_modules
 from .decoder import ShardedDecoder, rank_config, vocab_rows
 from .group import Collectives
 
@@ -125,7 +126,7 @@ def load_shard(
     if info.gguf:
         raise ConfigError("--tp reads safetensors checkpoints; run a GGUF file with --tp 1")
     rank_config(info.config, comm.world)  # NOTE: a ConfigError before any weight is read
-    with torch.device("meta"):
+    with empty_modules():
         model = ShardedDecoder(info.config, comm, vocab_parallel)
     with ExitStack() as stack:
         state = shard_tensors(_Checkpoint(info, stack, device, dtype), model)
