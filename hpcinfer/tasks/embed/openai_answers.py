@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def error_line(reject: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"batch_req_{reject['row']}", "custom_id": reject["id"], "response": None, "error": error}
 
 
-class RequestAnswerStore(PartStore):
+class RequestAnswerStore(PartStore, ABC):
     """Parts of answers to OpenAI-style requests: JSON lines, answered and rejected requests in
     input order. `values` hold every part of the window's answered requests; `meta["counts"]` says
     how many parts each request has, in order (tasks/embed/fanout.py)."""
@@ -71,9 +72,9 @@ class RequestAnswerStore(PartStore):
         self.model = model
         self.id_column = "custom_id"
 
+    @abstractmethod
     def answer(self, row: int, custom_id: Any, values: np.ndarray, tokens: int, options: Any) -> dict[str, Any]:
-        """One answered request's line, from its parts' values [parts, dim]."""
-        raise NotImplementedError
+        """One answered request's line, from its parts' values [parts, dim] (each endpoint's own shape)."""
 
     def _write_part(
         self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
