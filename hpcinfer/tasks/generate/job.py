@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ...config import RunConfig, flatten
+from ...config import RunConfig
 from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle
@@ -39,19 +39,18 @@ from ...job.signals import signals_stop
 from ...models.decoder_checkpoint import load_decoder
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
-from ...obs.trace import write_trace
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...types import Reject
 from .. import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
-from .devices import EngineWorker, combined_stats, device_summary
+from .devices import EngineWorker
 from .engine import Engine, EngineConfig
 from .hf_engine import WHAT_IS_LOST, transformers_engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
-from .report import GenerateReport, engine_trace, percentiles, share_after_recovery
+from .report import GenerateReport, share_after_recovery
 from .requests import Request
 from .sequence import Sequence
 from .setup import (
@@ -62,8 +61,9 @@ from .setup import (
     request_reader,
     run_decoder_info,
 )
+from .summary import summarise
 from .tp import TensorParallel
-from .tp_groups import close_groups, rank_setup, rank_threads, start_groups, tensor_groups
+from .tp_groups import close_groups, start_run_groups, tensor_groups
 
 
 def wants_generation(config: RunConfig) -> bool:
@@ -232,7 +232,7 @@ class GenerationJob:
             if self.tps:
                 steps = [e.stats.steps for e in engines]
                 self.report.tensor_parallel = [asdict(f) for f in close_groups(self.tps, steps)]
-        return self._summarise(engines, start, resumed)
+        return summarise(self, engines, start, resumed)
 
     @property
     def tp_size(self) -> int:
@@ -240,14 +240,10 @@ class GenerationJob:
 
     def _tp_engines(self) -> list[Engine]:
         """Rank 0 of each --tp group: the other ranks started, its shard loaded, its engine mirrored to them."""
-        threads = rank_threads(self.config, self.tp_groups)
-        setups = [
-            rank_setup(self.config, self.info, devices, self.dtype, self.engine_config, threads, i)
-            for i, devices in enumerate(self.tp_groups)
-        ]
-        engines, self.tps = start_groups(
-            setups, self.engine_config, lambda model, config: self._engine(model.embed.weight.device, model, config)
-        )
+        engines, self.tps = start_run_groups(
+            self.config, self.info, self.tp_groups, self.dtype, self.engine_config,
+            lambda model, config: self._engine(model.embed.weight.device, model, config),
+        )  # fmt: skip
         return engines
 
     def _engine(self, device: torch.device, model: Any = None, config: EngineConfig | None = None) -> Engine:
@@ -295,45 +291,6 @@ class GenerationJob:
             self.report.share_after_recovery = share_after_recovery(pool.breaker_log, self.finished_at, self.labels)
         for counts, worker in zip(self.by_device, workers, strict=True):
             counts.last_step_end = worker.stats.last_step_end
-
-    def _summarise(self, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
-        r, s = self.report, combined_stats([e.stats for e in engines])
-        end = time.perf_counter()
-        r.wall_s = end - start
-        r.rows = self.store.rows_written
-        r.rows_resumed = resumed
-        r.windows = len(self.store.windows)
-        r.rejects = dict(sorted(self.rejects.by_reason.items()))
-        r.output = self.config.output.path
-        r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
-        r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
-        r.oom_splits = s.oom_splits
-        r.kv_block_size, r.kv_cache_bytes = self.engine_config.block_size, sum(e.cache.nbytes for e in engines)
-        r.mean_occupancy = round(s.mean_occupancy, 4)
-        r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
-            self.engine_config.prefix_cache,
-            s.cached_tokens,
-            s.evictions,
-        )
-        r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(self.latency.items(), reverse=True)}
-        r.ttft, r.tpot = percentiles(self.ttft), percentiles(self.tpot)
-        r.step_time_split = {
-            k: round(v, 4)
-            for k, v in (
-                ("model", s.model_s),
-                ("attention_gather", s.gather_s),
-                ("sampling", s.sample_s),
-                ("host", s.host_s),
-            )
-        }
-        r.devices = device_summary(self.labels, engines, self.by_device, start, end)
-        r.config = flatten(self.config)
-        if self.config.trace_path:
-            spans = engine_trace(self.labels, engines, r.device_faults, self.breaker_start)
-            write_trace(spans, self.config.trace_path)
-        if self.config.report_path:
-            r.write_json(self.config.report_path)
-        return r
 
 
 def run_generate(

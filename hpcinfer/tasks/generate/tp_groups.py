@@ -132,6 +132,20 @@ def start_groups(
     return engines, groups
 
 
+def start_run_groups(
+    config: RunConfig,
+    info: DecoderInfo,
+    groups: list[list[torch.device]],
+    dtype: torch.dtype,
+    engine: EngineConfig,
+    make: MakeEngine,
+) -> tuple[list[Engine], list[TensorParallel]]:
+    """Every --tp group of a run, each rank's threads its share of the machine's."""
+    threads = rank_threads(config, groups)
+    setups = [rank_setup(config, info, devices, dtype, engine, threads, i) for i, devices in enumerate(groups)]
+    return start_groups(setups, engine, make)
+
+
 def close_groups(groups: list[TensorParallel], steps: list[int]) -> list[RankFigures]:
     """Stops every group's ranks; every rank's figures, group by group, rank 0 first."""
     return [f for tp, n in zip(groups, steps, strict=True) for f in tp.close(n)]
@@ -144,7 +158,5 @@ def replica_engine(
     the devices Ray gave the actor (N CPU ranks, or its N GPUs: --gpus-per-replica N). Returns
     rank 0's engine, the group, and rank 0's intra-op threads."""
     groups = tensor_groups(config, info, [device])
-    threads = rank_threads(config, groups)
-    engine = engine_config(config)
-    engines, started = start_groups([rank_setup(config, info, groups[0], dtype, engine, threads)], engine, make)
-    return engines[0], started[0], threads
+    engines, started = start_run_groups(config, info, groups, dtype, engine_config(config), make)
+    return engines[0], started[0], rank_threads(config, groups)

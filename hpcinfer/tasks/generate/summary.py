@@ -1,0 +1,54 @@
+"""The generation report's closing figures, from a finished job's engines (job.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...config import flatten
+from ...obs.trace import write_trace
+from .devices import combined_stats, device_summary
+from .engine import Engine
+from .report import GenerateReport, engine_trace, percentiles
+
+
+def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
+    """Fills `job.report` (job: a GenerationJob) from its engines' counters and its own; written as
+    JSON (--report) and the trace (--trace) when asked."""
+    r, s = job.report, combined_stats([e.stats for e in engines])
+    end = time.perf_counter()
+    r.wall_s = end - start
+    r.rows = job.store.rows_written
+    r.rows_resumed = resumed
+    r.windows = len(job.store.windows)
+    r.rejects = dict(sorted(job.rejects.by_reason.items()))
+    r.output = job.config.output.path
+    r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
+    r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
+    r.oom_splits = s.oom_splits
+    r.kv_block_size, r.kv_cache_bytes = job.engine_config.block_size, sum(e.cache.nbytes for e in engines)
+    r.mean_occupancy = round(s.mean_occupancy, 4)
+    r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
+        job.engine_config.prefix_cache,
+        s.cached_tokens,
+        s.evictions,
+    )
+    r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(job.latency.items(), reverse=True)}
+    r.ttft, r.tpot = percentiles(job.ttft), percentiles(job.tpot)
+    r.step_time_split = {
+        k: round(v, 4)
+        for k, v in (
+            ("model", s.model_s),
+            ("attention_gather", s.gather_s),
+            ("sampling", s.sample_s),
+            ("host", s.host_s),
+        )
+    }
+    r.devices = device_summary(job.labels, engines, job.by_device, start, end)
+    r.config = flatten(job.config)
+    if job.config.trace_path:
+        spans = engine_trace(job.labels, engines, r.device_faults, job.breaker_start)
+        write_trace(spans, job.config.trace_path)
+    if job.config.report_path:
+        r.write_json(job.config.report_path)
+    return r
