@@ -42,7 +42,8 @@ from .sampling import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
 from .staging import InFlightTokens
-from .structured import Grammars, StepMasks, consume
+from .stopping import stop_reason
+from .structured import Grammars, StepMasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,19 +312,7 @@ class Engine:
         NOTE: a step ahead, a later PENDING token may follow it: an ending drops it."""
         if seq.first_token_s is None:
             seq.first_token_s = now
-        params, token = seq.params, seq.tokens[at]
-        reason = None
-        if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
-            reason, seq.stop_token = "stop", True
-        elif seq.grammar is not None and consume(seq.grammar, token):
-            reason = "stop"  # the grammar is complete: nothing but EOS could follow
-        elif params.stop and self.decode is not None:
-            text = self.decode(seq.tokens[seq.num_prompt : at + 1])
-            cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-            if cuts:
-                seq.stop_text_cut, reason = min(cuts), "stop"
-        if reason is None and (at + 1 - seq.num_prompt >= params.max_tokens or at + 1 >= self.max_model_len):
-            reason = "length"
+        reason = stop_reason(seq, at, self.eos, self.decode, self.max_model_len)
         if reason is None:
             return False
         del seq.tokens[at + 1 :]

@@ -33,6 +33,7 @@ from ...errors import ConfigError, ModelError
 from .engine_stats import EngineStats
 from .sampling import Sampler
 from .sequence import SamplingParams, Sequence, Status
+from .stopping import stop_reason
 
 WHAT_IS_LOST = "static batches, no paged KV cache, continuous batching, prefix caching or chunked prefill"
 
@@ -197,16 +198,7 @@ class HFEngine:
         if seq.first_token_s is None:
             seq.first_token_s = now
         seq.tokens.append(token)
-        params, reason = seq.params, None
-        if (token in self.eos and not params.ignore_eos) or token in params.stop_token_ids:
-            reason, seq.stop_token = "stop", True
-        elif params.stop and self.decode is not None:
-            text = self.decode(seq.completion)
-            cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-            if cuts:
-                seq.stop_text_cut, reason = min(cuts), "stop"
-        if reason is None and (seq.num_completion >= params.max_tokens or seq.num_tokens >= self.max_model_len):
-            reason = "length"
+        reason = stop_reason(seq, len(seq.tokens) - 1, self.eos, self.decode, self.max_model_len)
         if reason is None:
             return False
         seq.status, seq.finish_reason, seq.finish_s = Status.FINISHED, reason, now
