@@ -14,11 +14,11 @@ import torch
 
 from ...config import RunConfig
 from ...device import Device
-from ...errors import ConfigError
 from ...models.checkpoint import CheckpointInfo
 from ...models.decoder_embedder import DecoderEmbedder
 from ...models.registry import LoadedModel
 from ..generate.tp import DEFAULT_TIMEOUT_S, EmbedBatch, RankSetup, TensorParallel, start_tensor_parallel
+from ..generate.tp_groups import rank_threads, tensor_groups
 
 KV_STUB_BYTES = 4 << 20  # the ranks' KV pool: a pooling forward reads none (generation's rank code sizes one)
 
@@ -38,20 +38,15 @@ class TensorParallelEmbedder(DecoderEmbedder):
 
 
 def refusal(config: RunConfig, info: CheckpointInfo, devices: list[Device]) -> str | None:
-    """Why `--tp` cannot run this pooling job, or None."""
-    n, d = config.device.tensor_parallel, config.device
+    """Why `--tp` cannot run this pooling job, or None (what generation refuses too: tp_groups.py)."""
+    n = config.device.tensor_parallel
     if info.decoder is None:
         return f"--tp {n} splits a decoder; this checkpoint is an encoder (run it with --tp 1)"
     if config.backend != "native":
         return "--tp runs hpcinfer's own decoder, not --backend transformers"
-    if d.quantize != "none":
-        return f"--quantize {d.quantize} with --tp is not built yet: give --quantize none"
-    if d.cuda_graphs:
-        return "--cuda-graphs with --tp is not built yet (a graph holds no collectives)"
     if len(devices) > 1:
         return "--tp with --devices runs generation; a pooling task runs one tensor-parallel group"
-    if info.decoder.gguf:
-        return "--tp reads safetensors checkpoints; run a GGUF file with --tp 1"
+    tensor_groups(config, info.decoder, [devices[0].torch_device])  # NOTE: raises the refusals they share
     return None
 
 
@@ -59,17 +54,11 @@ def start_embedding_group(
     config: RunConfig, info: CheckpointInfo, device: Device, dtype: torch.dtype
 ) -> tuple[LoadedModel, TensorParallel, int | None]:
     """Starts ranks 1..N-1 and loads rank 0's shard: (rank 0's model, the group, each CPU rank's threads)."""
-    n = config.device.tensor_parallel
-    if device.kind == "cpu":
-        ranks = ("cpu",) * n
-        threads: int | None = max(1, (config.device.threads or torch.get_num_threads()) // n)
-    else:
-        if torch.cuda.device_count() < n:
-            raise ConfigError(f"--tp {n} needs {n} GPUs; {torch.cuda.device_count()} visible")
-        ranks, threads = tuple(f"cuda:{i}" for i in range(n)), None
+    groups = tensor_groups(config, info.decoder, [device.torch_device])
+    threads = rank_threads(config, groups)
     setup = RankSetup(
         info=info.decoder,
-        devices=ranks,
+        devices=tuple(str(d) for d in groups[0]),
         dtype=dtype,
         port=0,
         timeout_s=config.device.step_timeout or DEFAULT_TIMEOUT_S,
