@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-ONNX_WORKER = r'''
+ONNX_WORKER = r"""
 import json, sys, time
 from pathlib import Path
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
@@ -54,7 +54,7 @@ vectors = model.encode([r["text"] for r in rows], batch_size=batch, normalize_em
 table = pa.table({"id": [r["id"] for r in rows],
                   "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])})
 pq.write_table(table, out_path)
-'''
+"""
 
 
 def cpu_facts() -> dict[str, str]:
@@ -153,18 +153,27 @@ def main() -> None:
         results = []
         for name, (_, out) in methods.items():
             low, mean = cosines(out, reference)
-            results.append({
-                "method": name, "seconds": round(best[name], 2), "rows_per_s": round(args.rows / best[name], 1),
-                "vs_best_st_onnx_int8": round(st_best / best[name], 2), "min_cosine": round(low, 4),
-                "mean_cosine": round(mean, 4),
-            })
+            results.append(
+                {
+                    "method": name,
+                    "seconds": round(best[name], 2),
+                    "rows_per_s": round(args.rows / best[name], 1),
+                    "vs_best_st_onnx_int8": round(st_best / best[name], 2),
+                    "min_cosine": round(low, 4),
+                    "mean_cosine": round(mean, 4),
+                }
+            )
     print("CPU: " + "; ".join(f"{k}: {v}" for k, v in facts.items()))
-    print(f"{args.rows} rows (the last of sample_data/requests.jsonl), whole process, best of {args.repeats} rounds; "
-          f"ONNX quantization config: {config}")
+    print(
+        f"{args.rows} rows (the last of sample_data/requests.jsonl), whole process, best of {args.repeats} rounds; "
+        f"ONNX quantization config: {config}"
+    )
     print(f"{'method':28} {'s':>7} {'rows/s':>8} {'x ST-ONNX-int8':>15} {'min cos':>8} {'mean cos':>9}")
     for r in results:
-        print(f"{r['method']:28} {r['seconds']:7.2f} {r['rows_per_s']:8.1f} {r['vs_best_st_onnx_int8']:15.2f} "
-              f"{r['min_cosine']:8.4f} {r['mean_cosine']:9.4f}")
+        print(
+            f"{r['method']:28} {r['seconds']:7.2f} {r['rows_per_s']:8.1f} {r['vs_best_st_onnx_int8']:15.2f} "
+            f"{r['min_cosine']:8.4f} {r['mean_cosine']:9.4f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": facts, "rows": args.rows, "results": results}, indent=2))
 

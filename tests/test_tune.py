@@ -71,6 +71,17 @@ def test_gains_under_min_gain_keep_the_default():
     assert len(search.trials) == 1 + 2 + 2 + 2
 
 
+def test_row_caps_that_never_bind_are_stepped_over_not_stopped_at():
+    def measure(params: dict) -> Trial:  # only the smallest cap is faster
+        return Trial(params, rows_per_s=200.0 if params["max_batch_size"] == 32 else 100.0)
+
+    # 2048 tokens over rows of at least 32 tokens: at most 64 rows, so caps 64-1024 equal 512
+    search = Search(measure, Goal(), Space(token_min=2048, token_max=2048, min_row_tokens=32))
+    best = search.run(DEFAULT)
+    assert best.params["max_batch_size"] == 32
+    assert [t.params["max_batch_size"] for t in search.trials] == [512, 32]  # 64 is 512 here
+
+
 def test_out_of_memory_trials_are_infeasible_not_fatal():
     measure, _ = landscape(peak_tokens=65536, oom_above=8192)
     search = Search(measure, Goal(), Space(token_min=256, token_max=65536, batch_sizes=(512,)))
@@ -143,7 +154,11 @@ def test_tune_cli_writes_a_recipe_that_run_accepts(tmp_path, tiny_model):
     assert "sample: 150 of 400 rows" in proc.stderr and "best:" in proc.stderr
     assert "not swept: streams, staging buffers" in proc.stderr  # CPU
     rows = list(csv.DictReader(trials.open()))
-    assert len(rows) >= 5 and sum(r["chosen"] == "True" for r in rows) == 1
+    assert sum(r["chosen"] == "True" for r in rows) == 1
+    # the token budget is walked both ways from the default whatever the timings: the default and
+    # at least three other budgets, and no configuration is measured twice
+    assert len({r["max_batch_tokens"] for r in rows}) >= 4
+    assert len({(r["max_batch_tokens"], r["max_batch_size"]) for r in rows}) == len(rows)
     chosen = next(r for r in rows if r["chosen"] == "True")
     values = load_recipe(
         str(recipe),
@@ -186,8 +201,9 @@ def test_row_caps_that_cannot_bind_are_not_measured_again():
     space = Space(token_min=256, token_max=65536, min_row_tokens=16)
     search = Search(measure, Goal(), space)
     search.run(DEFAULT)
-    assert [c["max_batch_size"] for c in calls] == [512] * len(calls)  # no row-cap trial ran
-    assert len(search.trials) == 5  # the default, 2 coarse and 2 fine token budgets
+    caps = [c["max_batch_size"] for c in calls]
+    assert caps[:5] == [512] * 5  # the default, 2 coarse and 2 fine token budgets
+    assert caps[5:] == [64]  # the one cap that binds, next to the default's (a flat landscape: no gain)
 
 
 def test_tune_a_reranker_on_its_pairs(tmp_path):

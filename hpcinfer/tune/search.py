@@ -169,7 +169,7 @@ class Search:
         refines one step either side of the winner; each walk stops at the first step that does
         not beat the best by min_gain."""
         assert self.best is not None
-        values = sorted(set(values) | {self.best.params[knob]})
+        values = self._distinct(knob, values)
         if len(values) < 2:
             return
         for step in dict.fromkeys((coarse, 1)):  # coarse steps, then one-step refinement
@@ -184,6 +184,21 @@ class Search:
                     i += direction * step
                 if self.best.params[knob] != values[start]:
                     break  # found a better value going up: no need to walk down from the old one
+
+    def _distinct(self, knob: str, values: list[Any]) -> list[Any]:
+        """The values of `knob` that plan different batches from the best's and from each other,
+        sorted: the best's own value stands for every value equivalent to it (a row cap that never
+        binds), so a walk never steps onto a repeat of the best and stops short of what lies beyond."""
+        assert self.best is not None
+        params = self.best.params
+        seen = {self.space.canonical(params)}
+        out = [params[knob]]
+        for value in sorted(values):
+            key = self.space.canonical({**params, knob: value})
+            if key not in seen:
+                seen.add(key)
+                out.append(value)
+        return sorted(out)
 
 
 def brief(params: dict[str, Any]) -> str:

@@ -129,31 +129,16 @@ class GenerationSearch(Search):
     def run(self, default: dict[str, Any]) -> Trial:
         self.default = self.best = self.measure(default)
         self.default.gain = self.goal.gain(self.default, self.default)
-        self._sweep("max_num_seqs", self._distinct("max_num_seqs", self.space.seqs), coarse=2)
+        self._sweep("max_num_seqs", list(self.space.seqs), coarse=2)
         before = self.best
-        self._sweep("max_num_batched_tokens", self._distinct("max_num_batched_tokens", self.space.tokens), coarse=2)
+        self._sweep("max_num_batched_tokens", list(self.space.tokens), coarse=2)
         if self.best is not before:
-            self._sweep("max_num_seqs", self._distinct("max_num_seqs", self.space.seqs))
+            self._sweep("max_num_seqs", list(self.space.seqs))
         self.prefix_on = self.best
         self.prefix_off = self.measure({**self.best.params, "prefix_cache": not self.best.params["prefix_cache"]})
         on, off = (self.best, self.prefix_off) if self.best.params["prefix_cache"] else (self.prefix_off, self.best)
         self.best = on if keeps_prefix_cache(on, off, self.goal) else off
         return self.best
-
-    def _distinct(self, knob: str, values: tuple[int, ...]) -> list[int]:
-        """The values of `knob` that plan different steps from the best's and from each other:
-        the best's own value stands for every value equivalent to it, so a sweep's first step
-        measures something new."""
-        assert self.best is not None
-        params = self.best.params
-        seen = {self.space.canonical(params)}
-        out = [params[knob]]
-        for value in sorted(values):
-            key = self.space.canonical({**params, knob: value})
-            if key not in seen:
-                seen.add(key)
-                out.append(value)
-        return sorted(out)
 
 
 def prefix_line(search: GenerationSearch) -> str:
