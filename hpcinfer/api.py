@@ -51,9 +51,9 @@ def run(
         refused_options(config)
     if config.device.tensor_parallel > 1 and task not in ("generate", "embed"):
         raise ConfigError(f"--tp splits a decoder (generation, decoder embedders); --task {task} runs an encoder")
-    if config.device.cpu_affinity != "off" and (task == "generate" or config.cluster.engine == "ray"):
-        where = "--engine ray" if config.cluster.engine == "ray" else "generation"
-        raise ConfigError(f"--cpu-affinity pins the pooling tasks' pipeline on this machine; not {where} yet")
+    if config.device.cpu_affinity != "off" and (config.device.tensor_parallel > 1 or config.cluster.engine == "ray"):
+        where = "--engine ray" if config.cluster.engine == "ray" else "--tp (each rank is a process of its own)"
+        raise ConfigError(f"--cpu-affinity pins the threads of a run on this machine; not with {where} yet")
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

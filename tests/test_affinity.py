@@ -124,11 +124,14 @@ def test_a_run_pins_tokenize_and_execute_threads(tmp_path, tiny_model, requests_
     assert table.num_rows == 300 and report.cpu_affinity == f"compute on {b}, tokenizer on {a}, host stages on {a}"
 
 
-def test_generation_refuses_it(tmp_path, requests_jsonl, tiny_model):
+def test_tensor_parallel_and_ray_refuse_it(tmp_path, requests_jsonl, tiny_model):
     from dataclasses import replace
 
     from hpcinfer.api import run
+    from hpcinfer.config import ClusterConfig
 
     cfg = small_config(requests_jsonl, tmp_path / "out.parquet", tiny_model, device={"cpu_affinity": "auto"})
-    with pytest.raises(ConfigError, match="not generation yet"):
-        run(replace(cfg, task="generate"))
+    with pytest.raises(ConfigError, match="not with --tp"):
+        run(replace(cfg, task="generate", device=replace(cfg.device, tensor_parallel=2)))
+    with pytest.raises(ConfigError, match="not with --engine ray"):
+        run(replace(cfg, cluster=ClusterConfig(engine="ray")))

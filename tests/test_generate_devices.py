@@ -80,6 +80,40 @@ def one_device(rows_file, ckpt, tmp_path_factory):
     return _texts(out), report
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_cpu_affinity_pins_the_engine_and_the_tokenizing_thread(rows_file, ckpt, tmp_path, one_device, monkeypatch):
+    """--cpu-affinity B/A: the requests are read and tokenized on a thread of their own on core A,
+    the engine steps on core B with one torch thread, and the answers are the unpinned run's."""
+    from hpcinfer.tasks.generate.requests import RequestReader
+
+    (want, want_rejects), _ = one_device
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    read_on: set[tuple[str, tuple[int, ...]]] = set()
+    request = RequestReader._request
+
+    def recorded(self, *args):  # noqa: ANN001, ANN202
+        read_on.add((threading.current_thread().name, tuple(os.sched_getaffinity(0))))
+        return request(self, *args)
+
+    monkeypatch.setattr(RequestReader, "_request", recorded)
+    stepped_on: set[tuple[tuple[int, ...], int]] = set()
+    import torch
+
+    def step() -> None:
+        stepped_on.add((tuple(os.sched_getaffinity(0)), torch.get_num_threads()))
+
+    out = tmp_path / "out.jsonl"
+    cfg = config(rows_file, out, ckpt)
+    cfg = replace(cfg, device=replace(cfg.device, cpu_affinity=f"{b}/{a}"))
+    mine = os.sched_getaffinity(0)
+    report = run_generate(cfg, step_hooks={"cpu": step})
+    assert _texts(out) == (want, want_rejects)
+    assert read_on == {("tokenize", (a,))}
+    assert stepped_on == {((b,), 1)}
+    assert report.cpu_affinity == f"compute on {b}, tokenizer on {a}, host stages on {a}"
+    assert os.sched_getaffinity(0) == mine  # the caller's thread is given back its cores
+
+
 @pytest.mark.parametrize("dispatch", ["tokens", "round_robin"])
 def test_two_cpu_engines_write_the_one_device_output_byte_for_byte(rows_file, ckpt, tmp_path, one_device, dispatch):
     (want, want_rejects), one = one_device

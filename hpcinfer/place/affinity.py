@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,34 @@ class AffinityPlan:
                 bind()
 
         return init
+
+
+@contextmanager
+def pinned(cores: Sequence[int] | None, threads: int | None = None) -> Iterator[None]:
+    """The calling thread on `cores`, and torch's thread count `threads` for it, inside the block;
+    both as they were after it. Nothing changes where `cores` is None (`--cpu-affinity off`)."""
+    if cores is None:
+        yield
+        return
+    mine, before = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, cores)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        torch.set_num_threads(before)
+
+
+def pin_thread(cores: Sequence[int]) -> None:
+    """The calling thread (and the threads it starts from now on) on `cores`."""
+    os.sched_setaffinity(0, cores)
+
+
+def device_spec(device: str, kind: str) -> str:
+    """What --cpu-affinity auto looks a device's cores up by: 'cuda:1' for a GPU, else its kind."""
+    return device if kind == "cuda" else kind
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:

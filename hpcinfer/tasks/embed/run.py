@@ -4,7 +4,6 @@ their pipeline stages, the dispatcher, the report filled as batches land, the ha
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from ...obs.latency import LatencyLog
 from ...obs.progress import Progress
 from ...obs.timing import Span, Timings, bottleneck
 from ...obs.trace import write_trace
-from ...place.affinity import resolve_affinity
+from ...place.affinity import device_spec, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
 from ...types import Pending
@@ -57,7 +56,9 @@ class EmbedRun:
         self.device_log = DeviceLog(self.labels)
         self.dispatcher = Dispatcher(len(devices), self.config.device.dispatch)
         self.latency = LatencyLog()
-        self.affinity = resolve_affinity(self.config.device.cpu_affinity, [_spec(d) for d in devices])
+        self.affinity = resolve_affinity(
+            self.config.device.cpu_affinity, [device_spec(str(d.torch_device), d.kind) for d in devices]
+        )
         self.report.cpu_affinity = self.affinity.describe() if self.affinity is not None else ""
 
     def stages(self, first_window: int, batch_profiler: Any, preloaded: LoadedModel | None) -> tuple:
@@ -129,12 +130,8 @@ class EmbedRun:
                 **common,
             )
         elif self.affinity is not None:  # NOTE: one thread does everything, so it takes the compute cores
-            mine = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, self.affinity.replicas[0].compute)
-            try:
+            with pinned(self.affinity.replicas[0].compute):
                 run_serial(source, stages, self.timings, **common)
-            finally:
-                os.sched_setaffinity(0, mine)
         else:
             run_serial(source, stages, self.timings, **common)
 
@@ -214,8 +211,3 @@ def _record_device_spans(timings: Timings, pending: Pending, device: str = "") -
         ("d2h", "compute_done", "d2h_done", compute_track),
     ):
         timings.busy(stage, ev[start].time_ns(), ev[end].time_ns(), track, **args)
-
-
-def _spec(device: Any) -> str:
-    """'cpu', 'cuda:1' or 'simulated': what --cpu-affinity auto looks a device's cores up by."""
-    return str(device.torch_device) if device.kind == "cuda" else device.kind

@@ -39,6 +39,7 @@ import torch
 
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
+from ...place.affinity import pin_thread
 from .engine import Engine
 from .engine_stats import EngineStats
 from .loop import engine_step
@@ -108,8 +109,10 @@ class EngineWorker:
         threads: int | None = None,
         hook: Callable[[], None] | None = None,
         ranges: RangeBackend | None = None,
+        cores: tuple[int, ...] | None = None,
     ) -> None:
         self.index, self.label, self.engine, self.outbox = index, label, engine, outbox
+        self.cores = cores  # --cpu-affinity: this engine's thread and torch's threads under it
         self.threads, self.hook, self.ranges = threads, hook, ranges
         self.stats = WorkerStats()
         self.sent = 0  # prompts given to this device
@@ -178,6 +181,8 @@ class EngineWorker:
 
     def _run(self) -> None:
         try:
+            if self.cores is not None:
+                pin_thread(self.cores)  # NOTE: before torch's first parallel region, so its threads inherit
             if self.engine.cache.k.device.type == "cuda":
                 torch.cuda.set_device(self.engine.cache.k.device)
             elif self.threads:  # NOTE: the intra-op thread count is per calling thread: each engine keeps its share

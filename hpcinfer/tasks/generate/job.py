@@ -34,11 +34,13 @@ from ...files.sources import estimate_file_rows
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
 from ...job.output_checks import check_output, output_format
+from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
 from ...models.decoder_checkpoint import load_decoder
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
+from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...types import Reject
@@ -132,6 +134,10 @@ class GenerationJob:
         self.report = GenerateReport(
             device=", ".join(self.labels), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
         )
+        self.affinity: AffinityPlan | None = resolve_affinity(
+            config.device.cpu_affinity, [device_spec(str(d), d.type) for d in self.devices]
+        )
+        self.report.cpu_affinity = self.affinity.describe() if self.affinity is not None else ""
         self.by_device = [_DeviceCounts() for _ in self.devices]
         self.breaker_start = 0.0  # perf_counter seconds the breakers' transitions count from
         self.windows: deque[_Window] = deque()
@@ -210,17 +216,22 @@ class GenerationJob:
         resumed = self.store.rows_written
         self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
         engines = self._tp_engines() if self.tp_size > 1 else [self._engine(device) for device in self.devices]
+        source: Any = None
         try:
             # NOTE: a KV pool smaller than the model's context bounds the prompts too.
             self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
-            source = self.reader.produce()
+            source = self._source()
             start = time.perf_counter()
-            if len(engines) == 1:
+            # NOTE: with --cpu-affinity even one engine steps on a thread of its own: a thread's
+            # cores reach torch's compute threads only where that thread starts them, and this
+            # thread's were started while the model loaded
+            if len(engines) == 1 and self.affinity is None:
                 sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges)
                 run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
                 self.by_device[0].last_step_end = sink.last_step_end
             else:
-                self._run_many(engines, source, stop, ranges)
+                with pinned(self.affinity.host if self.affinity is not None else None):
+                    self._run_many(engines, source, stop, ranges)
             if not stop.is_set():
                 self.report.accounting = settle(
                     ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
@@ -229,10 +240,20 @@ class GenerationJob:
                 )
                 self.store.assemble()
         finally:
+            if isinstance(source, ReadAhead):
+                source.close()
             if self.tps:
                 steps = [e.stats.steps for e in engines]
                 self.report.tensor_parallel = [asdict(f) for f in close_groups(self.tps, steps)]
         return summarise(self, engines, start, resumed)
+
+    def _source(self) -> Any:
+        """The requests as read and tokenized: on this thread, or with --cpu-affinity on a thread of
+        their own, pinned to the tokenizer's cores and up to a window ahead of the engines."""
+        if self.affinity is None:
+            return self.reader.produce()
+        cores = self.affinity.tokenize
+        return ReadAhead(self.reader.produce(), self.config.generate.window_rows, "tokenize", lambda: pin_thread(cores))
 
     @property
     def tp_size(self) -> int:
@@ -268,10 +289,11 @@ class GenerationJob:
         cpus = sum(d.type == "cpu" for d in self.devices) * self.tp_size  # NOTE: with --tp, each rank's share
         threads = max(1, (self.config.device.threads or torch.get_num_threads()) // cpus) if cpus else None
         outbox: Any = queue.Queue()
-        workers = [
-            EngineWorker(i, label, engine, outbox, threads, self.step_hooks.get(label), ranges)
-            for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True))
-        ]
+        workers = []
+        for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True)):
+            cores = self.affinity.replicas[i].compute if self.affinity is not None else None
+            own = threads if self.config.device.threads or cores is None or threads is None else len(cores)
+            workers.append(EngineWorker(i, label, engine, outbox, own, self.step_hooks.get(label), ranges, cores))
         prefix_block = self.engine_config.block_size if self.engine_config.prefix_cache else None
         d = self.config.device
         breaker = BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)

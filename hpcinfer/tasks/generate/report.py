@@ -66,6 +66,7 @@ class GenerateReport(JsonReport):
     share_after_recovery: dict[str, float] = field(default_factory=dict)  # a recovered device's token share since
     # --tp: per rank (of each group), its weights, KV pool, resident memory after loading and time in collectives
     tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
+    cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
     config: dict[str, Any] = field(default_factory=dict)
 
     completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
@@ -108,6 +109,8 @@ class GenerateReport(JsonReport):
             for p, lat in self.latency_by_priority.items():
                 table.add_row(f"latency, priority {p}", f"p50 {lat['p50_ms']:,.1f} ms, p99 {lat['p99_ms']:,.1f} ms")
         table.add_row("batch occupancy", f"{self.mean_occupancy:.0%}")
+        if self.cpu_affinity:
+            table.add_row("cpu affinity", self.cpu_affinity)
         self._device_rows(table)
         groups = len({r.get("group", 0) for r in self.tensor_parallel})
         for r in self.tensor_parallel:
