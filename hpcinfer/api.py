@@ -51,9 +51,14 @@ def run(
         refused_options(config)
     if config.device.tensor_parallel > 1 and task not in ("generate", "embed"):
         raise ConfigError(f"--tp splits a decoder (generation, decoder embedders); --task {task} runs an encoder")
-    if config.device.cpu_affinity != "off" and (config.device.tensor_parallel > 1 or config.cluster.engine == "ray"):
-        where = "--engine ray" if config.cluster.engine == "ray" else "--tp (each rank is a process of its own)"
-        raise ConfigError(f"--cpu-affinity pins the threads of a run on this machine; not with {where} yet")
+    affinity = config.device.cpu_affinity.strip()
+    if affinity != "off" and config.device.tensor_parallel > 1:
+        raise ConfigError("--cpu-affinity pins the threads of one process; not with --tp (a process per rank) yet")
+    if affinity not in ("off", "auto") and config.cluster.engine == "ray":
+        raise ConfigError(
+            "--engine ray takes --cpu-affinity auto (each replica on the cores nearest its GPUs) or off; "
+            "a core list names one machine's cores"
+        )
     if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
         from .ray_engine.driver import run_on_ray
 

@@ -17,6 +17,7 @@ from hpcinfer.place.affinity import (
     format_cpu_list,
     numa_nodes,
     parse_cpu_list,
+    pin_process,
     resolve_affinity,
     start_tokenizer_pool,
 )
@@ -124,7 +125,49 @@ def test_a_run_pins_tokenize_and_execute_threads(tmp_path, tiny_model, requests_
     assert table.num_rows == 300 and report.cpu_affinity == f"compute on {b}, tokenizer on {a}, host stages on {a}"
 
 
-def test_tensor_parallel_and_ray_refuse_it(tmp_path, requests_jsonl, tiny_model):
+def test_pin_process_moves_threads_already_running_and_is_undone():
+    mine = os.sched_getaffinity(0)
+    one = (sorted(mine)[-1],)
+    go, seen = threading.Event(), {}
+
+    def running() -> None:
+        go.wait()
+        seen["cores"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=running)
+    thread.start()  # started before the pinning: it carries the old mask until moved
+    try:
+        pin_process(one)
+        go.set()
+        thread.join()
+        assert seen["cores"] == set(one) and os.sched_getaffinity(0) == set(one)
+    finally:
+        go.set()
+        pin_process(tuple(mine))
+    assert os.sched_getaffinity(0) == mine
+
+
+def test_a_ray_replica_under_auto_pins_itself_near_the_gpus_it_sees(monkeypatch, tmp_path):
+    """Ray hands a replica its GPUs (CUDA_VISIBLE_DEVICES); under auto its process goes to the union
+    of their PCI slots' local_cpulist, within the cores it may use; nothing where none is known."""
+    from hpcinfer.place import affinity
+
+    mine = tuple(sorted(os.sched_getaffinity(0)))
+    near = {"cuda:0": mine[:1], "cuda:1": mine[-1:]}
+    pinned: list[tuple[int, ...]] = []
+    monkeypatch.setattr(affinity, "pin_process", lambda cores: pinned.append(tuple(cores)))
+    monkeypatch.setattr(affinity, "gpu_local_cores", lambda device, sys_root: near[device])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert affinity.pin_near_gpus() == tuple(sorted(set(mine[:1] + mine[-1:])))
+    assert pinned == [tuple(sorted(set(mine[:1] + mine[-1:])))]
+    monkeypatch.setattr(affinity, "gpu_local_cores", lambda device, sys_root: ())
+    assert affinity.pin_near_gpus() == () and len(pinned) == 1  # unknown: left alone
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert affinity.pin_near_gpus() == ()
+
+
+def test_tensor_parallel_and_a_core_list_on_ray_refuse_it(tmp_path, requests_jsonl, tiny_model):
     from dataclasses import replace
 
     from hpcinfer.api import run
@@ -133,5 +176,6 @@ def test_tensor_parallel_and_ray_refuse_it(tmp_path, requests_jsonl, tiny_model)
     cfg = small_config(requests_jsonl, tmp_path / "out.parquet", tiny_model, device={"cpu_affinity": "auto"})
     with pytest.raises(ConfigError, match="not with --tp"):
         run(replace(cfg, task="generate", device=replace(cfg.device, tensor_parallel=2)))
-    with pytest.raises(ConfigError, match="not with --engine ray"):
-        run(replace(cfg, cluster=ClusterConfig(engine="ray")))
+    listed = replace(cfg, device=replace(cfg.device, cpu_affinity="1/0"), cluster=ClusterConfig(engine="ray"))
+    with pytest.raises(ConfigError, match="--engine ray takes --cpu-affinity auto"):
+        run(listed)

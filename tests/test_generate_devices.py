@@ -5,6 +5,7 @@ and --resume across two devices."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -101,6 +102,12 @@ def test_cpu_affinity_pins_the_engine_and_the_tokenizing_thread(rows_file, ckpt,
 
     def step() -> None:
         stepped_on.add((tuple(os.sched_getaffinity(0)), torch.get_num_threads()))
+        # every other thread of the process too (torch's OpenMP workers among them), but the tokenizer's
+        tokenizing = {t.native_id for t in threading.enumerate() if t.name == "tokenize"}
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) not in tokenizing:
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    stepped_on.add((tuple(os.sched_getaffinity(int(tid))), torch.get_num_threads()))
 
     out = tmp_path / "out.jsonl"
     cfg = config(rows_file, out, ckpt)

@@ -97,7 +97,9 @@ def _same_output(a: Path, b: Path) -> None:
 def test_ray_output_and_rejects_equal_the_local_engine(tmp_path, tiny_model, ray_address):
     inputs = _inputs(tmp_path)
     local, _ = run_job(small_config(inputs, tmp_path / "local.parquet", tiny_model))
-    report, _ = run_job(_ray(small_config(inputs, tmp_path / "ray.parquet", tiny_model)))
+    # --cpu-affinity auto goes with the replicas (on CPUs without GPUs it pins nothing)
+    ray = small_config(inputs, tmp_path / "ray.parquet", tiny_model, device={"cpu_affinity": "auto"})
+    report, _ = run_job(_ray(ray))
     _same_output(tmp_path / "local.parquet", tmp_path / "ray.parquet")
     rejects = [json.loads(x) for x in Path(f"{tmp_path}/ray.parquet.rejects.jsonl").read_text().splitlines()]
     assert [(r["reason"], r["row"], r.get("line")) for r in rejects] == [

@@ -9,6 +9,11 @@ the cores nearest its device where the machine says which those are (a GPU's PCI
 `local_cpulist`, one NUMA node per CPU replica); on one NUMA node without GPUs it separates
 nothing (on 2 cores, giving the tokenizer a core of its own was measured slower: README).
 
+Generation reads and tokenizes its requests ahead on a thread of its own (TOKENIZE), each engine
+steps on a thread of its own (its replica's COMPUTE) and the loop that feeds them runs on HOST. A
+Ray replica under `auto` moves its whole process to the cores nearest the GPUs Ray gave it
+(`pin_near_gpus`); a LIST names one machine's cores, so Ray takes `auto` or `off` only.
+
 NOTE: Linux applies `sched_setaffinity(0, ...)` to the calling thread only, and a new thread
 starts with its creator's mask: each pipeline thread pins itself first thing, and torch's
 OpenMP workers, created by the compute thread's first parallel region, inherit its cores.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,20 +76,22 @@ class AffinityPlan:
 
 
 @contextmanager
-def pinned(cores: Sequence[int] | None, threads: int | None = None) -> Iterator[None]:
-    """The calling thread on `cores`, and torch's thread count `threads` for it, inside the block;
-    both as they were after it. Nothing changes where `cores` is None (`--cpu-affinity off`)."""
+def pinned(cores: Sequence[int] | None, threads: int | None = None, whole_process: bool = False) -> Iterator[None]:
+    """The calling thread on `cores` (with `whole_process`, every thread of the process), and
+    torch's thread count `threads` for it, inside the block; as they were after it. Nothing
+    changes where `cores` is None (`--cpu-affinity off`)."""
     if cores is None:
         yield
         return
     mine, before = os.sched_getaffinity(0), torch.get_num_threads()
-    os.sched_setaffinity(0, cores)
+    pin = pin_process if whole_process else pin_thread
+    pin(cores)
     if threads:
         torch.set_num_threads(threads)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, mine)
+        pin(tuple(mine))
         torch.set_num_threads(before)
 
 
@@ -150,6 +157,36 @@ def gpu_local_cores(device: str, sys_root: Path = SYS) -> tuple[int, ...]:
     # NOTE: sysfs names a PCI slot domain:bus:device.function, in lower-case hex
     name = f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     return _read_list(sys_root / "bus/pci/devices" / name / "local_cpulist")
+
+
+def pin_process(cores: Sequence[int], proc: Path = Path("/proc/self/task")) -> None:
+    """Every thread of this process on `cores`, those running now and (inheriting) those to come.
+
+    NOTE: for a process of its own, a Ray replica: by then Ray's and torch's threads exist, and
+    `sched_setaffinity` takes a thread id as well as a process id.
+    """
+    try:
+        threads = [int(tid) for tid in os.listdir(proc)]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with suppress(OSError):  # ended since it was listed
+            os.sched_setaffinity(tid, cores)
+
+
+def pin_near_gpus(sys_root: Path = SYS) -> tuple[int, ...]:
+    """`--cpu-affinity auto` in a replica's own process (Ray): the whole process on the cores nearest
+    the GPUs it sees; returns them, or () where it sees none or the machine does not say (nothing
+    is pinned then)."""
+    if not torch.cuda.is_available():
+        return ()
+    near: set[int] = set()
+    for index in range(torch.cuda.device_count()):
+        near.update(gpu_local_cores(f"cuda:{index}", sys_root))
+    cores = tuple(sorted(near & os.sched_getaffinity(0)))
+    if cores:
+        pin_process(cores)
+    return cores
 
 
 def resolve_affinity(

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import HpcinferError
+from ..place.affinity import format_cpu_list, pin_near_gpus
 from ..tasks import replica_class
 from .beat import Beat
 from .units import Unit
@@ -28,6 +29,7 @@ class Ready:
     name: str  # host:pid of this process
     error: tuple[str, int] | None = None  # a user's problem (message, exit code): the run ends
     fault: str | None = None  # a device's ("Type: message"): counts against the replica
+    cores: str = ""  # --cpu-affinity auto: the cores this process was pinned to (nearest its GPUs)
 
 
 class ReplicaActor:
@@ -47,6 +49,8 @@ class ReplicaActor:
         try:
             if os.path.isdir(workdir):
                 os.chdir(workdir)
+            cores = pin_near_gpus() if config.device.cpu_affinity == "auto" else ()
+            self.problem = Ready(self.name, cores=format_cpu_list(cores))
             self._set_threads()
             self.replica = replica_class(task)(config)  # NOTE: the task's modules, only where they run
         except HpcinferError as exc:

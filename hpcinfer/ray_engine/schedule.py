@@ -126,6 +126,8 @@ class Scheduler:
             return
         if not self.replicas.started(r, ready, self.poll_s):
             return
+        if ready.cores:
+            self.progress.note(f"hpcinfer: {r.label} ({ready.name}) on cores {ready.cores}, the nearest its GPUs")
         if ready.error is not None:
             raise ReplicaError(*ready.error)
         if ready.fault is not None:

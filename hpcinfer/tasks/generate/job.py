@@ -220,17 +220,24 @@ class GenerationJob:
         try:
             # NOTE: a KV pool smaller than the model's context bounds the prompts too.
             self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
-            source = self._source()
             start = time.perf_counter()
-            # NOTE: with --cpu-affinity even one engine steps on a thread of its own: a thread's
-            # cores reach torch's compute threads only where that thread starts them, and this
-            # thread's were started while the model loaded
-            if len(engines) == 1 and self.affinity is None:
+            plan = self.affinity
+            if len(engines) == 1:
+                # NOTE: one engine steps on this thread, whose torch threads (OpenMP's) were started
+                # while the model loaded and so carry the old cores: every thread of the process
+                # moves to the compute cores, then the tokenizing thread starts on its own. (An
+                # engine on a thread of its own ran 0.65x as fast: two OpenMP teams on two cores
+                # make libgomp throttle its spinning, and its threads sleep between regions.)
                 sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges)
-                run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
+                compute = plan.replicas[0].compute if plan is not None else None
+                threads = self.config.device.threads or (len(compute) if compute else None)
+                with pinned(compute, threads, whole_process=True):
+                    source = self._source()
+                    run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
                 self.by_device[0].last_step_end = sink.last_step_end
             else:
-                with pinned(self.affinity.host if self.affinity is not None else None):
+                with pinned(plan.host if plan is not None else None):
+                    source = self._source()
                     self._run_many(engines, source, stop, ranges)
             if not stop.is_set():
                 self.report.accounting = settle(
