@@ -125,6 +125,28 @@ def test_auto_keeps_float32_below_the_cosine_bound_and_says_why(tmp_path):
     assert np.array_equal(embeddings(tmp_path / "auto.parquet")[1], embeddings(tmp_path / "f32.parquet")[1])
 
 
+def test_auto_keeps_float32_where_int8_is_slower_on_this_cpu(tmp_path, monkeypatch):
+    """A CPU without int8 dot products (no VNNI: int8 no faster than float32) is played by timing
+    the int8 model 1 s slower: auto writes float32's output and says why, whatever the cosine."""
+    from hpcinfer.tasks.embed import quantize
+
+    timed = quantize._run_sorted
+
+    def int8_slower(model, ids, lengths):  # noqa: ANN001, ANN202
+        out, ms = timed(model, ids, lengths)
+        return out, ms + (1000.0 if any(isinstance(m, Int8Linear) for m in model.modules()) else 0.0)
+
+    monkeypatch.setattr(quantize, "_run_sorted", int8_slower)
+    rows = [{"id": i, "text": t} for i, t in enumerate(make_texts(40, seed=4))]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    run(embed_config(tmp_path, src, "f32.parquet"))
+    report = run(embed_config(tmp_path, src, "auto.parquet", quantize="auto", min_cosine=0.5))
+    assert report.quantize["chosen"] == "float32"
+    assert report.quantize["reason"] == "int8 was not faster on this CPU"
+    assert report.quantize["int8_ms"] > report.quantize["float_ms"]
+    assert np.array_equal(embeddings(tmp_path / "auto.parquet")[1], embeddings(tmp_path / "f32.parquet")[1])
+
+
 def test_int8_refusals(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "a"}])
     with pytest.raises(ConfigError, match="around float32"):
