@@ -127,7 +127,11 @@ def test_prompt_logprobs_equal_a_teacher_forced_transformers_forward(tmp_path):
         want = logp[position - 1]
         token = ids[position]
         assert math.isclose(entry[str(token)]["logprob"], float(want[token]), abs_tol=1e-4)
-        assert entry[str(token)]["rank"] == int((want > want[token]).sum()) + 1
+        # NOTE: the rank among logprobs equal to ours within the same 1e-4: a random model's
+        # middle ranks sit thousands deep in a near-flat distribution, where rounding reorders ties
+        above = int((want > want[token] + 1e-4).sum()) + 1
+        assert above <= entry[str(token)]["rank"] <= int((want > want[token] - 1e-4).sum()) + 1
+        assert entry[str(token)]["rank"] - above <= 8  # a handful of near-ties, not a wrong rank
         best = want.topk(3).indices.tolist()
         assert set(entry) == {str(t) for t in best} | {str(token)}
         for t in best:

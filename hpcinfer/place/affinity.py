@@ -9,9 +9,10 @@ the cores nearest its device where the machine says which those are (a GPU's PCI
 `local_cpulist`, one NUMA node per CPU replica); on one NUMA node without GPUs it separates
 nothing (on 2 cores, giving the tokenizer a core of its own was measured slower: README).
 
-Generation reads and tokenizes its requests ahead on a thread of its own (TOKENIZE), each engine
-steps on a thread of its own (its replica's COMPUTE) and the loop that feeds them runs on HOST. A
-Ray replica under `auto` moves its whole process to the cores nearest the GPUs Ray gave it
+Generation reads and tokenizes its requests ahead on a thread of its own (TOKENIZE). One engine
+steps on the loop's thread, with every thread of the process moved to COMPUTE first (torch's
+OpenMP workers among them); several engines step on a thread each (their replica's COMPUTE), fed
+by the loop on HOST. A Ray replica under `auto` moves its whole process to the cores nearest the GPUs Ray gave it
 (`pin_near_gpus`); a LIST names one machine's cores, so Ray takes `auto` or `off` only.
 
 NOTE: Linux applies `sched_setaffinity(0, ...)` to the calling thread only, and a new thread

@@ -11,8 +11,9 @@ from .structured import consume
 def stop_reason(
     seq: Sequence, at: int, eos: Container[int], decode: Callable[[list[int]], str] | None, max_model_len: int
 ) -> str | None:
-    """ "stop" or "length" when the token at `at` ends `seq` (EOS or a stop token, a complete grammar,
-    a stop string, max_tokens, the context), else None; a stop token or string is noted on `seq`."""
+    """The finish reason, "stop" or "length", when the token at `at` ends `seq` (EOS or a stop token,
+    a complete grammar, a stop string, max_tokens, the context), else None; a stop token or string
+    is noted on `seq`."""
     params, token = seq.params, seq.tokens[at]
     if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
         seq.stop_token = True
