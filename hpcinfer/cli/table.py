@@ -176,7 +176,7 @@ OPTIONS: tuple[Opt, ...] = (
         "COMPUTE[/TOKENIZE[/HOST]] CPU lists (e.g. 1/0: compute on core 1, tokenizer and host stages on "
         "core 0; torch's threads match the compute cores); auto: each replica on the cores nearest its "
         "GPU or NUMA node. Generation reads and tokenizes ahead on the TOKENIZE cores, each engine on its "
-        "replica's compute cores.", metavar="auto|off|LIST"),
+        "replica's compute cores. --engine ray: auto or off.", metavar="auto|off|LIST"),
     opt("--breaker-failures", "device.breaker_failures", "Devices", "With --devices or --engine ray: a device "
         "(a Ray replica) failing this many times within --breaker-window gets no more work until "
         "--breaker-cooldown has passed (its work goes to the others); the run fails only when every device "
