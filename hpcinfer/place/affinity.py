@@ -12,8 +12,8 @@ nothing (on 2 cores, giving the tokenizer a core of its own was measured slower:
 Generation reads and tokenizes its requests ahead on a thread of its own (TOKENIZE). One engine
 steps on the loop's thread, with every thread of the process moved to COMPUTE first (torch's
 OpenMP workers among them); several engines step on a thread each (their replica's COMPUTE), fed
-by the loop on HOST. A Ray replica under `auto` moves its whole process to the cores nearest the GPUs Ray gave it
-(`pin_near_gpus`); a LIST names one machine's cores, so Ray takes `auto` or `off` only.
+by the loop on HOST. A Ray replica under `auto` moves its whole process to the cores nearest the
+GPUs Ray gave it (`pin_near_gpus`); a LIST names one machine's cores, so Ray takes `auto` or `off`.
 
 NOTE: Linux applies `sched_setaffinity(0, ...)` to the calling thread only, and a new thread
 starts with its creator's mask: each pipeline thread pins itself first thing, and torch's
@@ -64,12 +64,12 @@ class AffinityPlan:
             stage = name.split("@", 1)[0].rsplit("_", 1)[0]  # ThreadPoolExecutor workers: tokenize_0
             if stage == "execute":
                 cores = self.replicas[replica].compute
-                os.sched_setaffinity(0, cores)
+                pin_thread(cores)
                 torch.set_num_threads(len(cores))  # NOTE: --threads (or a replica's share), via bind, wins
             elif stage == "tokenize":
-                os.sched_setaffinity(0, self.tokenize)
+                pin_thread(self.tokenize)
             else:
-                os.sched_setaffinity(0, self.replicas[replica].host if "@" in name else self.host)
+                pin_thread(self.replicas[replica].host if "@" in name else self.host)
             if bind is not None:
                 bind()
 
@@ -251,9 +251,5 @@ def start_tokenizer_pool(cores: Sequence[int]) -> None:
     from tokenizers.models import WordLevel
 
     os.environ.setdefault("RAYON_NUM_THREADS", str(len(cores)))
-    mine = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
+    with pinned(cores):
         Tokenizer(WordLevel({"a": 0}, unk_token="a")).encode_batch(["a", "a"])
-    finally:
-        os.sched_setaffinity(0, mine)

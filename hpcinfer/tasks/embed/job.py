@@ -24,7 +24,7 @@ from ...job.output_checks import check_output, output_format
 from ...job.signals import signals_stop
 from ...models.checkpoint import CheckpointInfo
 from ...obs.progress import Progress
-from ...place.affinity import resolve_affinity, start_tokenizer_pool
+from ...place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
 from ...place.devices import make_run_devices
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
@@ -54,7 +54,8 @@ def run_embed(
         if len({d.kind for d in devices}) > 1:
             raise ConfigError(f"--devices: one kind of device per run (got {', '.join(d.kind for d in devices)})")
         config = replace(config, plan=resolve_plan(config.plan, devices[0].kind, config.input.rate))
-        if (affinity := resolve_affinity(config.device.cpu_affinity, [d.kind for d in devices])) is not None:
+        specs = [device_spec(str(d.torch_device), d.kind) for d in devices]
+        if (affinity := resolve_affinity(config.device.cpu_affinity, specs)) is not None:
             start_tokenizer_pool(affinity.tokenize)  # NOTE: before anything tokenizes (the int8 check does)
         if len(devices) == 1:
             return run_embed_job(config, devices, extras)

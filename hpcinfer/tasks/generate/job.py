@@ -299,7 +299,9 @@ class GenerationJob:
         workers = []
         for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True)):
             cores = self.affinity.replicas[i].compute if self.affinity is not None else None
-            own = threads if self.config.device.threads or cores is None or threads is None else len(cores)
+            own = threads  # NOTE: a CPU engine pinned without --threads takes one thread per core of its share
+            if cores is not None and threads is not None and not self.config.device.threads:
+                own = len(cores)
             workers.append(EngineWorker(i, label, engine, outbox, own, self.step_hooks.get(label), ranges, cores))
         prefix_block = self.engine_config.block_size if self.engine_config.prefix_cache else None
         d = self.config.device
