@@ -3,6 +3,7 @@ CPU replicas, NUMA nodes under auto, and each pipeline thread pinned by its role
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -123,6 +124,35 @@ def test_a_run_pins_tokenize_and_execute_threads(tmp_path, tiny_model, requests_
         torch.set_num_threads(before)
     assert seen == {"tokenize": {(a,)}, "execute": {(b,)}, "write": {(a,)}}
     assert table.num_rows == 300 and report.cpu_affinity == f"compute on {b}, tokenizer on {a}, host stages on {a}"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_the_serial_twin_runs_the_whole_process_on_the_compute_cores(tmp_path, tiny_model, requests_jsonl):
+    """--no-overlap: one thread runs every stage, so the process (torch's threads too) takes COMPUTE
+    while it runs, and has its cores back after."""
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    cfg = small_config(
+        requests_jsonl,
+        tmp_path / "out.parquet",
+        tiny_model,
+        device={"cpu_affinity": f"{b}/{a}"},
+        pipeline={"overlap": False},
+    )
+    seen: set[tuple[int, ...]] = set()
+
+    def every_thread(item) -> None:  # noqa: ANN001
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                seen.add(tuple(os.sched_getaffinity(int(tid))))
+
+    mine = os.sched_getaffinity(0)
+    before = torch.get_num_threads()
+    try:
+        _, table = run_job(cfg, hooks={"tokenize": every_thread, "execute": every_thread})
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {(b,)} and table.num_rows == 300
+    assert os.sched_getaffinity(0) == mine
 
 
 def test_pin_process_moves_threads_already_running_and_is_undone():

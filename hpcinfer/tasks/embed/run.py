@@ -79,7 +79,8 @@ class EmbedRun:
         planner = Planner(
             plan, budget, first_window, self.rejects.add, online=online, timeout_ms=timeout, max_width=max_width
         )
-        pin = self.affinity
+        # NOTE: the serial twin has one thread for every stage: pipeline() pins the whole process
+        pin = self.affinity if config.pipeline.overlap else None
         if len(replicas) == 1:
             only = replicas[0]
             init = only.device.bind_thread if pin is None else pin.thread_init(only.device.bind_thread)
@@ -129,8 +130,11 @@ class EmbedRun:
                 watchdog=watchdog,
                 **common,
             )
-        elif self.affinity is not None:  # NOTE: one thread does everything, so it takes the compute cores
-            with pinned(self.affinity.replicas[0].compute):
+        elif self.affinity is not None:
+            # NOTE: one thread does everything, so the process takes the compute cores: every thread,
+            # since torch's were started (with the old cores) while the model loaded
+            compute = sorted({core for r in self.affinity.replicas for core in r.compute})
+            with pinned(compute, whole_process=True):
                 run_serial(source, stages, self.timings, **common)
         else:
             run_serial(source, stages, self.timings, **common)
