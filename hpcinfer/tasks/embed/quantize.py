@@ -4,7 +4,8 @@ Before the run, the first `SAMPLE_ROWS` valid rows of the input (tokenized as th
 through the float32 model and the int8 one. The report gives the cosine between the two outputs
 (min and mean over the rows) and the time each took. `auto` keeps int8 only where it was faster
 here and its min cosine reaches `--min-cosine`: int8 pays only on a CPU with int8 dot-product
-instructions (VNNI, AMX), and a model whose outputs move too far is kept in float32.
+instructions (VNNI, AMX), and a model whose outputs move too far is kept in float32. `int8` below
+`--min-cosine` is refused: a kernel that is not accurate here is never used, whatever its speed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ from ...config import RunConfig
 from ...errors import ConfigError
 from ...files.read import Reader
 from ...models.checkpoint import CheckpointInfo
-from ...models.int8 import int8_problem, quantize_int8
+from ...models.int8 import (
+    Int8Kernel,
+    accurate_kernels,
+    available_engines,
+    candidate_kernels,
+    int8_problem,
+    largest_weight,
+    missing_int8_instructions,
+    no_accurate_kernel,
+    pick_kernel,
+    quantize_int8,
+)
 from ...models.registry import LoadedModel, load_model, load_tokenizer
 from .tokenize import TokenizeStage
 
@@ -32,7 +44,7 @@ class Int8Check:
     """What the float32/int8 comparison on the job's rows found, and what the run uses."""
 
     chosen: str  # int8 | float32
-    engine: str  # the int8 kernel library (fbgemm | onednn)
+    engine: str  # the int8 kernel (models/int8.Int8Kernel.name: onednn, fbgemm, onednn-7bit, ...)
     rows: int  # rows compared
     min_cosine: float
     mean_cosine: float
@@ -94,55 +106,114 @@ def _run_sorted(model: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[t
     return out, (time.perf_counter() - start) * 1e3
 
 
+@dataclass(slots=True)
+class _Tried:
+    kernel: Int8Kernel
+    model: LoadedModel
+    min_cosine: float
+    mean_cosine: float
+    max_abs_diff: float
+
+
 def int8_model(
     config: RunConfig, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, max_length: int
 ) -> tuple[LoadedModel, Int8Check]:
     """The model the run uses under --quantize int8|auto, and the comparison that chose it.
 
     Half the sample calibrates int8 (each layer's activation ranges set its smoothing); the
-    cosine is taken on the other half, rows int8 has not seen. One float32 model is loaded and
-    quantized in place; only `auto` also times the float32 path a run without --quantize takes.
+    cosine is taken on the other half, rows int8 has not seen. Each accurate kernel (or the one
+    --int8-kernel names) quantizes a float32 copy; a kernel whose min cosine is under --min-cosine
+    is never used, whatever its speed, and the fastest of the others is kept. With none left,
+    `int8` is refused in one line and `auto` keeps float32, saying why. Only `auto` also times the
+    float32 path a run without --quantize takes.
     """
     if (problem := int8_problem(device, dtype)) is not None:
+        if config.device.quantize == "auto" and accurate_kernels() == [] and available_engines():
+            return _float32(config, info, device, dtype, no_accurate_kernel())
         raise ConfigError(problem)
+    kernels = candidate_kernels(config.device.int8_kernel)
     ids, lengths = sample_batch(config, info, max_length)
     calibration, held_out = torch.arange(0, len(ids), 2), torch.arange(1, len(ids), 2)
     if not len(held_out):
         calibration = held_out = torch.arange(len(ids))
-    quantized = load_model(info, device, dtype, cpu_fast_path=False)
-    embedder = quantized.embedder
-    reference, _ = _run_sorted(embedder, ids[held_out], lengths[held_out])
+    reference: torch.Tensor | None = None
+    largest: torch.Tensor | None = None  # the float weight the kernels are timed on
+    tried: list[_Tried] = []
+    for kernel in kernels:
+        quantized = load_model(info, device, dtype, cpu_fast_path=False)
+        embedder = quantized.embedder
+        if reference is None:
+            reference, _ = _run_sorted(embedder, ids[held_out], lengths[held_out])
+            largest = largest_weight(embedder)
+        quantize_int8(
+            embedder, 1, kernel, calibrate=lambda e=embedder: _run_sorted(e, ids[calibration], lengths[calibration])
+        )
+        out, _ = _run_sorted(embedder, ids[held_out], lengths[held_out])
+        cosine = torch.nn.functional.cosine_similarity(out, reference, dim=-1)
+        tried.append(
+            _Tried(
+                kernel,
+                quantized,
+                round(float(cosine.min()), 6),
+                round(float(cosine.mean()), 6),
+                float((out - reference).abs().max()),
+            )
+        )
+    floor = config.device.min_cosine
+    close = [t for t in tried if t.min_cosine >= floor]
+    if not close:
+        best = max(tried, key=lambda t: t.min_cosine)
+        why = (
+            f"int8's min cosine to float32 on {len(held_out)} of the job's rows is {best.min_cosine:.4f} < "
+            f"--min-cosine {floor:g} (kernels tried: {', '.join(f'{t.kernel.name} {t.min_cosine:.4f}' for t in tried)})"
+        )
+        if (missing := missing_int8_instructions()) and config.device.quantize == "int8":
+            why += f"; {missing}"
+        if config.device.quantize == "int8":
+            raise ConfigError(f"--quantize int8 refused: {why}")
+        return _float32(config, info, device, dtype, why, best, len(held_out))
     rows = config.plan.max_batch_tokens or 2048  # the int8 kernels are timed at a full batch
-    engine = quantize_int8(
-        embedder, rows, calibrate=lambda: _run_sorted(embedder, ids[calibration], lengths[calibration])
-    )
-    out, int8_ms = _run_sorted(embedder, ids[held_out], lengths[held_out])
-    cosine = torch.nn.functional.cosine_similarity(out, reference, dim=-1)
+    assert largest is not None
+    kernel = pick_kernel(largest, rows, [t.kernel for t in close])
+    chosen = next(t for t in close if t.kernel == kernel)
     check = Int8Check(
-        "int8",
-        engine,
-        len(held_out),
-        round(float(cosine.min()), 6),
-        round(float(cosine.mean()), 6),
-        float((out - reference).abs().max()),
-        0.0,
-        0.0,
-        "",
+        "int8", kernel.name, len(held_out), chosen.min_cosine, chosen.mean_cosine, chosen.max_abs_diff, 0.0, 0.0, ""
     )
     if config.device.quantize != "auto":
-        return quantized, check
+        return chosen.model, check
     fast_float = load_model(info, device, dtype)  # the float32 path a run without --quantize takes
     _run_sorted(fast_float.embedder, ids[held_out], lengths[held_out])  # NOTE: first passes build kernels
     check.float_ms = round(_run_sorted(fast_float.embedder, ids[held_out], lengths[held_out])[1], 2)
-    check.int8_ms = round(_run_sorted(embedder, ids[held_out], lengths[held_out])[1], 2)
+    check.int8_ms = round(_run_sorted(chosen.model.embedder, ids[held_out], lengths[held_out])[1], 2)
     if check.int8_ms >= check.float_ms:
         check.chosen, check.reason = "float32", "int8 was not faster on this CPU"
-    elif check.min_cosine < config.device.min_cosine:
-        check.chosen = "float32"
-        check.reason = f"int8's min cosine {check.min_cosine:.4f} < --min-cosine {config.device.min_cosine:g}"
     else:
-        check.reason = f"{check.float_ms / check.int8_ms:.2f}x faster, min cosine >= {config.device.min_cosine:g}"
-    return (quantized if check.chosen == "int8" else fast_float), check
+        check.reason = f"{check.float_ms / check.int8_ms:.2f}x faster, min cosine >= {floor:g}"
+    return (chosen.model if check.chosen == "int8" else fast_float), check
+
+
+def _float32(
+    config: RunConfig,
+    info: CheckpointInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+    reason: str,
+    best: _Tried | None = None,
+    rows: int = 0,
+) -> tuple[LoadedModel, Int8Check]:
+    """`auto`'s float32 model where int8 is not accurate enough here, with the reason."""
+    check = Int8Check(
+        "float32",
+        best.kernel.name if best else "",
+        rows,
+        best.min_cosine if best else 0.0,
+        best.mean_cosine if best else 0.0,
+        best.max_abs_diff if best else 0.0,
+        0.0,
+        0.0,
+        reason,
+    )
+    return load_model(info, device, dtype), check
 
 
 __all__ = ["SAMPLE_ROWS", "Int8Check", "int8_model", "sample_batch"]

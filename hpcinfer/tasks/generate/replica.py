@@ -186,7 +186,7 @@ class GenerateReplica:
             if config.device.tensor_parallel > 1:
                 self.engine, self.tp, self.tp_threads = replica_engine(config, self.info, device, dtype, make)
             else:
-                model = load_decoder(self.info, device, dtype, config.device.quantize)
+                model = load_decoder(self.info, device, dtype, config.device.quantize, config.device.int8_kernel)
                 self.engine = make(model, engine_config(config))
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"

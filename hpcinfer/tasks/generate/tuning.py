@@ -97,7 +97,7 @@ def search_generation(
         torch.set_num_threads(base.device.threads)
     tokenizer = load_tokenizer(info)
     reader = request_reader(base, info, tokenizer)  # NOTE: refuses bad sampling defaults before the model loads
-    model = load_decoder(info, device, dtype, base.device.quantize)
+    model = load_decoder(info, device, dtype, base.device.quantize, base.device.int8_kernel)
     engine = engine_config(base)
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
     blocks = size_pool(
