@@ -124,6 +124,7 @@ def test_triton_is_refused_on_cpu_and_auto_keeps_torch_there():
 def test_auto_on_cuda_reads_blocks_in_place_where_flash_attn_cannot_run(monkeypatch):
     # the gather path runs SDPA's math kernel on CUDA (a mask with GQA): K/V repeated per head in float32
     monkeypatch.setattr(attention_module, "flash_attn_problem", lambda layout, device: "not installed")
+    monkeypatch.setattr(attention_module, "triton_build_problem", lambda: None)  # a compiler, whatever this host has
     layout = KVLayout(16, 8, 64, 16, torch.bfloat16)
     assert attention_kind("auto", layout, torch.device("cuda")) == "triton"
     assert attention_kind("auto", KVLayout(16, 8, 64, 24, torch.bfloat16), torch.device("cuda")) == "torch"
@@ -147,3 +148,103 @@ def test_the_triton_path_gives_the_torch_paths_tokens(tmp_path, monkeypatch, sta
     assert got == want
     if static:
         assert engine.runner.graphs.eager_runs > 0 and engine.runner.graphs.attention.kernel is not None
+
+
+# --------------------------------------------------------------------------- Triton's build needs
+
+
+def _no_compiler(monkeypatch, tmp_path):  # noqa: ANN001, ANN202
+    """A machine whose PATH has no C compiler and no CC: Triton cannot build its launcher there."""
+    import shutil
+
+    real_which = shutil.which
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **kw: None if name in ("cc", "gcc", "clang") else real_which(name, *a, **kw)
+    )
+
+
+def test_auto_falls_back_to_torch_where_triton_cannot_build_its_launcher(monkeypatch, tmp_path):
+    # NOTE: Triton compiles a C launcher at its first kernel launch: without a compiler, auto would
+    # pick it and crash at the first decode step
+    monkeypatch.setattr(attention_module, "flash_attn_problem", lambda layout, device: "not installed")
+    layout = KVLayout(16, 8, 64, 16, torch.bfloat16)
+    _no_compiler(monkeypatch, tmp_path)
+    assert attention_kind("auto", layout, torch.device("cuda")) == "torch"
+    with pytest.raises(ConfigError, match="C compiler"):
+        attention_kind("triton", layout, torch.device("cuda"))
+
+
+def test_a_cc_that_is_not_there_is_named(monkeypatch, tmp_path):
+    _no_compiler(monkeypatch, tmp_path)
+    monkeypatch.setenv("CC", "/nonexistent/bin/my-cc")
+    why = triton_problem(KVLayout(16, 8, 64, 16, torch.bfloat16), torch.device("cuda"))
+    assert why is not None and "/nonexistent/bin/my-cc" in why
+
+
+def test_triton_is_refused_without_pythons_headers(monkeypatch, tmp_path):
+    import sysconfig
+
+    real = sysconfig.get_paths
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **kw: {**real(*a, **kw), "include": str(tmp_path)})
+    layout = KVLayout(16, 8, 64, 16, torch.bfloat16)
+    with pytest.raises(ConfigError, match="Python.h"):
+        attention_kind("triton", layout, torch.device("cuda"))
+    monkeypatch.setattr(attention_module, "flash_attn_problem", lambda layout, device: "not installed")
+    assert attention_kind("auto", layout, torch.device("cuda")) == "torch"
+
+
+# --------------------------------------------------------------------------- one compiled kernel a run
+
+
+def test_the_staged_step_arrays_start_on_16_byte_boundaries():
+    # NOTE: Triton specialises a pointer on 16-byte alignment: a table or context view that moves
+    # between aligned and not from step to step compiles the kernel again inside a timed run
+    import numpy as np
+
+    from hpcinfer.tasks.generate.staging import StepStaging
+
+    rng = np.random.default_rng(0)
+    staging = StepStaging(torch.device("cpu"), 64, copy=True)
+    base = staging.on_device.data_ptr()
+    for _ in range(300):
+        shapes = [tuple(int(x) for x in rng.integers(0, 7, rng.integers(1, 3))) for _ in range(rng.integers(1, 12))]
+        arrays = [rng.integers(0, 100, s) for s in shapes]
+        views = staging.send(arrays)
+        base = staging.on_device.data_ptr()
+        for array, view in zip(arrays, views, strict=True):
+            assert (view.data_ptr() - base) % 16 == 0 and view.data_ptr() % 16 == 0, [a.shape for a in arrays]
+            assert view.shape == array.shape and (view.numpy() == array).all()
+
+
+def test_the_table_stride_is_not_specialised():
+    # NOTE: a step's table is as wide as its widest sequence: a stride Triton specialised on (1, or
+    # a multiple of 16) would compile the kernel again whenever that changes
+    from hpcinfer.tasks.generate import paged_kernel
+
+    kernel = paged_kernel._kernel  # interpreted here (TRITON_INTERPRET), compiled on a GPU
+    marked = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")
+    names = {kernel.arg_names[m] if isinstance(m, int) else m for m in marked or ()}
+    assert "stride_table" in names
+
+
+def test_the_kernel_sees_its_inputs_on_16_byte_boundaries_at_every_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(attention_module, "triton_problem", lambda layout, device: None)
+    path = build_tiny_decoder(tmp_path / "m", "LlamaForCausalLM", seed=8)
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(path, 256)
+    prompts = [tokenizer.encode(t).ids for t in make_texts(10, seed=4)]
+    config = EngineConfig(max_num_seqs=5, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
+    engine = Engine(model, replace(config, attention="triton"))
+    seen: list[tuple[int, ...]] = []
+
+    def recorder(q, pool_k, pool_v, tables, rows, context):  # noqa: ANN001, ANN202
+        seen.append((tables.data_ptr() % 16, rows.data_ptr() % 16, context.data_ptr() % 16, tables.stride(0)))
+        return reference_attention(q, pool_k, pool_v, tables, rows, context).to(q.dtype)
+
+    engine.runner.attention.kernel = recorder
+    engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert len({s[3] for s in seen}) > 2  # steps of many table widths
+    misaligned = [s for s in seen if s[:3] != (0, 0, 0)]
+    assert not misaligned, f"{len(misaligned)} of {len(seen)} launches with inputs off a 16-byte boundary"

@@ -6,6 +6,9 @@ block. Capture itself needs CUDA: tests/gpu_checks.py checks it on a GPU machine
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -156,3 +159,101 @@ def test_with_graphs_the_kv_pool_leaves_room_for_the_largest_decode_bucket(tiny,
     peak = pool_reserve(model, config)
     for blocks in (64, 300, 1024, 5000):
         assert _largest_bucket_bytes(model, config, blocks) <= peak(blocks)
+
+
+class _FakeStream:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _FakeGraph:
+    def replay(self) -> None:
+        pass
+
+
+class _FakeCuda:
+    """torch.cuda's device, stream and graph calls, on the CPU: which stream is current, and which
+    stream each capture was given (None: torch's process-wide capture stream, of the current device)."""
+
+    def __init__(self) -> None:
+        self.current_device = torch.device("cuda", 0)  # what torch.cuda means when given no device
+        self.defaults: dict[torch.device, _FakeStream] = {}
+        self.capture_stream = _FakeStream(self.current_device)  # torch.cuda.graph's default
+        self.current: _FakeStream | None = None
+        self.captures: list[_FakeStream | None] = []
+
+    def _device(self, device: object) -> torch.device:
+        return self.current_device if device is None else torch.device(device)  # type: ignore[arg-type]
+
+    def current_stream(self, device: object = None) -> _FakeStream:
+        d = self._device(device)
+        if self.current is not None and self.current.device == d:
+            return self.current
+        return self.defaults.setdefault(d, _FakeStream(d))
+
+    @contextlib.contextmanager
+    def stream(self, s: _FakeStream) -> Iterator[None]:
+        before, self.current = self.current, s
+        try:
+            yield
+        finally:
+            self.current = before
+
+    @contextlib.contextmanager
+    def device(self, d: object) -> Iterator[None]:
+        before, self.current_device = self.current_device, self._device(d)
+        try:
+            yield
+        finally:
+            self.current_device = before
+
+    @contextlib.contextmanager
+    def graph(self, graph: _FakeGraph, pool: object = None, stream: _FakeStream | None = None, **_: object):
+        self.captures.append(stream)
+        with self.stream(stream if stream is not None else self.capture_stream):
+            yield
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        calls = {
+            "Stream": lambda device=None, **_: _FakeStream(self._device(device)),
+            "current_stream": self.current_stream,
+            "stream": self.stream,
+            "device": self.device,
+            "graph": self.graph,
+            "CUDAGraph": _FakeGraph,
+            "graph_pool_handle": object,
+            "synchronize": lambda device=None: None,
+        }
+        for name, value in calls.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_decode_graphs_warm_up_and_capture_on_one_stream_of_the_models_device(tiny, monkeypatch):
+    # NOTE: the graphs' device is the cache's (the CPU here; cuda:1 for a second GPU's engine). The
+    # warm-up's first calls allocate the stream's cuBLAS workspace: a capture on another stream
+    # would allocate a second one, inside the graphs' pool.
+    model, _ = tiny
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    cache = KVCache(KVLayout.of(model.cfg, 16, model.norm.dtype), 64, torch.device("cpu"))
+    ran_on: list[_FakeStream] = []
+    forward = DecodeGraphs.forward
+
+    def recorded(self: DecodeGraphs, rows: int, width: int) -> torch.Tensor:
+        ran_on.append(fake.current_stream())
+        return forward(self, rows, width)
+
+    monkeypatch.setattr(DecodeGraphs, "forward", recorded)
+    graphs = DecodeGraphs(model, cache, 63, 4, 4, capture=True)
+    assert graphs.captured == len(graphs.grid) == len(fake.captures) > 1
+    streams = {id(s): s for s in ran_on}
+    assert len(ran_on) > graphs.captured and len(streams) == 1, f"warm-up and capture on {len(streams)} streams"
+    (stream,) = streams.values()
+    assert all(s is stream for s in fake.captures), "a capture ran on torch's process-wide capture stream"
+    assert stream.device == cache.k.device, f"captured on a stream of {stream.device}, for a cache on the CPU"

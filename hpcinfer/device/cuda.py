@@ -81,6 +81,43 @@ class CudaGraph(Graph):
         self._graph.replay()
 
 
+class CaptureStream:
+    """One stream of one device on which graphs are warmed up and then captured (the decode graphs).
+
+    NOTE: warm-up and capture on the same stream, made on the graphs' own device:
+    - the first calls on a stream allocate its cuBLAS workspace; in the warm-up that happens
+      outside the graphs' memory pool, whereas a capture on another stream (torch's process-wide
+      capture stream, when none is given) would allocate a second workspace inside the pool;
+    - torch's capture stream, and a stream made without a device, belong to the current device:
+      an engine on cuda:1 would capture its graphs on a stream of cuda:0.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        with torch.cuda.device(device):
+            self.stream = torch.cuda.Stream(device=device)
+
+    def warm_up(self, fn: Callable[[], object], times: int = 2) -> None:
+        """Runs `fn` `times` times on the stream, ordered after the work already issued."""
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream(self.device)
+            self.stream.wait_stream(current)
+            with torch.cuda.stream(self.stream):
+                for _ in range(times):
+                    fn()
+            current.wait_stream(self.stream)
+
+    def capture(self, fn: Callable[[], object], pool: object) -> torch.cuda.CUDAGraph:
+        """`fn` captured on the stream into a graph that allocates from `pool`."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool, stream=self.stream):
+            fn()
+        return graph
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
 class CudaDevice(Device):
     kind = "cuda"
     supports_graphs = True

@@ -8,9 +8,13 @@ the runner's (`PagedBatch`): decode tokens first (one per sequence), then prefil
 
 from __future__ import annotations
 
+import os
+import shutil
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -280,6 +284,31 @@ def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
     return None
 
 
+def triton_build_problem() -> str | None:
+    """Why Triton could not build the C launcher it compiles at its first kernel launch, or None.
+
+    NOTE: Triton's own search (triton/runtime/build.py): $CC, else gcc, else clang on PATH, and
+    Python.h in the interpreter's include directory. Without them the failure comes at the first
+    decode step, long after start-up, as a compiler error; here it is known before the run.
+    """
+    import triton
+
+    if getattr(getattr(getattr(triton, "knobs", None), "build", None), "impl", None) is not None:
+        return None  # a custom build function stands in for the compiler
+    cc = os.environ.get("CC")
+    if cc:
+        if shutil.which(cc) is None:
+            return f"needs a C compiler to build its launcher at the first launch: CC={cc} is not found"
+    elif shutil.which("gcc") is None and shutil.which("clang") is None:
+        return "needs a C compiler to build its launcher at the first launch (no gcc or clang on PATH; set CC)"
+    scheme = sysconfig.get_default_scheme()
+    scheme = "posix_prefix" if scheme == "posix_local" else scheme  # as Triton resolves it
+    include = Path(sysconfig.get_paths(scheme=scheme)["include"])
+    if not (include / "Python.h").is_file():
+        return f"needs Python's C headers to build its launcher (no Python.h in {include}: install python3-dev)"
+    return None
+
+
 def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
     """Why the Triton kernel cannot run this cache on `device`, or None when it can."""
     if device.type != "cuda":
@@ -293,16 +322,16 @@ def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "the triton package is not installed (it comes with torch's CUDA builds)"
-    return None
+    return triton_build_problem()
 
 
 def attention_kind(kind: str, layout: KVLayout, device: torch.device) -> str:
     """What `--attention kind` runs here: torch, flash-attn or triton.
 
     auto takes, on CUDA, flash-attn where it can run (a half dtype, blocks of 256, the package
-    installed), else the Triton kernel (blocks a power of two, triton installed), and the
-    pure-torch path everywhere else; both kernels read K/V blocks in place. Asking for a kernel
-    where it cannot run is a ConfigError that says why.
+    installed), else the Triton kernel (blocks a power of two, triton installed, a C compiler and
+    Python's headers for its launcher), and the pure-torch path everywhere else; both kernels read
+    K/V blocks in place. Asking for a kernel where it cannot run is a ConfigError that says why.
     """
     if kind not in ATTENTION_KINDS:
         raise ConfigError(f"--attention must be one of {', '.join(ATTENTION_KINDS)} (got {kind!r})")

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ...device.cuda import CaptureStream
 from ...models.llama import DecoderConfig, LlamaDecoder
 from .kv_cache import KVCache, KVLayout
 from .scheduler import Chunk
@@ -136,8 +137,9 @@ class StaticDecodeAttention:
 class DecodeGraphs:
     """Static-shape decode for the runner: `run(decodes)` -> logits [n, vocab], or None (run it eagerly).
 
-    `capture=True` (CUDA only) captures every bucket in the constructor; otherwise each call runs
-    the static path eagerly. `replays` and `eager_runs` count the steps each way.
+    `capture=True` (CUDA only) captures every bucket in the constructor, on a stream of the cache's
+    device (`capture` does it later, on a given stream); otherwise each call runs the static path
+    eagerly. `replays` and `eager_runs` count the steps each way.
     """
 
     def __init__(
@@ -163,22 +165,26 @@ class DecodeGraphs:
         # Host staging (pinned on CUDA) and the static device buffers every graph reads.
         # NOTE: two host buffers in turn, as in staging.StepStaging: with the engine a step ahead,
         # a step's copy may still be queued when the next step is filled.
+        # NOTE: each vector starts on a 16-byte boundary (rows rounded up to an even count of
+        # int64), so the kernel's table and context pointers keep one alignment in every bucket.
+        self._stride = rows + rows % 2
         pin = device.type == "cuda"
-        size = 5 * rows + rows * width
+        size = 5 * self._stride + rows * width
         self._hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._turn = 0
         self._static = torch.zeros(size, dtype=torch.int64, device=device)
-        self.ids, self.positions, self.slots, self.lens, self.from_ahead = self._static[: 5 * rows].view(5, rows)
-        self.tables = self._static[5 * rows :].view(rows, width)
+        vectors = self._static[: 5 * self._stride].view(5, self._stride)[:, :rows]
+        self.ids, self.positions, self.slots, self.lens, self.from_ahead = vectors
+        self.tables = self._static[5 * self._stride :].view(rows, width)
         self.logits = torch.zeros(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
         self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens, kernel)
         self._pad_all()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.pool: object | None = None
         self.replays = 0
         self.eager_runs = 0
         if capture:
-            self._capture_all()
+            self.capture(CaptureStream(device))
 
     @property
     def captured(self) -> int:
@@ -186,10 +192,11 @@ class DecodeGraphs:
 
     def _pad_all(self) -> None:
         """Every row a padding row: what the buffers hold during warm-up and capture."""
-        host = self._hosts[0]
-        rows = self.row_buckets[-1]
-        host[: 5 * rows].view(5, rows)[:] = torch.tensor([[0], [0], [self.scratch_block * self.block_size], [1], [-1]])
-        host[5 * rows :] = self.scratch_block
+        host, stride = self._hosts[0], self._stride
+        host[: 5 * stride].view(5, stride)[:] = torch.tensor(
+            [[0], [0], [self.scratch_block * self.block_size], [1], [-1]]
+        )
+        host[5 * stride :] = self.scratch_block
         self._static.copy_(host)
 
     def bucket(self, n: int, width: int) -> tuple[int, int] | None:
@@ -204,22 +211,17 @@ class DecodeGraphs:
         self.logits[:rows].copy_(self.model.logits(hidden, self.vocab_chunk))
         return self.logits[:rows]
 
-    def _capture_all(self) -> None:
-        """Warm-up, then capture, largest bucket first (so the shared pool is sized by the largest)."""
+    def capture(self, stream: CaptureStream) -> None:
+        """Warm-up, then every bucket captured, largest first (so the shared pool is sized by the
+        largest), all on `stream` (see CaptureStream); CUDA only."""
         self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         largest = sorted(self.grid, key=lambda b: (b[0] * b[1], b), reverse=True)
-        with torch.cuda.stream(side):
-            for _ in range(2):  # NOTE: lazy initialisation (cuBLAS handles, autotuning) stays out of the graphs
-                self.forward(*largest[0])
-        torch.cuda.current_stream().wait_stream(side)
+        # NOTE: lazy initialisation (cuBLAS handles and workspace, autotuning, Triton's compile)
+        # stays out of the graphs
+        stream.warm_up(lambda: self.forward(*largest[0]))
         for rows, width in largest:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.forward(rows, width)
-            self.graphs[(rows, width)] = graph
-        torch.cuda.synchronize()
+            self.graphs[(rows, width)] = stream.capture(lambda r=rows, w=width: self.forward(r, w), self.pool)
+        stream.synchronize()
 
     def run(self, decodes: list[Chunk], ahead: InFlightTokens | None = None) -> torch.Tensor | None:
         """Logits [n, vocab] float32 for a pure-decode step, in `decodes` order; None if no bucket fits.
@@ -250,12 +252,12 @@ class DecodeGraphs:
     def _fill(self, decodes: list[Chunk], rows: int, width: int, ahead: InFlightTokens | None) -> bool:
         """Real rows first, padding rows after; tables padded with the scratch block; one copy to the
         device. True when some input is still in flight (`from_ahead` says where to take it)."""
-        bs, n, full_rows = self.block_size, len(decodes), self.row_buckets[-1]
+        bs, n, full_rows, stride = self.block_size, len(decodes), self.row_buckets[-1], self._stride
         buffer = self._hosts[self._turn]
         self._turn ^= 1
         host = buffer.numpy()
-        ids, pos, slots, lens, from_ahead = host[: 5 * full_rows].reshape(5, full_rows)
-        tables = host[5 * full_rows :].reshape(full_rows, -1)
+        ids, pos, slots, lens, from_ahead = host[: 5 * stride].reshape(5, stride)
+        tables = host[5 * stride :].reshape(full_rows, -1)
         tables[:rows, :width] = self.scratch_block
         for row, chunk in enumerate(decodes):
             seq, p = chunk.seq, chunk.start

@@ -84,7 +84,11 @@ def _paged_attention(
     tl.store(where_out, out.to(out_ptr.dtype.element_ty), mask=qd_mask)
 
 
-_kernel = triton.jit(_paged_attention)  # interpreted where TRITON_INTERPRET is set (see above)
+# NOTE: a step's table is as wide as its widest sequence, so its row stride changes from step to
+# step; Triton would specialise an integer argument on being 1 or a multiple of 16 and compile the
+# kernel again for each new case, inside a timed run. The other strides are the model's and fixed.
+NOT_SPECIALIZED = ("stride_table",)
+_kernel = triton.jit(_paged_attention, do_not_specialize=NOT_SPECIALIZED)  # interpreted under TRITON_INTERPRET
 
 
 def paged_attention(

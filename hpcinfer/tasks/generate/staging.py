@@ -1,8 +1,8 @@
 """A step's index arrays, sent to the device together: one host buffer (pinned on CUDA), one copy.
 
 Every array of a step (ids, positions, KV slots, sampling rows, context lengths, block tables) is
-packed back to back into the host buffer and copied with one asynchronous host-to-device copy;
-what comes back are device views shaped as the arrays. A copy from pageable memory would block
+packed into the host buffer, each from a 16-byte boundary, and copied with one asynchronous
+host-to-device copy; what comes back are device views shaped as the arrays. A copy from pageable memory would block
 the host and cost a launch per array; from pinned memory the host goes straight on.
 
 NOTE: two host buffers, in turn: with the engine a step ahead, the host fills step N+1's inputs
@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from .sequence import Sequence
+
+ALIGN = 2  # int64 elements: 16 bytes
 
 
 class StepStaging:
@@ -34,22 +36,27 @@ class StepStaging:
         self.on_device = torch.zeros(capacity, dtype=torch.int64, device=self.device) if self.copy else self.host
 
     def send(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """Packs `arrays` (int64, any shape) back to back, copies once; device views of the same shapes."""
-        total = sum(a.size for a in arrays)
-        if total > self.host.numel():  # NOTE: rare (the first steps size it); grown, never shrunk
-            self._allocate(max(total, 2 * self.host.numel()))
+        """Packs `arrays` (int64, any shape) back to back, copies once; device views of the same shapes.
+
+        NOTE: each array starts on a 16-byte boundary (an even int64 offset): Triton specialises a
+        pointer argument on 16-byte alignment, and a table or context view whose alignment flipped
+        with the sizes of the arrays before it would compile the paged kernel again mid-run.
+        """
+        offsets, offset = [], 0
+        for array in arrays:
+            offsets.append(offset)
+            offset += array.size + -array.size % ALIGN
+        if offset > self.host.numel():  # NOTE: rare (the first steps size it); grown, never shrunk
+            self._allocate(max(offset, 2 * self.host.numel()))
         self.host = self._hosts[self._turn]
         self._turn = (self._turn + 1) % len(self._hosts)
         host_np = self.host.numpy()
-        spans, offset = [], 0
-        for array in arrays:
-            host_np[offset : offset + array.size] = array.reshape(-1)
-            spans.append((offset, array.shape))
-            offset += array.size
+        for array, start in zip(arrays, offsets, strict=True):
+            host_np[start : start + array.size] = array.reshape(-1)
         if self.copy:
             self.on_device[:offset].copy_(self.host[:offset], non_blocking=True)
             self.uploads += 1
-        return [self.on_device[start : start + int(np.prod(shape))].view(shape) for start, shape in spans]
+        return [self.on_device[start : start + a.size].view(a.shape) for a, start in zip(arrays, offsets, strict=True)]
 
 
 class InFlightTokens:
