@@ -6,7 +6,6 @@ only, and JSON files are parsed as data.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,8 +18,9 @@ from ..errors import ModelError
 from .bert import BertConfig, BertEncoder
 from .classifier import ClassificationHead, classifier_config, pair_separator, split_weights
 from .meta import empty_modules
+from .st_files import POOLING_MODES as POOLING_MODES  # re-exported: the modes --pooling takes
+from .st_files import modules_pooling, read_model_json, truncation_length
 
-POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
 
 
@@ -56,54 +56,6 @@ class CheckpointInfo:
         return self.pooling.dimensions or self.config.hidden_size
 
 
-def read_model_json(path: Path) -> dict | list:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read model file ({exc})", path=str(path)) from None
-
-
-def _pooling_from_modules(path: Path, default: str = "mean") -> PoolingSpec:
-    modules_file = path / "modules.json"
-    if not modules_file.is_file():
-        return PoolingSpec(mode=default)
-    modules = read_model_json(modules_file)
-    mode, normalize = default, False
-    for module in modules if isinstance(modules, list) else []:
-        kind = str(module.get("type", ""))
-        if kind.endswith("Normalize"):
-            normalize = True
-        elif kind.endswith("Pooling"):
-            pool_file = path / module.get("path", "") / "config.json"
-            if pool_file.is_file():
-                mode = _pooling_mode(read_model_json(pool_file), pool_file)
-    return PoolingSpec(mode=mode, normalize=normalize)
-
-
-def _pooling_mode(cfg: dict, where: Path) -> str:
-    if "pooling_mode" in cfg:
-        mode = {"lasttoken": "last", "cls_token": "cls"}.get(str(cfg["pooling_mode"]), str(cfg["pooling_mode"]))
-        if mode not in POOLING_MODES:
-            raise ModelError(
-                f"unsupported pooling mode {mode!r} (supported: {', '.join(POOLING_MODES)})", path=str(where)
-            )
-        return mode
-    chosen = [
-        name
-        for key, name in (
-            ("pooling_mode_cls_token", "cls"),
-            ("pooling_mode_mean_tokens", "mean"),
-            ("pooling_mode_max_tokens", "max"),
-            ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
-            ("pooling_mode_lasttoken", "last"),
-        )
-        if cfg.get(key)
-    ]
-    if len(chosen) != 1:
-        raise ModelError(f"exactly one pooling mode is supported, found {chosen or 'none'}", path=str(where))
-    return chosen[0]
-
-
 def _model_dir_config(path: Path) -> Any:
     """The config.json of a checkpoint directory that has its tokenizer.json and weights."""
     if not path.is_dir():
@@ -136,11 +88,9 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
 def sentence_transformers_info(
     path: Path, config: Any, default_pooling: str = "mean", decoder: Any = None
 ) -> CheckpointInfo:
-    """The checkpoint's sentence-transformers files (pooling, max_seq_length, prompts) over `config`."""
-    max_len = config.max_position_embeddings
-    st_file = path / "sentence_bert_config.json"
-    if st_file.is_file():
-        max_len = min(max_len, int(read_model_json(st_file).get("max_seq_length") or max_len))
+    """The checkpoint's sentence-transformers files (pooling, max_seq_length, prompts) over `config`,
+    whichever version wrote them (models/st_files.py); pooling `default_pooling` where they name none."""
+    max_len = truncation_length(path, config.max_position_embeddings)
     prompts: dict[str, str] = {}
     prompt = ""
     st_config = path / "config_sentence_transformers.json"
@@ -149,7 +99,8 @@ def sentence_transformers_info(
         if isinstance(raw_st, dict):
             prompts = {str(k): str(v) for k, v in (raw_st.get("prompts") or {}).items()}
             prompt = prompts.get(str(raw_st.get("default_prompt_name")), "")  # as sentence-transformers encodes
-    pooling = _pooling_from_modules(path, default_pooling)
+    mode, normalize = modules_pooling(path)
+    pooling = PoolingSpec(mode=mode or default_pooling, normalize=normalize)
     return CheckpointInfo(path, config, pooling, max_len, prompts, prompt, decoder)
 
 

