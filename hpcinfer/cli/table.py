@@ -114,7 +114,8 @@ OPTIONS: tuple[Opt, ...] = (
         "choices.", type=int),
     opt("--json-schema", "generate.json_schema", "Generation", "Every answer is JSON valid against this "
         "schema (a file), unless its row asks for its own structured output (response_format, json_schema, "
-        "regex, choice or grammar).", metavar="FILE"),
+        "regex, choice or grammar). Numbers the schema leaves unbounded get at most 15 digits before the point "
+        "and 6 after it; an answer cut by --max-tokens ends with finish_reason length.", metavar="FILE"),
     opt("--regex", "generate.regex", "Generation", "Every answer matches this regular expression (rows may ask "
         "for their own).", metavar="PATTERN"),
     opt("--choice", "generate.choice", "Generation", "Every answer is one of these strings (repeatable; rows may "

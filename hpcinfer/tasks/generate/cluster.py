@@ -125,6 +125,8 @@ _ADDED = (
     "decode_tokens",
     "preemptions",
     "oom_splits",
+    "constrained_answers",
+    "constrained_cut",
     "prefill_tokens_saved",
     "kv_evictions",
 )

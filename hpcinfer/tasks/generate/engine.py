@@ -317,6 +317,7 @@ class Engine:
             return False
         del seq.tokens[at + 1 :]
         seq.finish_s = now
+        self.stats.finished(seq.grammar is not None, reason)
         self.scheduler.finish(seq, reason)
         self.sampler.release(seq)
         return True

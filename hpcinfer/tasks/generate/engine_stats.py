@@ -22,6 +22,8 @@ class EngineStats:
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
     oom_splits: int = 0  # steps that ran out of device memory and were split (engine._shrink_after_oom)
+    constrained: int = 0  # answers held to a grammar (structured output), samples counted one by one
+    constrained_cut: int = 0  # of which ended incomplete, finish_reason "length" (max_tokens, the context)
     host_s: float = 0.0  # scheduling, input preparation, stop checks
     # Device time (timed events on CUDA: device/step_timer.py): the forward pass minus the
     # attention gathers (timed on the CPU path only), and sampling.
@@ -45,6 +47,12 @@ class EngineStats:
         self.evictions = blocks.evictions
         self.peak_blocks = blocks.peak_used
         self.occupancy_sum += len(plan.chunks) / max_num_seqs
+
+    def finished(self, constrained: bool, reason: str) -> None:
+        """A sequence (one sample) that ended with finish `reason`; `constrained`: held to a grammar."""
+        if constrained:
+            self.constrained += 1
+            self.constrained_cut += reason == "length"
 
     def add_times(self, host_s: float, model_s: float, gather_s: float, sample_s: float) -> None:
         self.host_s += host_s

@@ -279,6 +279,8 @@ _ENGINE_FIGURES = (
     ("decode_tokens", "decode_tokens"),
     ("preemptions", "preemptions"),
     ("oom_splits", "oom_splits"),
+    ("constrained_answers", "constrained"),
+    ("constrained_cut", "constrained_cut"),
     ("prefill_tokens_saved", "cached_tokens"),
     ("kv_evictions", "evictions"),
     ("occupancy_sum", "occupancy_sum"),

@@ -37,6 +37,8 @@ class GenerateReport(JsonReport):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    constrained_answers: int = 0  # answers (samples) held to a grammar: structured output
+    constrained_cut: int = 0  # of which cut short of their grammar: finish_reason "length" (max_tokens, the context)
     wall_s: float = 0.0
     device: str = ""
     dtype: str = ""
@@ -87,6 +89,11 @@ class GenerateReport(JsonReport):
             table.add_row("accounting", accounting_line(self.accounting) + " (balanced)")
         table.add_row("prompt / completion tokens", f"{self.prompt_tokens:,} / {self.completion_tokens:,}")
         table.add_row("finish reasons", ", ".join(f"{k} {v:,}" for k, v in sorted(self.finish_reasons.items())))
+        if self.constrained_answers:
+            table.add_row(
+                "structured answers",
+                f"{self.constrained_answers:,}, of which cut by max_tokens (finish length): {self.constrained_cut:,}",
+            )
         table.add_row("wall time", f"{self.wall_s:,.2f} s")
         table.add_row("generated tokens/s", f"{self.completion_tokens_per_s:,.1f}")
         for name, p in (("TTFT", self.ttft), ("time per output token", self.tpot)):

@@ -6,8 +6,8 @@ same path expansion as embedding (`read.expand_paths`). A row has one of `prompt
 override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
 `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_tokens`, may ask
 for structured output (`structured.spec_from_body`: `response_format`, `json_schema`, `regex`,
-`choice`, `grammar` and vLLM's spellings), and may carry an integer priority (`--priority-column`,
-higher first).
+`choice`, `grammar` and vLLM's spellings; not with `stop` strings), and may carry an integer
+priority (`--priority-column`, higher first).
 """
 
 from __future__ import annotations
@@ -218,6 +218,9 @@ class RequestReader:
             return reject("invalid_sampling", problem, row_id)
         if params.structured is not None and (problem := self._grammar_problem(params)) is not None:
             return reject("invalid_grammar", problem, row_id)
+        if params.structured is not None and params.stop:
+            # NOTE: a stop string would cut the answer short of its grammar: "stop", yet not valid
+            return reject("invalid_request", "stop strings cannot end a structured answer: its grammar does", row_id)
         listed = self.defaults.n > 1
         if params.n > self.max_n:
             return reject("invalid_sampling", f"n {params.n} is more than --max-num-seqs ({self.max_n})", row_id)

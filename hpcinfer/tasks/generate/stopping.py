@@ -13,13 +13,19 @@ def stop_reason(
 ) -> str | None:
     """The finish reason, "stop" or "length", when the token at `at` ends `seq` (EOS or a stop token,
     a complete grammar, a stop string, max_tokens, the context), else None; a stop token or string
-    is noted on `seq`."""
-    params, token = seq.params, seq.tokens[at]
-    if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
+    is noted on `seq`.
+
+    NOTE: an answer held to a grammar ends "stop" only where the grammar is complete: EOS or a stop
+    token id ends it only there (the mask lets EOS in only there; a stop token id elsewhere is text
+    the grammar allowed), a dead end ends it "length" (structured.consume), and stop strings are
+    refused with a grammar (requests.py)."""
+    params, token, grammar = seq.params, seq.tokens[at], seq.grammar
+    stops = (token in eos and not params.ignore_eos) or token in params.stop_token_ids
+    if stops and (grammar is None or grammar.is_accepting()):
         seq.stop_token = True
         return "stop"
-    if seq.grammar is not None and consume(seq.grammar, token):
-        return "stop"  # the grammar is complete: nothing but EOS could follow
+    if grammar is not None and (reason := consume(grammar, token)) is not None:
+        return reason  # "stop": the grammar is complete, nothing but EOS could follow
     if params.stop and decode is not None:
         text = decode(seq.tokens[seq.num_prompt : at + 1])
         cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]

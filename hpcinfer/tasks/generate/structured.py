@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from .schema_bounds import versions
+
 KINDS = ("json_schema", "regex", "choice", "grammar")
 # NOTE: JSON as json.dumps writes it (", " and ": ", no other whitespace): a model cannot fill its
 # answer with whitespace, and the answers look the same whichever model wrote them. A schema's own
@@ -105,15 +107,37 @@ def spec_from_body(body: dict[str, Any]) -> GrammarSpec | None:
     return found[0] if found else None
 
 
-def _grammar(spec: GrammarSpec) -> str:
-    """The spec as an llguidance grammar; ValueError for a grammar it cannot even read."""
+def _grammars(spec: GrammarSpec) -> list[str]:
+    """The spec as llguidance grammars to try in turn (a JSON schema: its bounded versions, most
+    bounded first, `schema_bounds.versions`); ValueError for a spec that cannot hold an answer."""
     import llguidance
 
     if spec.kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+        return [
+            llguidance.LLMatcher.grammar_from_json_schema(json.dumps(v), defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+            for v in versions(json.loads(spec.text))
+        ]
     if spec.kind == "grammar":
-        return llguidance.grammar_from("grammar", spec.text)  # Lark, or GBNF converted to it
-    return llguidance.grammar_from(spec.kind, spec.text)  # type: ignore[arg-type]
+        return [llguidance.grammar_from("grammar", spec.text)]  # Lark, or GBNF converted to it
+    return [llguidance.grammar_from(spec.kind, spec.text)]  # type: ignore[arg-type]
+
+
+def _compile(tokenizer: Any, spec: GrammarSpec) -> tuple[Any, str | None]:
+    """(a matcher at the grammar's start, None), or (None, why llguidance refuses the spec): the
+    first of its grammars that compiles; the last one's error (the schema as written) if none does."""
+    import llguidance
+
+    matcher, error = None, "no grammar"
+    for grammar in _grammars(spec):
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if not matcher.is_error():
+            break
+        error = matcher.get_error()
+    else:
+        return None, error
+    if matcher.is_stopped() and not matcher.is_accepting():
+        return None, "no answer fits it"  # NOTE: a dead end at the start: only EOS, an empty answer, would follow
+    return matcher, None
 
 
 class Grammars:
@@ -146,8 +170,6 @@ class Grammars:
 
     def _template(self, spec: GrammarSpec) -> tuple[Any, str | None]:
         """(a matcher at the grammar's start, None) or (None, why the grammar is refused)."""
-        import llguidance
-
         with self._lock:
             if spec in self._compiled:
                 self._compiled.move_to_end(spec)
@@ -156,8 +178,7 @@ class Grammars:
             if tokenizer is None:
                 return None, self._tokenizer_problem
             try:
-                matcher = llguidance.LLMatcher(tokenizer, _grammar(spec), log_level=0)
-                entry = (matcher, None) if not matcher.is_error() else (None, matcher.get_error())
+                entry = _compile(tokenizer, spec)
             except ValueError as exc:
                 entry = (None, str(exc))
             if entry[1] is not None:
@@ -180,11 +201,17 @@ class Grammars:
         return template.deep_copy()
 
 
-def consume(matcher: Any, token: int) -> bool:
-    """Advances a sequence's matcher by its sampled token; True once the grammar is complete (or,
-    which the mask prevents, the token broke it): the answer ends there."""
+def consume(matcher: Any, token: int) -> str | None:
+    """Advances a sequence's matcher by its sampled token; the answer's finish reason when it ends
+    there, else None: "stop" once the grammar is complete, "length" where the answer cannot go on
+    and is not complete (a dead end llguidance let it into, or a token that broke the grammar,
+    which the mask prevents). NOTE: a constrained answer that ends "stop" matches its grammar."""
     matcher.consume_token(token)
-    return bool(matcher.is_stopped() or matcher.is_error())
+    if matcher.is_error():
+        return "length"
+    if matcher.is_stopped():
+        return "stop" if matcher.is_accepting() else "length"
+    return None
 
 
 class StepMasks:

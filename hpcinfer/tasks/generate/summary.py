@@ -26,6 +26,7 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
     r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
     r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
     r.oom_splits = s.oom_splits
+    r.constrained_answers, r.constrained_cut = s.constrained, s.constrained_cut
     r.kv_block_size, r.kv_cache_bytes = job.engine_config.block_size, sum(e.cache.nbytes for e in engines)
     r.mean_occupancy = round(s.mean_occupancy, 4)
     r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
