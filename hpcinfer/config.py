@@ -94,6 +94,15 @@ class OutputConfig:
     resume: bool = False
     max_rejects: int | None = None  # stop once more rows than this are rejected (0: --strict)
     max_reject_fraction: float | None = None  # or once this share of input rows is rejected
+    # Checkpoint finished rows at least this often (seconds of work), so a kill loses no more;
+    # None: DEFAULT_COMMIT_EVERY_S on the local engine; 0: off (only whole windows are committed).
+    commit_every: float | None = None
+    DEFAULT_COMMIT_EVERY_S: ClassVar[float] = 30.0
+
+    @property
+    def commit_every_s(self) -> float:
+        """The checkpoint interval in seconds; 0 when off."""
+        return self.DEFAULT_COMMIT_EVERY_S if self.commit_every is None else self.commit_every
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +197,13 @@ class RunConfig:
             raise ConfigError(f"--dispatch must be tokens or round_robin (got {self.device.dispatch!r})")
         if self.tokenize.on_long not in ("truncate", "reject"):
             raise ConfigError(f"--on-long must be truncate or reject (got {self.tokenize.on_long!r})")
+        if self.output.commit_every is not None and not self.output.commit_every >= 0:
+            raise ConfigError(f"--commit-every must be 0 (off) or more seconds (got {self.output.commit_every})")
+        if self.output.commit_every and self.cluster.engine == "ray":
+            raise ConfigError(
+                "--commit-every checkpoints the local engine; on --engine ray a unit (one window) is committed "
+                "whole: lower --sort-window or --window-rows to commit more often"
+            )
         if self.output.resume and self.output.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other")
         if self.tokenize.max_length is not None and self.tokenize.max_length < 2:

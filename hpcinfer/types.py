@@ -167,6 +167,7 @@ class Window:
     num_batches: int = 0
     arrival_ns: np.ndarray | None = None  # int64 [rows], under --rate: per-request latency starts here
     options: list[Any] | None = None  # per row: its RequestPart (RowBlock.options)
+    cut_tokens: int = 0  # the token budget its batches were cut to (a resumed window is cut alike)
 
     def __len__(self) -> int:
         return len(self.ids)

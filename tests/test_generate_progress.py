@@ -32,4 +32,5 @@ def test_the_log_line_counts_rows_against_the_total_with_an_eta(tmp_path):
     lines = stream.getvalue().splitlines()
     assert len(lines) == 12  # one per finished row at log_every_s=0
     assert re.search(r"hpcinfer: 12/12 rows, [\d.,]+ rows/s, [\d,]+ tokens/s, ETA 0 s$", lines[-1]), lines[-1]
-    assert all("/12 rows" in line and "ETA" in line for line in lines)
+    # NOTE: an ETA needs the rate rows keep finishing at, known a second after the first finished
+    assert all("/12 rows" in line for line in lines)

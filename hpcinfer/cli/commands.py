@@ -61,18 +61,31 @@ def run(**opts: Any) -> None:
       hpcinfer run sample_data/requests.jsonl -o out.parquet --report report.json
     """
     from ..api import run as api_run
+    from ..files.parts import has_commits
+    from ..job.output_checks import OutputComplete, check_resume_of_complete
+    from ..obs.progress import Progress
     from ..obs.render import render
+    from .run_lines import rejects_line, task_line
 
-    config = build_run_config(apply_recipe(click.get_current_context(), opts), "run")
-    report = api_run(config)
-    if not opts["quiet"]:
+    config = build_run_config(apply_recipe(click.get_current_context(), opts), "run").validate()
+    quiet, output = opts["quiet"], config.output.path
+    # NOTE: the task line goes out as the run starts (its inputs and output checked, its model
+    # loaded), before any progress line, so a start-up error stays one line
+    progress = Progress(config.pipeline.progress, header=None if quiet else task_line(config))
+    try:
+        check_resume_of_complete(output, config.output.resume, has_commits(output))  # before loading anything
+        report = api_run(config, progress=progress)
+    except OutputComplete as exc:
+        click.echo(f"hpcinfer: {exc}", err=True)
+        return
+    rejected = rejects_line(report, output)
+    if not quiet:
         console = _stderr_console()
-        if config.task == "auto":  # NOTE: after the run, so an input error stays one line
-            from ..tasks import auto_task
-
-            task, why = auto_task(config)
-            console.print(f"task: {task} (--task auto: {why})", highlight=False, soft_wrap=True)
         render(report, console)
+        if rejected:
+            console.print(rejected, highlight=False, soft_wrap=True)
+    elif rejected:  # NOTE: even a quiet run says that rows were set aside, and where
+        click.echo(f"hpcinfer: {rejected}", err=True)
 
 
 @main.command(cls=SectionedCommand)

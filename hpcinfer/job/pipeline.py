@@ -4,8 +4,9 @@
 item at a time, depth first: the reference twin every overlap optimisation is checked against.
 A `Fanout` in the list of stages splits the flow over parallel branches (one per device), each a
 chain of stages in threads of its own, merging again into the next stage.
-The first failure in any stage sets `stop`; every other stage notices within ~50 ms, and the
-failure is re-raised in the caller's thread with the stage named.
+The first failure in any stage (or Ctrl-C) sets `stop`; every other stage notices at its next
+queue operation, or within ~50 ms while it waits on one, and the failure is re-raised in the
+caller's thread with the stage named.
 """
 
 from __future__ import annotations
@@ -131,18 +132,21 @@ class Runner:
     def put(self, name: str, q: queue.Queue, item: Any) -> None:
         t0 = time.perf_counter_ns()
         while True:
+            if self.stop.is_set():  # NOTE: checked first too: a queue that never fills would never time out
+                raise Cancelled
             try:
                 q.put(item, timeout=_POLL_S)
                 break
             except queue.Full:
-                if self.stop.is_set():
-                    raise Cancelled from None
+                pass
         self.timings.blocked(name, time.perf_counter_ns() - t0)
 
     def get(self, name: str, q: queue.Queue, deadline: Callable[[], int | None] | None = None) -> Any:
         """The next item; or TICK once `deadline()` (perf_counter_ns) passes first."""
         t0 = time.perf_counter_ns()
         while True:
+            if self.stop.is_set():
+                raise Cancelled
             timeout = _POLL_S
             due = deadline() if deadline is not None else None
             if due is not None:
@@ -155,8 +159,7 @@ class Runner:
                 item = q.get(timeout=timeout)
                 break
             except queue.Empty:
-                if self.stop.is_set():
-                    raise Cancelled from None
+                pass
         self.timings.starved(name, time.perf_counter_ns() - t0)
         return item
 

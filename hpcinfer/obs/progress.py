@@ -1,39 +1,77 @@
-"""Progress on stderr: a tqdm bar on a terminal, plain periodic log lines otherwise."""
+"""Progress on stderr: a tqdm bar on a terminal, plain periodic log lines otherwise.
+
+The run's clock starts when the job starts (`set_total`), not when the Progress is made (the model
+may load in between). The ETA divides the rows left by the rate since the first rows finished:
+start-up and the pipeline filling up (the first batch waits for the window to be read, tokenized
+and sorted) are not part of the rate at which rows keep finishing.
+"""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from tqdm import tqdm
 
+ETA_AFTER_S = 1.0  # the steady rate needs this long since the first rows finished before an ETA is given
+
 
 class Progress:
-    """Counts rows and tokens as windows complete; thread-safe; `mode` is bar, log or off."""
+    """Counts rows and tokens as windows complete; thread-safe; `mode` is bar, log or off.
 
-    def __init__(self, mode: str = "auto", stream: TextIO | None = None, log_every_s: float = 10.0) -> None:
+    `header` is a line written once when the run starts (`set_total`), in every mode, before any
+    progress line: the CLI's `task: ...`.
+    """
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        stream: TextIO | None = None,
+        log_every_s: float = 10.0,
+        *,
+        header: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.stream = stream or sys.stderr
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "log"
         self.mode = mode
+        self.header = header
+        self.clock = clock
         self.total: int | None = None
         self.rows = 0
         self.tokens = 0
         self.device_labels: list[str] = []  # several devices: rows per device in the line
         self.device_rows: list[int] = []
         self._lock = threading.Lock()
-        self._start = time.perf_counter()
+        self._start = clock()
         self._last_log = self._start
         self._log_every = log_every_s
-        self._bar = tqdm(total=None, unit="rows", file=self.stream, dynamic_ncols=True) if mode == "bar" else None
+        self._first: tuple[float, int] | None = None  # (when, rows) the first rows finished
+        self._bar: tqdm | None = None
 
     def set_total(self, total: int) -> None:
-        self.total = total
-        if self._bar is not None:
-            self._bar.total = total
-            self._bar.refresh()
+        """The rows this run has to do; the first call starts the run's clock (and shows the header)."""
+        with self._lock:
+            if self.header is not None:
+                self.stream.write(self.header + "\n")
+                self.stream.flush()
+                self.header = None
+            if self._bar is None and self.rows == 0:
+                self._start = self._last_log = self.clock()
+            self.total = total
+            bar = self._make_bar()
+            if bar is not None:
+                bar.total = total
+                bar.refresh()
+
+    def _make_bar(self) -> tqdm | None:
+        if self.mode == "bar" and self._bar is None:
+            self._bar = tqdm(total=self.total, unit="rows", file=self.stream, dynamic_ncols=True)
+        return self._bar
 
     def set_devices(self, labels: list[str]) -> None:
         self.device_labels = list(labels)
@@ -41,17 +79,21 @@ class Progress:
 
     def advance(self, rows: int, tokens: int, device: int = 0) -> None:
         with self._lock:
+            now = self.clock()
             self.rows += rows
             self.tokens += tokens
+            if self._first is None:
+                self._first = (now, self.rows)
             if self.device_rows:
                 self.device_rows[device] += rows
-            elapsed = max(time.perf_counter() - self._start, 1e-9)
-            if self._bar is not None:
-                self._bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s{self._per_device()}", refresh=False)
-                self._bar.update(rows)
-            elif self.mode == "log" and time.perf_counter() - self._last_log >= self._log_every:
-                self._last_log = time.perf_counter()
-                self.stream.write(self.line(elapsed) + "\n")
+            elapsed = max(now - self._start, 1e-9)
+            bar = self._make_bar()
+            if bar is not None:
+                bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s{self._per_device()}", refresh=False)
+                bar.update(rows)
+            elif self.mode == "log" and now - self._last_log >= self._log_every:
+                self._last_log = now
+                self.stream.write(self.line(elapsed, now) + "\n")
                 self.stream.flush()
 
     def note(self, text: str) -> None:
@@ -65,15 +107,30 @@ class Progress:
                 self.stream.write(text + "\n")
                 self.stream.flush()
 
-    def line(self, elapsed: float) -> str:
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds left at the rate rows have finished since the first did; None until that rate is known."""
+        if not self.total or self._first is None:
+            return None
+        if self.rows >= self.total:
+            return 0.0
+        now = self.clock() if now is None else now
+        since, rows_then = self._first
+        if now - since < ETA_AFTER_S or self.rows <= rows_then:
+            return None
+        rate = (self.rows - rows_then) / (now - since)
+        return max(self.total - self.rows, 0) / rate
+
+    def line(self, elapsed: float, now: float | None = None) -> str:
         rate = self.rows / elapsed
         done = f"{self.rows:,}" + (f"/{self.total:,}" if self.total else "")
-        eta = ""
-        if self.total and rate > 0:
-            eta = f", ETA {max(self.total - self.rows, 0) / rate:,.0f} s"
         return (
-            f"hpcinfer: {done} rows, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s{eta}{self._per_device()}"
+            f"hpcinfer: {done} rows, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s"
+            f"{self._eta_note(now)}{self._per_device()}"
         )
+
+    def _eta_note(self, now: float | None) -> str:
+        eta = self.eta_s(now)
+        return f", ETA {eta:,.0f} s" if eta is not None else ""
 
     def _per_device(self) -> str:
         if not self.device_rows:

@@ -97,16 +97,30 @@ HINTS = {
     "d2h": "copy-bound on results: raise --streams so result copies overlap compute",
     "write": "write-bound: write Parquet instead of JSONL",
 }
+# The output is Parquet already: what is left is where it goes and how often a part is committed.
+PARQUET_WRITE_HINT = "write-bound: the output is Parquet already; write it to faster storage, or raise --sort-window"
+MIN_WALL_S = 2.0  # a shorter run's shares are start-up and warm-up, not a steady state: no bottleneck named
 
 
-def bottleneck(stages: list[dict[str, Any]], synchronous_device: bool) -> tuple[str, str]:
-    """The stage with the highest busy share, with a one-line hint.
+def bottleneck(
+    stages: list[dict[str, Any]],
+    synchronous_device: bool,
+    *,
+    wall_s: float | None = None,
+    output_format: str | None = None,
+) -> tuple[str, str]:
+    """The stage with the highest busy share, with a one-line hint (never advice the run follows
+    already: `output_format`). A run shorter than MIN_WALL_S (`wall_s`) names none: ("", why).
 
     NOTE: on a synchronous device the execute stage's time *is* the compute time; counting both
     would name the same work twice, so only `compute` competes.
     """
+    if wall_s is not None and wall_s < MIN_WALL_S:
+        return "", f"the run took {wall_s:.2f} s, too short to name a bottleneck"
     candidates = [s for s in stages if not (synchronous_device and s["stage"] == "execute")]
     if not candidates or max(s["share"] for s in candidates) == 0:
         return "none", "no work was timed"
     top = max(candidates, key=lambda s: s["share"])
+    if top["stage"] == "write" and output_format == "parquet":
+        return "write", PARQUET_WRITE_HINT
     return top["stage"], HINTS[top["stage"]]

@@ -16,7 +16,7 @@ from ...config import RunConfig, resolve_plan
 from ...device import Device, resolve_dtype
 from ...errors import ConfigError, Interrupted
 from ...files.arrivals import ArrivalReplay
-from ...files.parts import fingerprint
+from ...files.parts import PartStore, fingerprint
 from ...files.read import Reader
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
@@ -120,7 +120,10 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
         with signals_stop(run.stop) as interrupted:
             run.pipeline(source, stages, thread_init, extras.hooks, extras.ranges)
         if interrupted:
-            raise Interrupted(interrupted[0], store.rows_written, config.output.path)
+            if writer.commit_every_ns:
+                writer.checkpoint()  # NOTE: a stop, unlike a kill, keeps every row that landed
+            done = store.rows_done if isinstance(store, PartStore) else store.rows_written
+            raise Interrupted(interrupted[0], done, config.output.path)
         run.report.accounting = settle(
             ((c.path, c.read, c.resumed) for c in reader.counts.values()),
             writer.written_by_source,
@@ -134,7 +137,9 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
         raise
     finally:
         run.progress.close()
-    return run.finish(planner.windows, writer.rows_written, budget.tokens, start_ns, end_ns, extras.trace_marks)
+    run.report.checkpoints = writer.checkpoints
+    written_now = writer.rows_written - writer.rows_held  # NOTE: rows held by checkpoints count as resumed
+    return run.finish(planner.windows, written_now, budget.tokens, start_ns, end_ns, extras.trace_marks)
 
 
 def check_lengths(config: RunConfig, info: CheckpointInfo) -> int:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...config import PlanConfig
 from ...types import Batch, Reject, TokenBlock, Window
+
+if TYPE_CHECKING:
+    from .held import Held
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -135,6 +139,12 @@ class Planner:
     order. `online` closes a window once its rows fill a batch; `timeout_ms` once its oldest row
     (its arrival under --rate, else when the planner got it) has waited that long. The pipeline
     calls `tick` at `deadline_ns()` when no new block has come by then.
+
+    `held` (a resumed run; shared with the writer) maps a window id to the rows that checkpoints
+    of the interrupted run hold and the token budget its batches were cut to: the window is cut to
+    that budget again, so its batches are the very same, and those whose rows are all held are not
+    emitted (a window left with none emits one empty batch, so it is committed all the same). A
+    held entry that is not this window (other input rows) is dropped, and the window computed whole.
     """
 
     name = "plan"
@@ -150,8 +160,10 @@ class Planner:
         timeout_ms: float | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
         max_width: int | None = None,
+        held: dict[int, Held] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.held = held if held is not None else {}
         self.max_width = max_width  # the widest padded length the model can take (max_padded_len)
         self.on_rejects = on_rejects  # counts rejects as soon as they are known (--max-rejects)
         self.budget = budget or TokenBudget(cfg.max_batch_tokens, cfg.max_batch_tokens)
@@ -224,9 +236,18 @@ class Planner:
         self._window_id += 1
         self.windows += 1
         cfg = self.cfg
+        held = self.held.get(window.window_id)
+        if held is not None and not held.fits(window.first_row, window.input_rows):
+            del self.held[window.window_id]  # NOTE: shared: the writer must not fill it in either
+            held = None
+        window.cut_tokens = held.cut_tokens if held is not None else self.budget.tokens
         cuts = cut_batches(
-            lengths, self.budget.tokens, cfg.max_batch_size, cfg.pad_multiple, not self.online, self.max_width
+            lengths, window.cut_tokens, cfg.max_batch_size, cfg.pad_multiple, not self.online, self.max_width
         )
+        if held is not None:
+            done = np.zeros(len(lengths), dtype=bool)
+            done[held.rows] = True
+            cuts = [(rows, width) for rows, width in cuts if not done[rows].all()]
         if not cuts:
             cuts = [(np.empty(0, dtype=np.int64), cfg.pad_multiple)]
         window.num_batches = len(cuts)

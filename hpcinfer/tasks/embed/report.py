@@ -22,7 +22,8 @@ class RunReport(JsonReport):
     padded_tokens: int = 0
     truncated_rows: int = 0
     rejects: dict[str, int] = field(default_factory=dict)  # reason -> rows
-    rows_resumed: int = 0  # rows already committed by an interrupted run
+    rows_resumed: int = 0  # rows already committed (or checkpointed) by an interrupted run
+    checkpoints: int = 0  # --commit-every: checkpoints this run wrote of windows not yet complete
     # rows read = written + rejected + resumed, per input file (see accounting.py)
     accounting: dict[str, Any] = field(default_factory=dict)
     oom_splits: int = 0
@@ -66,7 +67,8 @@ class RunReport(JsonReport):
         console.print(stage_table(self))
         if len(self.devices) > 1:
             console.print(rows_table("per device", self.devices, DEVICE_COLUMNS))
-        console.print(f"bottleneck: [bold]{self.bottleneck}[/bold] - {self.hint}")
+        if self.bottleneck:  # NOTE: none is named for a run too short to have one (obs/timing.py)
+            console.print(f"bottleneck: [bold]{self.bottleneck}[/bold] - {self.hint}")
         if self.cluster:
             console.print(cluster_line(self))
         if (line := saturation_line(self)) is not None:

@@ -27,6 +27,7 @@ from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
 from ...types import Pending
 from .given import EmbedJob
+from .held import Held, load_held
 from .plan import Planner, TokenBudget, max_padded_len
 from .replicas import DeviceLog, ResultWait, build_replicas
 from .report import RunReport
@@ -46,7 +47,9 @@ class EmbedRun:
         self.report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(job.info.path))
         self.stop = threading.Event()
         self.timings = Timings(keep_spans=self.config.trace_path is not None)
-        progress.set_total(max((estimate_rows(job.reader.sources) or 0) - job.reader.skip_rows, 0))
+        self.commit_every_s, self.held = self.checkpoints()
+        held = sum(len(h.rows) for h in self.held.values())  # NOTE: rows this run takes back, not computes
+        progress.set_total(max((estimate_rows(job.reader.sources) or 0) - job.reader.skip_rows - held, 0))
         if len(devices) > 1:
             progress.set_devices(self.labels)
         if self.config.device.threads and len(devices) == 1:
@@ -71,13 +74,23 @@ class EmbedRun:
             config, job.devices, self.labels, info, job.dtype, budget, max_width, self.stop, batch_profiler, preloaded
         )
         outputs = [r.outputs for r in replicas]
-        writer = Writer(job.store, outputs, self.rejects, first_window, self.on_batch, self.latency)
+        held, every = self.held, self.commit_every_s
+        writer = Writer(
+            job.store, outputs, self.rejects, first_window, self.on_batch, self.latency, commit_every_s=every, held=held
+        )
         tokenizer = load_tokenizer(info.path, job.max_length)
         vocab, on_long = info.config.vocab_size, config.tokenize.on_long
         tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report, info.prompt)
         online, timeout = config.input.rate is not None, plan.batch_timeout_ms
         planner = Planner(
-            plan, budget, first_window, self.rejects.add, online=online, timeout_ms=timeout, max_width=max_width
+            plan,
+            budget,
+            first_window,
+            self.rejects.add,
+            online=online,
+            timeout_ms=timeout,
+            max_width=max_width,
+            held=held,
         )
         # NOTE: the serial twin has one thread for every stage: pipeline() pins the whole process
         pin = self.affinity if config.pipeline.overlap else None
@@ -95,6 +108,19 @@ class EmbedRun:
         )
         shared = None if pin is None else pin.thread_init()
         return [tokenize, planner, fan, writer], shared, planner, writer, budget
+
+    def checkpoints(self) -> tuple[float, dict[int, Held]]:
+        """(--commit-every in seconds, 0 for none; the rows an interrupted run's checkpoints hold).
+
+        NOTE: only where windows are the same in every run over the input (a held row is known by
+        its window and its place in it): not under --rate or --batch-timeout-ms, whose windows
+        close on the clock (they are about a batch each, committed at once), and not in a cluster
+        replica, which commits into the driver's store.
+        """
+        job, config = self.job, self.config
+        if job.first_window is not None or config.input.rate is not None or config.plan.batch_timeout_ms is not None:
+            return 0.0, {}
+        return config.output.commit_every_s, load_held(job.store, job.store.dim)
 
     def on_batch(self, pending: Pending) -> None:
         """A batch's results are written: its device time, tokens and rows into the report."""
@@ -169,7 +195,12 @@ class EmbedRun:
         report.final_max_batch_tokens = final_tokens
         report.output = config.output.path
         report.stages = self.timings.summary(report.wall_s)
-        report.bottleneck, report.hint = bottleneck(report.stages, synchronous_device=devices[0].kind == "cpu")
+        report.bottleneck, report.hint = bottleneck(
+            report.stages,
+            synchronous_device=devices[0].kind == "cpu",
+            wall_s=report.wall_s,
+            output_format=getattr(store, "fmt", None),
+        )
         peaks = [p for d in devices if (p := d.peak_memory_bytes()) is not None]
         report.peak_device_memory_bytes = sum(peaks) if peaks else None
         report.devices = self.device_log.summary(start_ns, end_ns)

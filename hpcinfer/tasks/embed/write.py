@@ -2,6 +2,11 @@
 
 Waits on each result's d2h_done, scatters it into its window's buffer, and commits a window as
 one atomic part (results + rejects) as soon as all its batches are in, windows in order.
+
+With `commit_every_s`, rows that landed in windows not yet complete are checkpointed (the
+store's chunks: window-local row index, failed flag, vector) once the oldest of them started
+computing that long ago, so a kill loses at most about that much work. A resumed run's writer is
+handed those rows back (`held`) and fills them in before its own batches land.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ...job.rejects import RejectCounter
 from ...obs.latency import LatencyLog
 from ...types import Pending, Reject, Window
 from .fanout import gathered_meta, request_firsts, whole_requests
+from .held import Held, checkpoint_table, window_facts
 
 
 @dataclass(slots=True)
@@ -27,6 +33,8 @@ class _WindowState:
     values: np.ndarray  # float32 [rows, dim]
     failed: list[int] = field(default_factory=list)  # window rows that could not run
     batches_done: int = 0
+    fresh: list[np.ndarray] = field(default_factory=list)  # window rows landed since the last checkpoint
+    fresh_since_ns: int | None = None  # when the oldest of their batches started computing
 
 
 class Writer:
@@ -43,6 +51,9 @@ class Writer:
         on_batch: Callable[[Pending], None] | None = None,
         latency: LatencyLog | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
+        *,
+        commit_every_s: float = 0.0,
+        held: dict[int, Held] | None = None,
     ) -> None:
         self.store = store
         self.dim = store.dim
@@ -55,19 +66,29 @@ class Writer:
         self._next_window = first_window
         self.rows_written = 0
         self.written_by_source: dict[str, int] = {}  # input file -> rows written by this run
+        self.commit_every_ns = int(commit_every_s * 1e9)  # 0: no checkpoints
+        self.held = held if held is not None else {}  # NOTE: the planner's own: shared, see Planner
+        self.rows_held = 0  # rows taken from an interrupted run's checkpoints (and written again)
+        self.checkpoints = 0
+        self._last_checkpoint_ns = 0
 
     def process(self, pending: Pending) -> Iterator[None]:
         batch, out = pending.batch, pending.out
         w = batch.window
         state = self._open.get(w.window_id)
         if state is None:
-            state = self._open[w.window_id] = _WindowState(w, np.empty((len(w), self.dim), np.float32))
+            state = self._open[w.window_id] = self._open_window(w)
         if out is not None:
             self.wait_result(pending)
             state.values[batch.rows] = out.host[: batch.num_rows].numpy()
             state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
             if self.latency is not None:
                 self.latency.batch_done(batch.started_ns, self.clock())
+            if self.commit_every_ns and batch.num_rows:
+                state.fresh.append(batch.rows)
+                started = batch.started_ns or self.clock()
+                since = state.fresh_since_ns
+                state.fresh_since_ns = started if since is None else min(since, started)
         state.batches_done += 1
         if self.on_batch is not None:
             self.on_batch(pending)
@@ -76,7 +97,43 @@ class Writer:
             # executor replaces them as soon as it takes the buffer again.
             self.outputs[pending.replica].release(out)
         self._commit_ready()
+        if self.commit_every_ns and self._checkpoint_due():
+            self.checkpoint()
         return iter(())
+
+    def _open_window(self, w: Window) -> _WindowState:
+        """A window's buffer; a resumed window's held rows are filled in (they are not computed again)."""
+        state = _WindowState(w, np.empty((len(w), self.dim), np.float32))
+        held = self.held.pop(w.window_id, None)
+        if held is not None and held.fits(w.first_row, w.input_rows):
+            state.values[held.rows] = held.values
+            state.failed.extend(held.rows[held.failed].tolist())
+            self.rows_held += int((~held.failed).sum())
+        return state
+
+    def _checkpoint_due(self) -> bool:
+        """The oldest uncheckpointed work started `commit_every` ago (and not before the last checkpoint)."""
+        starts = [s.fresh_since_ns for s in self._open.values() if s.fresh_since_ns is not None]
+        if not starts:
+            return False
+        return self.clock() - max(min(starts), self._last_checkpoint_ns) >= self.commit_every_ns
+
+    def checkpoint(self) -> None:
+        """Keeps the rows landed in open windows since the last checkpoint (the store's chunks)."""
+        chunks = []
+        for window_id, state in sorted(self._open.items()):
+            if not state.fresh:
+                continue
+            rows = np.sort(np.concatenate(state.fresh))
+            failed = np.isin(rows, np.asarray(state.failed, dtype=np.int64))
+            table = checkpoint_table(rows, state.values[rows], failed, self.dim)
+            w = state.window
+            chunks.append((window_id, table, window_facts(w.first_row, w.input_rows, w.cut_tokens)))
+            state.fresh, state.fresh_since_ns = [], None
+        if chunks:
+            self.store.checkpoint(chunks)
+            self.checkpoints += 1
+        self._last_checkpoint_ns = self.clock()
 
     @staticmethod
     def wait_result(pending: Pending) -> None:

@@ -40,7 +40,9 @@ class Admission:
     """Feeds a sink (an engine, or several) from `source`; windows and rejects are booked through the job's callbacks.
 
     `window_for(row)` opens or returns the window of an input row (opening one closes the one
-    before); `close()` marks the newest window fully read; `reject(window, item)` books a reject.
+    before); `close()` marks the newest window fully read; `reject(window, item)` books a reject;
+    `held(window, request)`, on a resumed run, books a row an interrupted run's checkpoint answered
+    and says so (True: it is not run again).
     """
 
     def __init__(
@@ -53,12 +55,15 @@ class Admission:
         window_for: Callable[[int], Any],
         close: Callable[[], None],
         reject: Callable[[Any, Reject], None],
+        *,
+        held: Callable[[Any, Request], bool] | None = None,
     ) -> None:
         self.window_rows = window_rows
         self.max_queued = max_queued
         self.prefix_ordered = prefix_ordered
         self.rate = rate
         self.window_for, self.close, self.reject = window_for, close, reject
+        self.held = held
         self._ready: deque[tuple[Any, Request]] = deque()  # read, ordered, not yet in the engine
         self._next: Request | Reject | None = None  # read ahead: the first row of the next window
         self._rng = np.random.default_rng(rate_seed)
@@ -79,10 +84,12 @@ class Admission:
         return more or bool(self._ready)
 
     def _book(self, window: Any, item: Request | Reject) -> bool:
-        """Counts `item` in its window; True for a request (it will run), False for a reject."""
+        """Counts `item` in its window; True for a request that will run, False for a reject or a held row."""
         window.input_rows += 1
         if isinstance(item, Reject):
             self.reject(window, item)
+            return False
+        if self.held is not None and self.held(window, item):
             return False
         window.pending += 1
         return True

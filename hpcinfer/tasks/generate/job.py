@@ -49,6 +49,7 @@ from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker
 from .engine import Engine, EngineConfig
+from .held import answers_chunk, held_answers
 from .hf_engine import WHAT_IS_LOST, transformers_engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
@@ -82,6 +83,8 @@ class _Window:
     closed: bool = False  # every input row of the window has been read
     results: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    fresh: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # results since the last checkpoint
+    fresh_since: float | None = None  # when the oldest of them was handed to an engine (perf_counter s)
 
 
 @dataclass(slots=True)
@@ -151,7 +154,11 @@ class GenerationJob:
             self._window_for,
             self._close_last,
             self._reject,
+            held=self._held_row,
         )
+        self.commit_every_s = config.output.commit_every_s  # 0: whole windows only
+        self.held: dict[int, dict[str, Any]] = {}  # a resumed run: answers the checkpoints hold, by input row
+        self._last_checkpoint = 0.0
         self.written_by_source: dict[str, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
@@ -173,10 +180,23 @@ class GenerationJob:
         window.rejects.append(item)
         self.rejects.add([item])
 
+    def _held_row(self, window: _Window, request: Request) -> bool:
+        """A row an interrupted run's checkpoint answered: booked as answered, not run again."""
+        answer = self.held.pop(request.row, None)
+        if answer is None:
+            return False
+        window.results.append((request.row, answer))
+        self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
+        return True
+
     def _finish(self, seq: Sequence, device: int = 0) -> None:
         window, request = seq.tag
         window.pending -= 1
         window.results.append((request.row, self._answer(seq, request)))
+        if self.commit_every_s:
+            window.fresh.append(window.results[-1])
+            since = window.fresh_since
+            window.fresh_since = seq.arrival_s if since is None else min(since, seq.arrival_s)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
         self.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
@@ -208,13 +228,31 @@ class GenerationJob:
                 self.store.id_column = "custom_id"
             self.store.commit_table(w.window_id, w.first_row, w.input_rows, table, rejects, answered=len(w.results))
             self.rejects.check_fraction(self.store.rows_committed)
+        if self.commit_every_s and self._checkpoint_due():
+            self.checkpoint()
+
+    def _checkpoint_due(self) -> bool:
+        """The oldest answer not checkpointed was handed to an engine --commit-every ago (or the last
+        checkpoint was, if later): a kill then loses about that much, and the sequences running."""
+        starts = [w.fresh_since for w in self.windows if w.fresh_since is not None]
+        return bool(starts) and time.perf_counter() - max(min(starts), self._last_checkpoint) >= self.commit_every_s
+
+    def checkpoint(self) -> None:
+        """Keeps the answers finished since the last checkpoint in windows still open (held.py)."""
+        chunks = [(w.window_id, answers_chunk(w.fresh), {"first_row": w.first_row}) for w in self.windows if w.fresh]
+        self.store.checkpoint(chunks)
+        for w in self.windows:
+            w.fresh, w.fresh_since = [], None
+        self._last_checkpoint = time.perf_counter()
 
     def run(self, stop: threading.Event, ranges: RangeBackend | None = None) -> GenerateReport:
         """The engine loop (or, on several devices, the loop that feeds and drains their engines);
         `ranges` (hpcinfer profile: NVTX) gets one range per engine step."""
         open_store(self.store, self.reader, self.config.output)
-        resumed = self.store.rows_written
-        self.progress.set_total(max(estimate_file_rows(self.reader.files) - self.reader.skip_rows, 0))
+        self.held = held_answers(self.store)
+        resumed = self.store.rows_written + len(self.held)
+        total = estimate_file_rows(self.reader.files) - self.reader.skip_rows - len(self.held)
+        self.progress.set_total(max(total, 0))
         engines = self._tp_engines() if self.tp_size > 1 else [self._engine(device) for device in self.devices]
         source: Any = None
         try:
@@ -246,6 +284,8 @@ class GenerationJob:
                     self.rejects.by_source,
                 )
                 self.store.assemble()
+            elif self.commit_every_s:
+                self.checkpoint()  # NOTE: a stop, unlike a kill, keeps every answer that finished
         finally:
             if isinstance(source, ReadAhead):
                 source.close()
@@ -338,7 +378,7 @@ def run_generate(
         with claimed(job.store, config.output.path), signals_stop(stop) as interrupted, torch.inference_mode():
             report = job.run(stop, ranges)
         if interrupted:
-            raise Interrupted(interrupted[0], job.store.rows_written, config.output.path)
+            raise Interrupted(interrupted[0], job.store.rows_done, config.output.path)
         return report
     finally:
         job.progress.close()

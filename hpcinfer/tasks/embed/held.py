@@ -1,0 +1,70 @@
+"""What a checkpoint keeps of an embedding window that was not committed, and how it comes back.
+
+A checkpoint chunk (files/parts.py) of an embedding window is a table of the rows that had landed:
+`index` (window-local row), `failed` (out of memory even alone) and `embedding`. Its facts are the
+window's first row and input rows (a resumed window must be the same window) and the token budget
+its batches were cut to (a resumed window is cut to it again, so its batches are the same ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(slots=True)
+class Held:
+    """A window's rows that an interrupted run's checkpoints hold."""
+
+    first_row: int
+    input_rows: int
+    cut_tokens: int
+    rows: np.ndarray  # int64 [n]: window-local row indices
+    values: np.ndarray  # float32 [n, dim]
+    failed: np.ndarray  # bool [n]
+
+    def fits(self, first_row: int, input_rows: int) -> bool:
+        """The window now read is the one checkpointed (same input rows)."""
+        return (self.first_row, self.input_rows) == (first_row, input_rows)
+
+
+def window_facts(first_row: int, input_rows: int, cut_tokens: int) -> dict[str, Any]:
+    return {"first_row": first_row, "input_rows": input_rows, "cut_tokens": cut_tokens}
+
+
+def checkpoint_table(rows: np.ndarray, values: np.ndarray, failed: np.ndarray, dim: int) -> pa.Table:
+    """A chunk of a window's finished rows."""
+    flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1), type=pa.float32())
+    return pa.table(
+        {
+            "index": pa.array(rows, pa.int64()),
+            "failed": pa.array(failed, pa.bool_()),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, dim),
+        }
+    )
+
+
+def held_rows(table: pa.Table, facts: dict[str, Any], dim: int) -> Held:
+    """A window's chunks (concatenated) and facts -> Held."""
+    flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return Held(
+        int(facts["first_row"]),
+        int(facts["input_rows"]),
+        int(facts["cut_tokens"]),
+        table.column("index").to_numpy().astype(np.int64),
+        flat.astype(np.float32, copy=False).reshape(table.num_rows, dim),
+        table.column("failed").to_numpy(zero_copy_only=False).astype(bool),
+    )
+
+
+def load_held(store: Any, dim: int) -> dict[int, Held]:
+    """Every checkpointed window of a resumed output (`store.partial`), by window id."""
+    held = {}
+    for window_id in sorted(store.partial):
+        found = store.checkpointed(window_id)
+        if found is not None:
+            held[window_id] = held_rows(*found, dim)
+    return held
