@@ -23,7 +23,14 @@ Usage (from anywhere; paths default relative to the repository root):
         [--model default|PATH]
 
 On CUDA the report adds the device's busy share (the union of H2D, compute and D2H spans over the
-wall time) and how much of the H2D copy time ran under compute (overlap), from hpcinfer's trace.
+wall time) and how much of the H2D copy time ran under compute (overlap), from hpcinfer's trace;
+and each method's compute utilisation: the FLOPs of the real tokens (no padding: every linear
+layer and each row's attention, benchmarks/gpu_models.py) over its wall time, against
+--peak-tflops (989, an H200's dense bfloat16 peak).
+
+The JSON (--json) is rewritten after every method's setup and timed run (temp + rename), with
+"status": running until the end; a method that fails is recorded under "errors" and the others
+go on; past --deadline S (seconds from the start) no new setup or timed run starts.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ import torch.nn.functional as F
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # NOTE: runs from a checkout, installed or not
 
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from gpu_models import H200_BF16_TFLOPS, forward_flops  # noqa: E402
+from gpu_results import Deadline, add_deadline, attempt, write_json  # noqa: E402
+
 from hpcinfer.api import run as hpcinfer_run  # noqa: E402
 from hpcinfer.config import (  # noqa: E402
     DeviceConfig,
@@ -61,8 +72,7 @@ from hpcinfer.config import (  # noqa: E402
     RunConfig,
 )
 from hpcinfer.errors import HpcinferError  # noqa: E402
-from hpcinfer.models.checkpoint import inspect_checkpoint  # noqa: E402
-from hpcinfer.models.registry import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from hpcinfer.models.registry import inspect_embedder, load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from hpcinfer.obs.progress import Progress  # noqa: E402
 from hpcinfer.tasks.embed.plan import cut_batches  # noqa: E402
 from hpcinfer.tasks.embed.report import RunReport  # noqa: E402
@@ -179,6 +189,11 @@ def load_average() -> tuple[float, float, float] | None:
         return os.getloadavg()
     except OSError:
         return None
+
+
+def tokenizer_parallelism() -> str:
+    """TOKENIZERS_PARALLELISM as the tokenizer sees it: unset, the Rust thread pool is on."""
+    return os.environ.get("TOKENIZERS_PARALLELISM", "unset (on)")
 
 
 def describe_load() -> str:
@@ -399,6 +414,16 @@ def load_sentence_transformer(model_path: Path, device: torch.device, dtype: tor
 
     hf_logging.disable_progress_bar()
     model = SentenceTransformer(str(model_path), device=str(device))
+    model_type = json.loads((model_path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if model_type in ("qwen2", "qwen3"):
+        # NOTE: for these model types AutoTokenizer builds its own Qwen2 tokenizer class over the
+        # files, which splits the random checkpoints' WordPiece vocabulary (MiniLM's tokenizer.json)
+        # differently; the tokenizer.json itself, as hpcinfer reads it, is the same for both
+        import transformers
+
+        model[0].processor = transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(model_path / "tokenizer.json"), pad_token="[PAD]", model_max_length=model.max_seq_length
+        )
     if dtype != torch.float32:
         model = model.to(dtype)
     can_flatten = getattr(model, "_can_flatten_inputs", None)
@@ -509,7 +534,7 @@ class CeilingMethod(Method):
         plan: PlanConfig,
     ):
         super().__init__()
-        self.embedder = load_model(inspect_checkpoint(model_path), device, dtype).embedder
+        self.embedder = load_model(inspect_embedder(model_path), device, dtype).embedder
         self.device, self.rows = device, len(lengths)
         pad_id = 0  # as hpcinfer's stage step pads
         self.batches: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, bool]] = []
@@ -594,32 +619,43 @@ def overlap_figures(report: RunReport) -> dict[str, float]:
     }
 
 
-def print_table(methods: list[Method], rows: int, real_tokens: int, best_st: Method) -> list[dict]:
+def table_rows(methods: list[Method], rows: int, real_tokens: int, best_st: Method | None) -> list[dict]:
+    table = []
+    for r in methods:
+        table.append(
+            {
+                "method": r.name,
+                "rows_per_s": rows / r.wall_s,
+                "tokens_per_s": real_tokens / r.wall_s,
+                "padding_efficiency": real_tokens / r.padded_tokens if r.padded_tokens else 1.0,
+                "padded_tokens": r.padded_tokens,
+                "wall_s": r.wall_s,
+                "walls_s": r.walls_s,
+                "vs_best_st": best_st.wall_s / r.wall_s if best_st is not None else None,
+                "cores_busy": r.best_cores,
+                "cores_busy_per_round": r.cores,
+            }
+        )
+    return table
+
+
+def print_table(
+    methods: list[Method], rows: int, real_tokens: int, best_st: Method, flops: float, peak_tflops: float | None
+) -> None:
     header = (
         f"{'method':<20} {'rows/s':>10} {'tokens/s':>12} {'pad eff':>8} {'wall s':>9} {'cores':>6} {'vs best ST':>11}"
+        f" {'TFLOP/s':>8} {'of peak':>8}"
     )
     print(header)
     print("-" * len(header))
-    table = []
-    for r in methods:
-        entry = {
-            "method": r.name,
-            "rows_per_s": rows / r.wall_s,
-            "tokens_per_s": real_tokens / r.wall_s,
-            "padding_efficiency": real_tokens / r.padded_tokens if r.padded_tokens else 1.0,
-            "padded_tokens": r.padded_tokens,
-            "wall_s": r.wall_s,
-            "walls_s": r.walls_s,
-            "vs_best_st": best_st.wall_s / r.wall_s,
-            "cores_busy": r.best_cores,
-            "cores_busy_per_round": r.cores,
-        }
-        table.append(entry)
+    for r, entry in zip(methods, table_rows(methods, rows, real_tokens, best_st), strict=True):
+        work = compute_figures(r, flops, peak_tflops)
+        share = f"{work['compute_utilisation']:.1%}" if work["compute_utilisation"] is not None else "-"
         print(
             f"{r.name:<20} {entry['rows_per_s']:>10,.1f} {entry['tokens_per_s']:>12,.0f} "
             f"{entry['padding_efficiency']:>8.3f} {r.wall_s:>9.3f} {r.best_cores:>6.2f} {entry['vs_best_st']:>10.2f}x"
+            f" {work['tflops']:>8.2f} {share:>8}"
         )
-    return table
 
 
 def describe_plan(plan: PlanConfig) -> str:
@@ -645,6 +681,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="hpcinfer settings to compare, e.g. 'streams=1,graphs=0;streams=2,graphs=1' (default: one run as is)",
     )
     p.add_argument("--skip", default="", help="comma-separated methods to leave out: naive, ceiling")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help=f"the device's peak for compute utilisation (default on CUDA: {H200_BF16_TFLOPS:g}, an H200's bf16)",
+    )
+    add_deadline(p)
     args = p.parse_args(argv)
     if args.tile < 1:
         p.error("--tile must be at least 1")
@@ -668,8 +711,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reference_of(st_methods: list[SentenceTransformersMethod]) -> SentenceTransformersMethod | None:
+    """st at REFERENCE_BATCH where it ran, else the smallest batch that did (any batch size gives the
+    same embeddings to within padding noise; no extra pass over the corpus)."""
+    ran = [m for m in st_methods if m.embeddings is not None]
+    return next((m for m in ran if m.batch_size == REFERENCE_BATCH), None) or min(
+        ran, key=lambda m: m.batch_size, default=None
+    )
+
+
+def compute_figures(method: Method, flops: float, peak_tflops: float | None) -> dict[str, float | None]:
+    """The useful work's rate (FLOPs of the real tokens, no padding) and its share of the peak."""
+    tflops = flops / method.wall_s / 1e12
+    return {"tflops": tflops, "compute_utilisation": tflops / peak_tflops if peak_tflops else None}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    deadline = Deadline(args.deadline)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
@@ -685,17 +744,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = replace(plan, max_batch_tokens=args.max_batch_tokens)
 
     model_path = resolve_model_path(args.model)
-    info = inspect_checkpoint(model_path)
+    info = inspect_embedder(model_path)
     max_length = info.max_seq_length
     tokenizer = load_tokenizer(model_path, max_length)
+    t0 = time.perf_counter()
     encodings = tokenizer.encode_batch(corpus.texts, add_special_tokens=True)
+    tokenize_s = time.perf_counter() - t0
     token_ids = [e.ids for e in encodings]
     lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int32, count=n)
     real_tokens = int(lengths.sum())
+    model_config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    flops = forward_flops(model_config, lengths)
+    peak_tflops = (
+        args.peak_tflops if args.peak_tflops is not None else (H200_BF16_TFLOPS if device.type == "cuda" else None)
+    )
 
     print("bench_embed: hpcinfer vs sentence-transformers vs naive loop vs compute ceiling")
     print(f"  corpus      {corpus.source.name}: {n:,} rows, {real_tokens:,} real tokens (max_length {max_length})")
-    print(f"  model       {model_path.name} ({model_path.parent.name})")
+    print(f"  tokenizer   {tokenize_s:.2f} s for the corpus (TOKENIZERS_PARALLELISM={tokenizer_parallelism()})")
+    print(f"  model       {model_path.name} ({model_path.parent.name}), {flops / n / 1e9:.2f} GFLOP a row")
     print(f"  cpu         {cpu_model()}")
     print(
         f"  torch       {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
@@ -711,50 +778,110 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  load avg    {describe_load()}")
     sys.stdout.flush()
 
+    environment = {
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "device": str(device) + gpu,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "tokenizers_parallelism": tokenizer_parallelism(),
+        "tokenize_s": tokenize_s,
+        "other_cores_busy_at_start": busy,
+    }
+    corpus_info = {"path": str(corpus.source), "rows": n, "real_tokens": real_tokens, "max_length": max_length}
+    work = {"model": str(model_path.name), "flops": flops, "flops_per_row": flops / n, "peak_tflops": peak_tflops}
+    methods: list[Method] = []
+    errors: dict[str, dict[str, Any]] = {}  # method -> its error, or why it was skipped
+
+    def table_now() -> list[dict[str, Any]]:
+        done = [m for m in methods if m.walls_s]
+        sts = [m for m in done if isinstance(m, SentenceTransformersMethod)]
+        best_st = min(sts, key=lambda m: m.wall_s, default=None)
+        rows = table_rows(done, n, real_tokens, best_st)
+        for row, m in zip(rows, done, strict=True):
+            row |= compute_figures(m, flops, peak_tflops)
+            if isinstance(m, HpcinferMethod):
+                row |= {"variant": m.variant, **m.device_figures}
+        return rows
+
+    def save(status: str, **more: Any) -> None:
+        if args.json is not None:
+            data = {"status": status, "corpus": corpus_info, "environment": environment, "work": work}
+            data |= {"repeats": args.repeats, "methods": table_now(), "errors": errors, **more}
+            write_json(args.json, data)
+
+    def guarded(name: str, fn: Callable[[], Any]) -> Any:
+        out, failed = attempt(name, fn, deadline)
+        if failed is not None:
+            errors[name] = failed
+        save("running")
+        return out
+
+    save("running")
     with tempfile.TemporaryDirectory(prefix="bench_embed-") as tmp_name:
         tmp = Path(tmp_name)
         needs_subset = args.rows is not None or args.tile > 1 or input_path.suffix.lower() not in (".parquet", ".pq")
         hpc_input = write_subset(corpus, n, tmp / "input.parquet") if needs_subset else input_path
         print("setting up and warming up every method (untimed) ...", flush=True)
-        hpcs = [HpcinferMethod(corpus, hpc_input, tmp, args, plan, v) for v in (args.variants or [None])]
-        hpc = hpcs[0]
-        dtype: torch.dtype = getattr(torch, hpc.dtype)
-        plan = hpc.resolved_plan
-        print(f"  dtype       {hpc.dtype} (hpcinfer --dtype {args.dtype}; used by every method)")
+        hpcs: list[HpcinferMethod] = []
+        for variant in args.variants or [None]:
+            label = "hpcinfer" if variant is None else f"hpcinfer s{variant['streams']} graphs {variant['graphs']}"
+            made = guarded(label, lambda v=variant: HpcinferMethod(corpus, hpc_input, tmp, args, plan, v))
+            hpcs += [made] if made is not None else []
+        if not hpcs:
+            print("FAIL: no hpcinfer setting could be set up", file=sys.stderr)
+            save("failed")
+            return 1
+        dtype: torch.dtype = getattr(torch, hpcs[0].dtype)
+        environment["dtype"] = hpcs[0].dtype
+        plan = hpcs[0].resolved_plan
+        print(f"  dtype       {hpcs[0].dtype} (hpcinfer --dtype {args.dtype}; used by every method)")
         print(f"  plan        {describe_plan(plan)} (as hpcinfer resolved it; the ceiling uses it)", flush=True)
-        st_model, flattened = load_sentence_transformer(model_path, device, dtype)
+        loaded = guarded("sentence-transformers", lambda: load_sentence_transformer(model_path, device, dtype))
         st_methods = [
-            SentenceTransformersMethod(st_model, flattened, corpus, lengths, device, bs) for bs in args.st_batch_sizes
+            SentenceTransformersMethod(loaded[0], loaded[1], corpus, lengths, device, bs)
+            for bs in (args.st_batch_sizes if loaded is not None else [])
         ]
-        naive = None if "naive" in args.skip else NaiveMethod(corpus, lengths, model_path, device, dtype, max_length)
-        ceiling = None if "ceiling" in args.skip else CeilingMethod(token_ids, lengths, model_path, device, dtype, plan)
-        methods: list[Method] = [*hpcs, *st_methods, *(m for m in (naive, ceiling) if m is not None)]
+        naive = ceiling = None
+        if "naive" not in args.skip:
+            naive = guarded("naive", lambda: NaiveMethod(corpus, lengths, model_path, device, dtype, max_length))
+        if "ceiling" not in args.skip:
+            ceiling = guarded("ceiling", lambda: CeilingMethod(token_ids, lengths, model_path, device, dtype, plan))
+        methods += [*hpcs, *st_methods, *(m for m in (naive, ceiling) if m is not None)]
         # Round robin, so that a disturbance (another process, thermal) spreads over every method.
         for round_no in range(args.repeats):
             print(f"round {round_no + 1}/{args.repeats} (wall s):", flush=True)
             for method in methods:
-                method.once()
+                if method.name not in errors:  # NOTE: a method that failed once is not run again
+                    guarded(method.name, method.once)
 
-    # the reference: st at REFERENCE_BATCH where it was benchmarked, else the smallest batch that was
-    # (any batch size gives the same embeddings to within padding noise; no extra pass over the corpus)
-    reference_method = next((m for m in st_methods if m.batch_size == REFERENCE_BATCH), None)
-    reference_method = reference_method or min(st_methods, key=lambda m: m.batch_size)
+    st_methods = [m for m in st_methods if m.walls_s]
+    hpcs = [m for m in hpcs if m.walls_s and m.best is not None]
+    reference_method = reference_of(st_methods)
+    failures = [f"{name}: {e.get('error', e.get('reason'))}" for name, e in errors.items()]
+    if not hpcs or reference_method is None:
+        failures.append("no hpcinfer setting or no sentence-transformers batch size was measured")
+        for f in failures:
+            print(f"FAIL: {f}", file=sys.stderr)
+        save("failed", checks={"failures": failures, "notes": []})
+        return 1
     reference, reference_batch = reference_method.embeddings, reference_method.batch_size
     hpc = min(hpcs, key=lambda m: m.wall_s)  # the summary speaks of the fastest setting
     assert reference is not None and hpc.best is not None
     report = hpc.best
 
     # ---- checks
-    failures: list[str] = []
     failures += [f"{m.name}: output ids do not follow the input ids" for m in hpcs if not m.extra["ids_match"]]
     if report.rows != n:
         failures.append(f"hpcinfer wrote {report.rows} rows, expected {n}")
     if report.real_tokens != real_tokens:
         failures.append(f"hpcinfer counted {report.real_tokens} real tokens, the benchmark {real_tokens}")
-    if naive is not None and not naive.extra["hf_lengths_match"]:
+    if naive is not None and "hf_lengths_match" in naive.extra and not naive.extra["hf_lengths_match"]:
         failures.append("the HF tokenizer's lengths differ from hpcinfer's tokenizer")
     notes = []
-    if ceiling is not None and report.padded_tokens != ceiling.padded_tokens:
+    if ceiling is not None and ceiling.walls_s and report.padded_tokens != ceiling.padded_tokens:
         notes.append(
             f"note: hpcinfer padded {report.padded_tokens:,} tokens, the ceiling's reproduced plan "
             f"{ceiling.padded_tokens:,} (windowing differs)"
@@ -767,14 +894,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if getattr(report, "rejects", None):
         failures.append(f"hpcinfer rejected rows: {report.rejects}")
-    if naive is not None and naive.padded_tokens != naive.extra["padded_expected"]:
+    if naive is not None and naive.walls_s and naive.padded_tokens != naive.extra["padded_expected"]:
         notes.append(f"note: naive fed {naive.padded_tokens:,} tokens, expected {naive.extra['padded_expected']:,}")
     cosines = {m.name: min_cosine(m.embeddings, reference) for m in methods if m.embeddings is not None}
 
     # ---- report
     best_st = min(st_methods, key=lambda m: m.wall_s)
+    measured = [m for m in methods if m.walls_s]
     print()
-    table = print_table(methods, n, real_tokens, best_st)
+    print_table(measured, n, real_tokens, best_st, flops, peak_tflops)
     print()
     print(f"min cosine vs st bs={reference_batch} (per row, threshold {args.min_cosine}):")
     for name, cos in cosines.items():
@@ -794,7 +922,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"hpcinfer bottleneck: {report.bottleneck} ({report.hint})")
     ratio_st = hpc.wall_s and best_st.wall_s / hpc.wall_s
-    ratio_ceiling = ceiling.wall_s / hpc.wall_s if ceiling is not None else float("nan")
+    ratio_ceiling = ceiling.wall_s / hpc.wall_s if ceiling is not None and ceiling.walls_s else float("nan")
     print(f"hpcinfer / best sentence-transformers (bs={best_st.extra['batch_size']}): {ratio_st:.2f}x ({hpc.name})")
     for m in hpcs:
         print(f"  {m.name:<22} {n / m.wall_s:>12,.1f} rows/s   {best_st.wall_s / m.wall_s:.2f}x best st")
@@ -815,42 +943,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(LEGEND)
 
+    environment["load_average_end"] = load_average()
+    summary = {
+        "best_st_batch_size": best_st.extra["batch_size"],
+        "fastest_hpcinfer": hpc.name,
+        "hpcinfer_variants": {m.name: {**m.variant, "rows_per_s": n / m.wall_s} for m in hpcs},
+        "hpcinfer_over_best_st": ratio_st,
+        "hpcinfer_over_ceiling": ratio_ceiling,
+        "hpcinfer_whole_call_s": hpc.whole_s,
+        **compute_figures(hpc, flops, peak_tflops),
+        **ov,
+        **hpc.device_figures,
+    }
+    save(
+        "done" if not failures else "failed",
+        plan={k: getattr(plan, k) for k in PLAN_FIELDS},
+        min_cosine_vs_st={"batch_size": reference_batch, **cosines},
+        summary=summary,
+        hpcinfer_report=report.to_dict(),
+        checks={"failures": failures, "notes": notes},
+    )
     if args.json is not None:
-        data = {
-            "corpus": {"path": str(corpus.source), "rows": n, "real_tokens": real_tokens, "max_length": max_length},
-            "environment": {
-                "cpu": cpu_model(),
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "interop_threads": torch.get_num_interop_threads(),
-                "device": str(device),
-                "dtype": report.dtype,
-                "python": platform.python_version(),
-                "cpu_count": os.cpu_count(),
-                "other_cores_busy_at_start": busy,
-                "load_average_end": load_average(),
-            },
-            "plan": {k: getattr(plan, k) for k in PLAN_FIELDS},
-            "repeats": args.repeats,
-            "methods": table,
-            "min_cosine_vs_st": {"batch_size": reference_batch, **cosines},
-            "summary": {
-                "best_st_batch_size": best_st.extra["batch_size"],
-                "fastest_hpcinfer": hpc.name,
-                "hpcinfer_variants": {m.name: {**m.variant, "rows_per_s": n / m.wall_s} for m in hpcs},
-                "hpcinfer_over_best_st": ratio_st,
-                "hpcinfer_over_ceiling": ratio_ceiling,
-                "hpcinfer_whole_call_s": hpc.whole_s,
-                **ov,
-                **hpc.device_figures,
-            },
-            "hpcinfer_report": report.to_dict(),
-            "checks": {"failures": failures, "notes": notes},
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"\nfigures written to {args.json}")
-
     for f in failures:
         print(f"FAIL: {f}", file=sys.stderr)
     return 1 if failures else 0

@@ -1,7 +1,8 @@
-"""The GPU check's last word: steps.json (each step's status and seconds), and a failure unless every
-step ran and passed. On the dry run that proves each GPU step has a CPU twin that ran.
+"""The GPU check's last word: a failure unless every step ran and passed (steps.json, written by
+gpu_check.sh after every step and by its exit trap). On the dry run that proves each GPU step has
+a CPU twin that ran.
 
-    python benchmarks/gpu_steps.py OUT.json DRY(0|1) "NAME STATUS SECONDS"...
+    python benchmarks/gpu_steps.py STEPS.json
 """
 
 from __future__ import annotations
@@ -9,16 +10,30 @@ from __future__ import annotations
 import json
 import sys
 
-EXPECTED = ("environment", "checkpoint", "checks", "multi-device", "benchmark", "generation", "tensor-parallel")
+EXPECTED = (
+    "environment",
+    "checkpoint",
+    "checks",
+    "collectives",
+    "multi-device",
+    "tensor-parallel",
+    "paged-attention",
+    "generation",
+    "benchmark",
+    "benchmark-decoder",
+)
+
+
+def verdict(steps: list[dict]) -> list[str]:
+    """The expected steps that did not run and pass, each with what happened to it."""
+    status = {s["step"]: s["status"] for s in steps}
+    return [f"{name} ({status.get(name, 'not run')})" for name in EXPECTED if status.get(name) != "ok"]
 
 
 def main(argv: list[str]) -> int:
-    path, dry, lines = argv[0], argv[1] == "1", argv[2:]
-    steps = [{"step": name, "status": status, "seconds": int(s)} for name, status, s in (x.split() for x in lines)]
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"dry_run": dry, "steps": steps}, fh, indent=1)
-    passed = [s["step"] for s in steps if s["status"] == "ok"]
-    missing = [name for name in EXPECTED if name not in passed]
+    with open(argv[0], encoding="utf-8") as fh:
+        steps = json.load(fh)["steps"]
+    missing = verdict(steps)
     if missing:
         print(f"steps that did not run and pass: {', '.join(missing)}")
         return 1

@@ -11,7 +11,9 @@
 3. `hpcinfer run --tp 2` against `--tp 1` on `--prompts` greedy prompts (16 tokens each): how many
    answers are equal; for each that is not, the TP=1 model's margin between its two best tokens
    where they part (a near-tie).
-On CUDA with fewer than 2 GPUs it prints 'skipped: 1 GPU' and succeeds (the GPU check's TP step).
+On CUDA with fewer than 2 GPUs it prints 'skipped: 1 GPU' and succeeds at once (the GPU check's
+TP step; its collectives step checks the group's NCCL path on one GPU). The JSON (`--json`) is
+written after each part; past `--deadline` the greedy comparison is skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # NOTE: runs from a checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_results import Deadline, add_deadline, write_json  # noqa: E402
 
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
 from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
@@ -44,6 +49,8 @@ TOKENIZER = Path(__file__).resolve().parent / "minilm_tokenizer"
 
 def rank_main(rank: int, world: int, port: int, path: str, device: str, out: str, vocab_parallel: bool) -> None:
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # NOTE: else every rank's default stream, and CUDA events, are cuda:0's
     torch.set_num_threads(1)
     rdv = Rendezvous(rank, world, port, 120.0)
     group = rdv.join(dev)
@@ -79,13 +86,15 @@ def rank_main(rank: int, world: int, port: int, path: str, device: str, out: str
 
 
 def whole_main(_: int, path: str, device: str, out: str) -> None:
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     before = rss_bytes()
-    whole = load_decoder(
-        inspect_decoder(Path(path)), torch.device("cuda:0" if device == "cuda" else "cpu"), torch.float32
-    )
+    whole = load_decoder(inspect_decoder(Path(path)), dev, torch.float32)
     tp1 = {"weight_bytes": sum(p.nbytes for p in whole.parameters()), "rss_delta_bytes": rss_bytes() - before}
     with torch.inference_mode():
-        whole.logits(whole(torch.arange(64), torch.arange(64), DenseCausalAttention()))
+        ids = torch.arange(64, device=dev)
+        whole.logits(whole(ids, ids, DenseCausalAttention()))
     tp1["rss_delta_after_steps_bytes"] = rss_bytes() - before
     Path(out, "tp1.json").write_text(json.dumps(tp1))
 
@@ -174,30 +183,44 @@ def margins(path: Path, rows: list[dict], differ: list[int], two: list[dict]) ->
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    add_deadline(parser)
+    args = parser.parse_args(argv)
+    deadline = Deadline(args.deadline)
+
+    def save(result: dict) -> None:
+        if args.json:
+            write_json(args.json, result)
+
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         print(f"skipped: {torch.cuda.device_count()} GPU")
+        save({"status": "skipped", "reason": f"{torch.cuda.device_count()} GPU"})
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="tp-check-"))
     path = work / "llama"
     if not (path / "config.json").is_file():
         build_tiny_decoder(path, "LlamaForCausalLM", tokenizer_dir=TOKENIZER, **SHAPE)
-    result = {
-        "memory_and_time": measure(path, args.device, work),
-        "greedy": agreement(path, args.device, args.prompts, work) if args.prompts else {"prompts": 0, "equal": 0},
-    }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    result: dict = {"status": "running"}
+    save(result)
+    result["memory_and_time"] = measure(path, args.device, work)
+    save(result)
+    if not args.prompts:
+        result["greedy"] = {"prompts": 0, "equal": 0}
+    elif deadline.passed():
+        result["greedy"] = {"prompts": 0, "equal": 0, "status": "skipped", "reason": "past the --deadline"}
+    else:
+        result["greedy"] = agreement(path, args.device, args.prompts, work)
     greedy = result["greedy"]
-    return 0 if greedy["equal"] == greedy["prompts"] or all(m < 1e-3 for m in greedy.get("margins", [])) else 1
+    ok = greedy["equal"] == greedy["prompts"] or all(m < 1e-3 for m in greedy.get("margins", []))
+    result["status"] = "ok" if ok else "failed"
+    print(json.dumps(result, indent=1))
+    save(result)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 class Collectives:
-    """One rank's view of its group: all-reduce, gather to rank 0, a minimum, a broadcast; timed.
+    """One rank's view of its group: all-reduce, all-gather, gather to rank 0, a minimum, a broadcast; timed.
 
     `on_error(exc)` turns a failed collective into the error the run reports (the rank that died,
     when it can be told); by default the error itself.
@@ -70,6 +70,13 @@ class Collectives:
         """Sums `x` over the ranks, in place."""
         self._run(lambda: self.group.allreduce([x]), x.nbytes)
         return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x of every rank -> [world, *x.shape] on every rank (rank r's at r)."""
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        self._run(lambda: self.group.allgather([parts], [x]), x.nbytes)
+        return torch.stack(parts)
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [S, n] of every rank -> [S, world * n] on rank 0 (rank r's columns at r * n), None elsewhere."""
