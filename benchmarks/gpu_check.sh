@@ -132,7 +132,7 @@ fi
 #   (2 hpcinfer warm-ups, sentence-transformers, the ceiling's tensors) ~15 s, imports ~6 s;
 # - benchmark-decoder 55 s: 12,000 rows (1.1M tokens, 0.88 GFLOP a token), the same make-up.
 # Sum of the estimates: 10+15+60+10+3+3+15+150+55+55 = 376 s, 6 min 16 s (under 8 minutes). The
-# limits add up to more (735 s); the budget (560 s, under the device tool's 600 s a command) caps
+# limits add up to more (750 s); the budget (560 s, under the device tool's 600 s a command) caps
 # them: a step gets at most what is left, and none starts with under 10 s left.
 if [ "$DRY" = 1 ]; then MULTI_LIMIT=40 TP_LIMIT=60  # two CPU replicas, two gloo ranks: the real paths
 elif [ "$GPUS" -ge 2 ]; then MULTI_LIMIT=120 TP_LIMIT=150
@@ -230,7 +230,7 @@ echo "gpu_check $([ "$DRY" = 1 ] && echo '--dry-run (CPU) ')$(date -u +%FT%TZ) i
 ENV_FLAGS=(--json "$OUT_DIR/env.json")
 [ "$DRY" = 1 ] && ENV_FLAGS+=(--dry-run)
 #    name              estimate limit deadline command
-step environment             10    45 -  "$PY" benchmarks/gpu_env_check.py "${ENV_FLAGS[@]}" || exit 1
+step environment             10    60 -  "$PY" benchmarks/gpu_env_check.py "${ENV_FLAGS[@]}" || exit 1
 step checkpoint              15    60 -  "$PY" benchmarks/gpu_models.py "$WORK" "${MODELS[@]}" || exit 1
 step checks                  60   120 90 "$PY" -m tests.gpu_checks --device "$DEVICE" --model "$WORK/minilm" "${CHECKS[@]}"
 step collectives             10    45 30 "$PY" benchmarks/gpu_collectives.py "${COLLECTIVES[@]}" \
