@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 from .errors import ConfigError
 
 TASK_CHOICES = ("auto", "embed", "generate", "classify", "score")
+# --int8-kernel: auto, or a library with 8-bit or 7-bit activations (models/int8.Int8Kernel names)
+INT8_KERNELS = ("auto", "onednn", "fbgemm", "onednn-7bit", "fbgemm-7bit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,8 @@ class DeviceConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | simulated
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     quantize: str = "none"  # none | int8 (CPU) | auto (int8 where faster and close enough) | fp8 (generation)
-    min_cosine: float = 0.99  # --quantize auto / tune: int8 only with at least this cosine to float32
+    min_cosine: float = 0.99  # --quantize int8|auto / tune: int8 only with at least this cosine to float32
+    int8_kernel: str = "auto"  # auto (the fastest accurate one) | onednn | fbgemm, optionally -7bit (models/int8.py)
     streams: int = 1
     staging_buffers: int = 2
     cuda_graphs: bool = False
@@ -222,6 +225,9 @@ class RunConfig:
             raise ConfigError(f"--task must be one of {', '.join(TASK_CHOICES)} (got {self.task!r})")
         if not 0.0 < self.device.min_cosine <= 1.0:
             raise ConfigError(f"--min-cosine must be in (0, 1] (got {self.device.min_cosine})")
+        if self.device.int8_kernel not in INT8_KERNELS:
+            kernels = ", ".join(INT8_KERNELS)
+            raise ConfigError(f"--int8-kernel must be one of {kernels} (got {self.device.int8_kernel!r})")
         if self.backend not in ("native", "transformers"):
             raise ConfigError(f"--backend must be native or transformers (got {self.backend!r})")
         pair = self.input.pair_columns

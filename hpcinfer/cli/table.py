@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import OutputConfig, PlanConfig
+from ..config import INT8_KERNELS, OutputConfig, PlanConfig
 from .declare import RUNS, Opt, SecondsOrOff, opt
 
 RUN = ("run",)
@@ -167,15 +167,21 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--dtype", "device.dtype", "Devices", "Compute dtype; auto is float32 on CPU, bfloat16 on CUDA "
         "(float16 on a GPU without bfloat16).", type=choice(["auto", "float32", "bfloat16", "float16"])),
     opt("--quantize", "device.quantize", "Devices", "Weights of the linear layers. int8 (CPU, every task): "
-        "int8 with a scale per output channel, activations quantized per call, multiplied by FBGEMM or oneDNN "
-        "(whichever this CPU runs faster, timed at load); the embedding report gives its cosine to float32 on "
-        "the job's first rows. auto (embedding tasks): int8 where it is faster here and its cosine is at "
-        "least --min-cosine, else float32. fp8 (causal LMs): float8_e4m3fn with a scale per output channel, "
+        "int8 with a scale per output channel, activations quantized per call, multiplied by FBGEMM or oneDNN. "
+        "At load each kernel is first checked against float32 on a probe (a kernel whose error exceeds int8 "
+        "rounding, as 16-bit accumulation on CPUs without VNNI gives, is never used; 7-bit activations are "
+        "tried then), and the fastest accurate one is kept; pooling tasks then check the model's cosine to "
+        "float32 on the job's first rows and refuse int8 below --min-cosine, causal LMs their logits. "
+        "auto (embedding tasks): int8 where it is faster here and its cosine is at least --min-cosine, "
+        "else float32 with the reason. fp8 (causal LMs): float8_e4m3fn with a scale per output channel, "
         "multiplied in FP8 (CUDA 8.9+ and CPU) or dequantized. tune with auto or int8 runs its trials on the "
         "model it chose and writes the choice to the recipe.",
         type=choice(["none", "int8", "auto", "fp8"])),
-    opt("--min-cosine", "device.min_cosine", "Devices", "With --quantize auto (and in tune): the lowest "
-        "cosine to float32 on the job's first rows that int8 may have.", type=float),
+    opt("--min-cosine", "device.min_cosine", "Devices", "With --quantize int8 or auto (and in tune): the "
+        "lowest cosine to float32 on the job's first rows that int8 may have.", type=float),
+    opt("--int8-kernel", "device.int8_kernel", "Devices", "With --quantize int8|auto: the int8 kernel; auto "
+        "takes the fastest accurate one on this CPU (a run of several processes decides once); a kernel "
+        "that fails the accuracy probe is refused.", type=choice(list(INT8_KERNELS))),
     opt("--streams", "device.streams", "Devices", "Compute streams on CUDA.", commands=RUNS, type=int),
     opt("--staging-buffers", "device.staging_buffers", "Devices", "Pinned staging slots (2 = double "
         "buffering).", commands=RUNS, type=int),
