@@ -11,6 +11,7 @@ import click
 
 from .. import __version__
 from ..errors import ConfigError
+from ..place.threads import PROCESS
 from .declare import SectionedCommand
 from .errors import user_errors
 from .options import build_run_config, build_tune_options, with_options
@@ -74,6 +75,7 @@ def run(**opts: Any) -> None:
     progress = Progress(config.pipeline.progress, header=None if quiet else task_line(config))
     try:
         check_resume_of_complete(output, config.output.resume, has_commits(output))  # before loading anything
+        PROCESS.settle(config.device.threads)  # NOTE: before the model loads: a busy machine's cores are not ours
         report = api_run(config, progress=progress)
     except OutputComplete as exc:
         click.echo(f"hpcinfer: {exc}", err=True)
@@ -156,4 +158,5 @@ def tune(**opts: Any) -> None:
 
     base = build_run_config(opts, "tune")
     base = replace(base, pipeline=replace(base.pipeline, progress="off"))
+    PROCESS.settle(base.device.threads)
     show_tuning(base.validate(), build_tune_options(opts), opts)

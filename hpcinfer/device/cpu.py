@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..place.threads import set_torch_threads
 from .base import Device, Event, Stream
 
 
@@ -50,7 +51,7 @@ class CpuDevice(Device):
 
     def bind_thread(self) -> None:
         if self.threads:  # NOTE: OpenMP's thread count is per calling thread, so each replica keeps its share
-            torch.set_num_threads(self.threads)
+            set_torch_threads(self.threads)
 
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from .threads import set_torch_threads
 
 SYS = Path("/sys")
 
@@ -65,7 +66,7 @@ class AffinityPlan:
             if stage == "execute":
                 cores = self.replicas[replica].compute
                 pin_thread(cores)
-                torch.set_num_threads(len(cores))  # NOTE: --threads (or a replica's share), via bind, wins
+                set_torch_threads(len(cores))  # NOTE: --threads (or a replica's share), via bind, wins
             elif stage == "tokenize":
                 pin_thread(self.tokenize)
             else:
@@ -88,12 +89,12 @@ def pinned(cores: Sequence[int] | None, threads: int | None = None, whole_proces
     pin = pin_process if whole_process else pin_thread
     pin(cores)
     if threads:
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
     try:
         yield
     finally:
         pin(tuple(mine))
-        torch.set_num_threads(before)
+        set_torch_threads(before)
 
 
 def pin_thread(cores: Sequence[int]) -> None:

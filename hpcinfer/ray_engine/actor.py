@@ -17,6 +17,7 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import HpcinferError
 from ..place.affinity import format_cpu_list, pin_near_gpus
+from ..place.threads import set_torch_threads
 from ..tasks import replica_class
 from .beat import Beat
 from .units import Unit
@@ -79,6 +80,5 @@ class ReplicaActor:
         # NOTE: a thread that has run torch ops keeps its own intra-op thread count, and Ray runs
         # each call on a thread of its pool: set it where the unit runs.
         if self.threads:
-            import torch
 
-            torch.set_num_threads(self.threads)
+            set_torch_threads(self.threads)

@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
 from ...config import flatten
 from ...errors import DeviceHung
 from ...files.sources import estimate_rows
@@ -25,6 +23,7 @@ from ...obs.trace import write_trace
 from ...place.affinity import device_spec, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
+from ...place.threads import set_torch_threads
 from ...types import Pending
 from .given import EmbedJob
 from .held import Held, load_held
@@ -53,7 +52,7 @@ class EmbedRun:
         if len(devices) > 1:
             progress.set_devices(self.labels)
         if self.config.device.threads and len(devices) == 1:
-            torch.set_num_threads(self.config.device.threads)
+            set_torch_threads(self.config.device.threads)
         output = self.config.output
         self.rejects = RejectCounter(output.max_rejects, output.max_reject_fraction)
         self.device_log = DeviceLog(self.labels)

@@ -40,6 +40,7 @@ import torch
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
+from ...place.threads import set_torch_threads
 from .engine import Engine
 from .engine_stats import EngineStats
 from .loop import engine_step
@@ -186,7 +187,7 @@ class EngineWorker:
             if self.engine.cache.k.device.type == "cuda":
                 torch.cuda.set_device(self.engine.cache.k.device)
             elif self.threads:  # NOTE: the intra-op thread count is per calling thread: each engine keeps its share
-                torch.set_num_threads(self.threads)
+                set_torch_threads(self.threads)
             with torch.inference_mode():  # NOTE: thread-local; the job's own does not reach this thread
                 while self._take():
                     try:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -37,12 +37,14 @@ from ...job.output_checks import check_output, output_format
 from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
-from ...models.decoder_checkpoint import load_decoder
+from ...models.decoder_checkpoint import INT8_ROWS, load_decoder
+from ...models.int8 import settled_kernel_name
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
+from ...place.threads import PROCESS, ThreadGovernor, set_torch_threads
 from ...types import Reject
 from .. import pick_task
 from .admission import Admission
@@ -112,6 +114,9 @@ class GenerationJob:
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = run_decoder_info(config)
+        if config.device.quantize == "int8" and config.device.devices:  # NOTE: one kernel for every engine
+            kernel = settled_kernel_name(config.device.int8_kernel, self.info.config, INT8_ROWS)
+            self.config = config = replace(config, device=replace(config.device, int8_kernel=kernel))
         self.devices, self.dtype = generation_devices(config)
         self.tps: list[TensorParallel] = []  # --tp N: rank 0 of each running group
         if config.device.tensor_parallel > 1:  # one engine per group, on its rank 0's device
@@ -124,7 +129,7 @@ class GenerationJob:
             raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
         self.tokenizer = load_tokenizer(self.info)
         if config.device.threads and len(self.devices) == 1:
-            torch.set_num_threads(config.device.threads)
+            set_torch_threads(config.device.threads)
         g = config.generate
         self.engine_config = engine_config(config)
         self.max_prompt = self.info.config.max_model_len - 1
@@ -266,13 +271,18 @@ class GenerationJob:
                 # moves to the compute cores, then the tokenizing thread starts on its own. (An
                 # engine on a thread of its own ran 0.65x as fast: two OpenMP teams on two cores
                 # make libgomp throttle its spinning, and its threads sleep between regions.)
-                sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges)
                 compute = plan.replicas[0].compute if plan is not None else None
                 threads = self.config.device.threads or (len(compute) if compute else None)
                 with pinned(compute, threads, whole_process=True):
+                    governor = self._governor(compute)
+                    sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges, governor)
                     source = self._source()
                     run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
                 self.by_device[0].last_step_end = sink.last_step_end
+                if governor is not None:
+                    self.report.threads = governor.summary()
+                    if (line := governor.note()) is not None:
+                        self.progress.note(f"hpcinfer: {line}")
             else:
                 with pinned(plan.host if plan is not None else None):
                     source = self._source()
@@ -314,6 +324,13 @@ class GenerationJob:
         )  # fmt: skip
         return engines
 
+    def _governor(self, compute: list[int] | None) -> ThreadGovernor | None:
+        """The one engine's thread count on the CPU, adapted to other work on its cores (place/threads.py)."""
+        if self.device.type != "cpu" or self.config.backend == "transformers":
+            return None
+        most = len(compute) if compute else (PROCESS.most or torch.get_num_threads())
+        return ThreadGovernor(most, self.config.device.threads).start(torch.get_num_threads())
+
     def _engine(self, device: torch.device, model: Any = None, config: EngineConfig | None = None) -> Engine:
         if self.config.backend == "transformers":
             self.progress.note(f"hpcinfer: --backend transformers generates in {WHAT_IS_LOST}")
@@ -321,7 +338,9 @@ class GenerationJob:
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             if model is None:
-                model = load_decoder(self.info, device, self.dtype, self.config.device.quantize)
+                model = load_decoder(
+                    self.info, device, self.dtype, self.config.device.quantize, self.config.device.int8_kernel
+                )
             return Engine(
                 model,
                 config or self.engine_config,

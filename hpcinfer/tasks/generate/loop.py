@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ...obs.profile import RangeBackend
+from ...place.threads import ThreadGovernor
 from ...types import Reject
 from .admission import Admission, Sink
 from .engine import Engine
@@ -58,11 +59,16 @@ class EngineSink:
     """One engine as a sink, stepped by the loop's own thread."""
 
     def __init__(
-        self, engine: Engine, hook: Callable[[], None] | None = None, ranges: RangeBackend | None = None
+        self,
+        engine: Engine,
+        hook: Callable[[], None] | None = None,
+        ranges: RangeBackend | None = None,
+        governor: ThreadGovernor | None = None,
     ) -> None:
         self.engine = engine
         self.add = engine.add
         self.hook, self.ranges = hook, ranges
+        self.governor = governor  # a CPU engine's thread count under contention (place/threads.py)
         self.last_step_end = 0.0  # perf_counter seconds
 
     @property
@@ -76,6 +82,8 @@ class EngineSink:
     def collect(self, wait: float | None) -> Iterator[tuple[int, list[Sequence]]]:
         """Runs one step when there is work; otherwise idles up to `wait` (the next --rate arrival)."""
         if self.engine.has_work:
+            if self.governor is not None:
+                self.governor.tick()
             finished = engine_step(self.engine, "", self.hook, self.ranges)
             self.last_step_end = time.perf_counter()
             yield 0, finished

@@ -28,6 +28,7 @@ from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
 from ...models.decoder_checkpoint import load_decoder
+from ...place.threads import set_torch_threads
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import Reject
@@ -196,7 +197,7 @@ class GenerateReplica:
         """The unit's answers; `beat.touch()` is called before each engine step (the driver's --step-timeout)."""
         result = GenerateUnitResult(unit.window_id, self.name, started=time.time())
         if self.tp_threads:  # NOTE: the actor set this thread's count for one process; rank 0 has its share
-            torch.set_num_threads(self.tp_threads)
+            set_torch_threads(self.tp_threads)
         try:
             with torch.inference_mode():
                 self._run(unit, result, beat.touch if beat is not None else None)

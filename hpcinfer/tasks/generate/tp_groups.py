@@ -21,6 +21,7 @@ from ...config import RunConfig
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import DecoderInfo
 from ...parallel.decoder import ShardedDecoder, rank_config
+from ...place.threads import set_torch_threads
 from .engine import Engine, EngineConfig
 from .runner import StepInputs
 from .setup import engine_config
@@ -122,7 +123,7 @@ def start_groups(
             tp = start_tensor_parallel(setup)
             groups.append(tp)
             if setup.devices[0] == "cpu" and setup.threads:
-                torch.set_num_threads(setup.threads)  # NOTE: this thread's; each engine thread sets its own
+                set_torch_threads(setup.threads)  # NOTE: this thread's; each engine thread sets its own
             built = make(tp.model, tp_engine_config(engine, tp))
             attach(built, tp)
             engines.append(built)

@@ -20,6 +20,7 @@ import torch
 from ...errors import HpcinferError
 from ...models.decoder_embedder import padded_hidden
 from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group
+from ...place.threads import set_torch_threads
 from .kv_cache import KVCache
 from .runner import ModelRunner
 from .tp import EmbedBatch, RankSetup, load_rank
@@ -31,7 +32,7 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     elif setup.threads:
-        torch.set_num_threads(setup.threads)
+        set_torch_threads(setup.threads)
     rdv = Rendezvous(rank, setup.world, setup.port, setup.timeout_s)
     rdv.mark("up")
     group = rdv.join(device)

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ...config import GenerateConfig, RunConfig
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import load_decoder
+from ...place.threads import set_torch_threads
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
 from .engine import pool_reserve
@@ -94,7 +93,7 @@ def search_generation(
     info = run_decoder_info(base)
     device, dtype = first_device(base)
     if base.device.threads:
-        torch.set_num_threads(base.device.threads)
+        set_torch_threads(base.device.threads)
     tokenizer = load_tokenizer(info)
     reader = request_reader(base, info, tokenizer)  # NOTE: refuses bad sampling defaults before the model loads
     model = load_decoder(info, device, dtype, base.device.quantize, base.device.int8_kernel)
