@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: smollm2_chats 
 from smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
 
 from hpcinfer.device import cpu_shape  # noqa: E402
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
+from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
+from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
 
 SETTINGS = {
     "this machine": cpu_shape.read_caches(),

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: smollm2_chats 
 
 from smollm2_chats import ROOT, chat_prompts, load_smollm2  # noqa: E402
 
+from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
+from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
 from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
 
 
 def generate(model: Any, info: Any, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list]:

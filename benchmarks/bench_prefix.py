@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 import torch
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.engine.block_manager import max_hit_rate
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.block_manager import max_hit_rate
 from hpcinfer.tasks.generate.job import run_generate
 
 RUNS = (

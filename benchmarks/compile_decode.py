@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: smollm2_chats 
 
 from smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
 
+from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
+from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
 from hpcinfer.models import llama as L  # noqa: E402
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
 
 info, tok, model = load_smollm2(2)
 prompts = chat_prompts(info, tok, 1)

@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
 from smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
 
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.tasks.generate.sequence import SamplingParams  # noqa: E402
-from hpcinfer.tasks.generate.structured import Grammars, GrammarSpec  # noqa: E402
+from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
+from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
+from hpcinfer.engine.structured import Grammars, GrammarSpec  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -46,7 +46,7 @@ def run(
     task = pick_task(config)
     config = with_pair_columns(replace(config, task=task))  # --task score: which columns hold the pairs
     if task == "generate" and config.backend != "native":  # static batches: what it cannot do is refused here
-        from .tasks.generate.hf_engine import refused_options
+        from .engine.hf_engine import refused_options
 
         refused_options(config)
     if config.device.tensor_parallel > 1 and task not in ("generate", "embed"):

@@ -15,7 +15,7 @@ import torch
 
 if not torch.cuda.is_available():
     # NOTE: before anything imports Triton (transformers does): its kernels then run in Triton's
-    # interpreter, the only way they run without a GPU (tasks/generate/paged_kernel.py).
+    # interpreter, the only way they run without a GPU (engine/paged_kernel.py).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

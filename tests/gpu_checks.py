@@ -229,8 +229,8 @@ def check_generation_graphs(s: Setup) -> str:
     The graphs must really be captured and replayed on CUDA; on the simulated device (the dry run)
     the static-shape decode path runs eagerly on the CPU instead.
     """
-    from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-    from hpcinfer.tasks.generate.sequence import SamplingParams
+    from hpcinfer.engine.engine import Engine, EngineConfig
+    from hpcinfer.engine.sequence import SamplingParams
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 512, int(n)).tolist() for n in rng.integers(4, 60, 40)]
@@ -269,10 +269,10 @@ def check_triton_attention(s: Setup) -> str:
 
     On the dry run the kernel runs in Triton's interpreter (gpu_check.sh sets TRITON_INTERPRET=1).
     """
-    from hpcinfer.tasks.generate import attention
-    from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-    from hpcinfer.tasks.generate.paged_kernel import paged_attention
-    from hpcinfer.tasks.generate.sequence import SamplingParams
+    from hpcinfer.engine import attention
+    from hpcinfer.engine.engine import Engine, EngineConfig
+    from hpcinfer.engine.paged_kernel import paged_attention
+    from hpcinfer.engine.sequence import SamplingParams
 
     device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -342,10 +342,10 @@ def check_graph_memory_bound(s: Setup) -> str:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from hpcinfer.device.cuda import CaptureStream
-    from hpcinfer.tasks.generate.attention import TritonPagedAttention
-    from hpcinfer.tasks.generate.decode_graphs import DecodeGraphs
-    from hpcinfer.tasks.generate.engine import Engine, EngineConfig, pool_reserve
-    from hpcinfer.tasks.generate.sequence import SamplingParams
+    from hpcinfer.engine.attention import TritonPagedAttention
+    from hpcinfer.engine.decode_graphs import DecodeGraphs
+    from hpcinfer.engine.engine import Engine, EngineConfig, pool_reserve
+    from hpcinfer.engine.sequence import SamplingParams
 
     device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
     model = random_decoder(device)

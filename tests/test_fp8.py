@@ -11,6 +11,10 @@ import torch
 from torch import nn
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.engine.attention import attention_kind
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.decoder_checkpoint import load_tokenizer as decoder_tokenizer
@@ -18,12 +22,8 @@ from hpcinfer.models.fp8 import FP8, Fp8Linear
 from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.registry import resolve_model_path
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.attention import attention_kind
 from hpcinfer.tasks.generate.chat import ChatRenderer
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
 from hpcinfer.tasks.generate.job import run_generate
-from hpcinfer.tasks.generate.kv_cache import KVLayout
-from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts, read_output, write_jsonl
 

@@ -14,12 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
-from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate import attention as attention_module
-from hpcinfer.tasks.generate.attention import (
+from hpcinfer.engine import attention as attention_module
+from hpcinfer.engine.attention import (
     FlashAttnPagedAttention,
     TorchPagedAttention,
     TritonPagedAttention,
@@ -27,9 +23,13 @@ from hpcinfer.tasks.generate.attention import (
     choose_attention,
     triton_problem,
 )
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.kv_cache import KVCache, KVLayout
-from hpcinfer.tasks.generate.sequence import SamplingParams
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.kv_cache import KVCache, KVLayout
+from hpcinfer.engine.sequence import SamplingParams
+from hpcinfer.errors import ConfigError
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.registry import load_tokenizer
+from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
 from .conftest import make_texts
 
@@ -97,7 +97,7 @@ def reference_attention(q, pool_k, pool_v, tables, rows, context):  # noqa: ANN0
     ids=["gqa", "group-of-3-odd-dim", "half-mha"],
 )
 def test_the_triton_kernel_reads_blocks_in_place_as_the_reference_computes(dtype, heads, kv_heads, dim, block):
-    from hpcinfer.tasks.generate.paged_kernel import paged_attention
+    from hpcinfer.engine.paged_kernel import paged_attention
 
     gen = torch.Generator().manual_seed(3)
     pool_k = torch.randn(40, block, kv_heads, dim, generator=gen).to(dtype)
@@ -203,7 +203,7 @@ def test_the_staged_step_arrays_start_on_16_byte_boundaries():
     # between aligned and not from step to step compiles the kernel again inside a timed run
     import numpy as np
 
-    from hpcinfer.tasks.generate.staging import StepStaging
+    from hpcinfer.engine.staging import StepStaging
 
     rng = np.random.default_rng(0)
     staging = StepStaging(torch.device("cpu"), 64, copy=True)
@@ -221,7 +221,7 @@ def test_the_staged_step_arrays_start_on_16_byte_boundaries():
 def test_the_table_stride_is_not_specialised():
     # NOTE: a step's table is as wide as its widest sequence: a stride Triton specialised on (1, or
     # a multiple of 16) would compile the kernel again whenever that changes
-    from hpcinfer.tasks.generate import paged_kernel
+    from hpcinfer.engine import paged_kernel
 
     kernel = paged_kernel._kernel  # interpreted here (TRITON_INTERPRET), compiled on a GPU
     marked = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")

@@ -10,12 +10,12 @@ import pytest
 import torch
 import transformers
 
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.kv_cache import KVLayout
-from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
 
@@ -95,7 +95,7 @@ def test_preemption_keeps_tokens(case):
 def test_small_decode_groups_keep_tokens(case, monkeypatch):
     """On CPU decodes are grouped so each group's gathered K/V stay in cache; tiny groups of a few
     rows (and so many attention calls per layer, each padded to its own width) change no token."""
-    from hpcinfer.tasks.generate import runner
+    from hpcinfer.engine import runner
 
     block = KVLayout.of(case[0].cfg, 16, torch.float32).bytes_per_block // case[0].cfg.num_layers
     monkeypatch.setattr(runner, "decode_group_bytes", lambda: 8 * block)

@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from hpcinfer.engine.block_manager import blocks_for
+from hpcinfer.engine.decode_graphs import DecodeGraphs, buckets
+from hpcinfer.engine.engine import Engine, EngineConfig, pool_reserve
+from hpcinfer.engine.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
+from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.block_manager import blocks_for
-from hpcinfer.tasks.generate.decode_graphs import DecodeGraphs, buckets
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig, pool_reserve
-from hpcinfer.tasks.generate.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
-from hpcinfer.tasks.generate.sequence import SamplingParams
 
 from .conftest import make_texts
 from .gpu_checks import peak_allocated

@@ -15,9 +15,9 @@ import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.sampling import sample_seed
-from hpcinfer.tasks.generate.sequence import SamplingParams
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.sampling import sample_seed
+from hpcinfer.engine.sequence import SamplingParams
 
 from .conftest import generate_config, run_job, tiny_llama, write_jsonl
 

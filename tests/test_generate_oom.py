@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.sequence import SamplingParams
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.sequence import SamplingParams
 
 from .conftest import tiny_llama
 

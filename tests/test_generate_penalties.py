@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.penalties import penalize
+from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.tasks.generate.job import run_generate
-from hpcinfer.tasks.generate.penalties import penalize
-from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence
 
 from .conftest import generate_config, tiny_llama, write_jsonl
 

@@ -9,13 +9,13 @@ import random
 import pytest
 import torch
 
+from hpcinfer.engine.block_manager import ROOT, BlockManager, block_key, max_hit_rate, prefix_keys
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.scheduler import Scheduler
+from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.block_manager import ROOT, BlockManager, block_key, max_hit_rate, prefix_keys
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.kv_cache import KVLayout
-from hpcinfer.tasks.generate.scheduler import Scheduler
-from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence
 
 BS = 4
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcinfer.tasks.generate.block_manager import BlockManager
-from hpcinfer.tasks.generate.scheduler import Scheduler
-from hpcinfer.tasks.generate.sequence import SamplingParams, Sequence, Status
+from hpcinfer.engine.block_manager import BlockManager
+from hpcinfer.engine.scheduler import Scheduler
+from hpcinfer.engine.sequence import SamplingParams, Sequence, Status
 
 
 def seqs(*lengths: int) -> list[Sequence]:
@@ -131,7 +131,7 @@ def test_blocks_are_recycled_and_the_peak_recorded():
 
 
 def test_scheduler_and_block_manager_import_no_torch():
-    root = Path(__file__).resolve().parent.parent / "hpcinfer" / "tasks" / "generate"
+    root = Path(__file__).resolve().parent.parent / "hpcinfer" / "engine"
     for name in ("scheduler.py", "block_manager.py", "sequence.py"):
         tree = ast.parse((root / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

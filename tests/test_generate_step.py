@@ -12,12 +12,12 @@ import time
 import pytest
 import torch
 
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.sequence import SamplingParams
+from hpcinfer.engine.staging import StepStaging
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.sequence import SamplingParams
-from hpcinfer.tasks.generate.staging import StepStaging
 
 from .conftest import make_texts
 
@@ -137,7 +137,7 @@ def _outcome(seqs) -> list[tuple]:  # noqa: ANN001
 def test_a_step_ahead_gives_the_step_by_step_tokens_and_stops(tiny, config, monkeypatch):
     from dataclasses import replace
 
-    from hpcinfer.tasks.generate.staging import InFlightTokens
+    from hpcinfer.engine.staging import InFlightTokens
 
     model, prompts, tokenizer = tiny
     shared = prompts[0][:9]

@@ -95,3 +95,29 @@ def test_nothing_below_the_api_imports_it():
     graph = import_graph(PACKAGE)
     users = sorted(name for name, edges in graph.items() if "hpcinfer.api" in edges)
     assert users and all(u == "hpcinfer.cli" or u.startswith("hpcinfer.cli.") for u in users), users
+
+
+ENGINE_MAY_NOT_IMPORT = ("hpcinfer.tasks", "hpcinfer.files", "hpcinfer.job", "hpcinfer.cli", "hpcinfer.api")
+
+
+def layer_violations(graph: dict[str, set[str]], layer: str, forbidden: tuple[str, ...]) -> list[str]:
+    """`a -> b` for each import of a module of `layer` that names a module under a forbidden prefix."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if a == layer or a.startswith(layer + ".")
+        for b in targets
+        if any(b == f or b.startswith(f + ".") for f in forbidden)
+    )
+
+
+def test_the_engine_imports_no_task_file_job_or_command_line_module():
+    """engine/ is the generation engine alone: requests in, finished sequences out."""
+    assert layer_violations(import_graph(PACKAGE), "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == []
+
+
+def test_the_layer_check_sees_a_back_edge():
+    graph = {"hpcinfer.engine.engine": {"hpcinfer.models.llama", "hpcinfer.tasks.generate.job"}}
+    assert layer_violations(graph, "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == [
+        "hpcinfer.engine.engine -> hpcinfer.tasks.generate.job"
+    ]

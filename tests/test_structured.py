@@ -20,15 +20,15 @@ import torch
 from openai.types.chat import ChatCompletion
 from rich.console import Console
 
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
+from hpcinfer.engine.sequence import SamplingParams
+from hpcinfer.engine.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
 from hpcinfer.models.gguf_tokenizer import byte_alphabet
 from hpcinfer.models.tiny_gguf import build_tiny_gguf
-from hpcinfer.tasks.generate.engine import Engine, EngineConfig
-from hpcinfer.tasks.generate.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
-from hpcinfer.tasks.generate.sequence import SamplingParams
 from hpcinfer.tasks.generate.setup import load_tokenizer
-from hpcinfer.tasks.generate.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 
 from .conftest import generate_config, read_output, run_job, tiny_llama, write_jsonl
 

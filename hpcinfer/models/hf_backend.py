@@ -8,7 +8,7 @@ QKV, prepacked CPU linears, no per-call module overhead), and the backend is the
 architectures it does not have.
 
 NOTE: `trust_remote_code` is never set: a checkpoint's own Python is not run, as on the native path.
-Generation on this backend is `tasks/generate/hf_engine.py`: static batches of transformers'
+Generation on this backend is `engine/hf_engine.py`: static batches of transformers'
 `AutoModelForCausalLM` (no paged KV cache, continuous batching or prefix caching).
 """
 

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ...engine.sequence import SamplingParams
 from ...files.arrivals import poisson_gaps_ns
 from ...types import Reject
 from .requests import Request, prefix_order
-from .sequence import SamplingParams
 
 
 class Sink(Protocol):

@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from ...engine.sequence import Sequence
 from ...errors import ConfigError
 from ...files.parts import RAW_LINE, PartStore, id_array
 from .requests import Request
-from .sequence import Sequence
 
 
 def schema(listed: bool = False) -> pa.Schema:

@@ -37,14 +37,14 @@ from typing import Any
 
 import torch
 
+from ...engine.engine import Engine
+from ...engine.engine_stats import EngineStats
+from ...engine.sequence import SamplingParams, Sequence
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
 from ...place.threads import set_torch_threads
-from .engine import Engine
-from .engine_stats import EngineStats
 from .loop import engine_step
-from .sequence import SamplingParams, Sequence
 
 
 @dataclass(slots=True)

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 
 from ...config import RunConfig
+from ...engine.engine import Engine, EngineConfig
+from ...engine.hf_engine import WHAT_IS_LOST, transformers_engine
+from ...engine.sequence import Sequence
 from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle
@@ -50,14 +53,11 @@ from .. import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker
-from .engine import Engine, EngineConfig
 from .held import answers_chunk, held_answers
-from .hf_engine import WHAT_IS_LOST, transformers_engine
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
 from .report import GenerateReport, share_after_recovery
 from .requests import Request
-from .sequence import Sequence
 from .setup import (
     engine_config,
     generation_devices,

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ...engine.engine import Engine
+from ...engine.sequence import Sequence
 from ...obs.profile import RangeBackend
 from ...place.threads import ThreadGovernor
 from ...types import Reject
 from .admission import Admission, Sink
-from .engine import Engine
 from .requests import Request
-from .sequence import Sequence
 
 IDLE_WAIT_S = 0.05  # the longest a loop waits for finished work before it feeds again
 

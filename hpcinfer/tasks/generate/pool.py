@@ -10,13 +10,13 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from ...engine.block_manager import prefix_keys
+from ...engine.sequence import SamplingParams, Sequence
 from ...errors import DevicesFailed, HpcinferError, StageError
 from ...place.breaker import Breaker, BreakerLog, BreakerSettings
 from ...place.dispatch import POLICIES, soonest
-from .block_manager import prefix_keys
 from .devices import DeviceFault, EngineWorker, Prompt
 from .loop import IDLE_WAIT_S
-from .sequence import SamplingParams, Sequence
 
 PREFIX_MEMORY = 1 << 16  # prefix keys remembered for dispatch, least recently given forgotten first
 

@@ -24,6 +24,8 @@ import pyarrow as pa
 import torch
 
 from ...config import RunConfig
+from ...engine.engine import Engine, EngineConfig
+from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
@@ -35,10 +37,8 @@ from ...types import Reject
 from .admission import Admission
 from .answers import answer_row
 from .devices import DeviceFault, step_fault
-from .engine import Engine, EngineConfig
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader, _parse
-from .sequence import Sequence
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
 from .tp import TensorParallel
 from .tp_groups import replica_engine

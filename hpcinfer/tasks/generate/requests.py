@@ -20,14 +20,14 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from ...engine.sequence import SamplingParams
+from ...engine.structured import Grammars, spec_from_body
 from ...errors import InputError
 from ...files.ids import IdSet, check_id, id_key, is_unicode
 from ...files.lines import LineSplitter
 from ...files.sources import expand_paths, json_objects
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
-from .sequence import SamplingParams
-from .structured import Grammars, spec_from_body
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured"}

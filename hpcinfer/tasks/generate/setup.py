@@ -13,6 +13,11 @@ from tokenizers import Tokenizer
 
 from ...config import RunConfig
 from ...device import dtype_for
+from ...engine.engine import EngineConfig
+from ...engine.hf_engine import row_problem
+from ...engine.kv_cache import kv_storage, parse_kv_memory
+from ...engine.sequence import SamplingParams
+from ...engine.structured import Grammars, GrammarSpec
 from ...errors import ConfigError
 from ...files.parts import fingerprint
 from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
@@ -20,12 +25,7 @@ from ...models.decoder_checkpoint import load_tokenizer as checkpoint_tokenizer
 from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
-from .engine import EngineConfig
-from .hf_engine import row_problem
-from .kv_cache import kv_storage, parse_kv_memory
 from .requests import RequestReader
-from .sequence import SamplingParams
-from .structured import Grammars, GrammarSpec
 
 
 def generation_devices(config: RunConfig) -> tuple[list[torch.device], torch.dtype]:

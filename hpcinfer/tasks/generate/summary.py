@@ -6,9 +6,9 @@ import time
 from typing import Any
 
 from ...config import flatten
+from ...engine.engine import Engine
 from ...obs.trace import write_trace
 from .devices import combined_stats, device_summary
-from .engine import Engine
 from .report import GenerateReport, engine_trace, percentiles
 
 

@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
+from ...engine.kv_cache import KVLayout, size_pool
+from ...engine.runner import StepInputs
 from ...models.decoder_checkpoint import DecoderInfo
 from ...parallel.decoder import ShardedDecoder
 from ...parallel.group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
 from ...parallel.shard_loader import load_shard
-from .kv_cache import KVLayout, size_pool
-from .runner import StepInputs
 
 DEFAULT_TIMEOUT_S = 600.0  # every collective's, when --step-timeout is off
 EXIT_WAIT_S = 5.0  # how long rank 0 waits for a failed collective's rank to show as exited

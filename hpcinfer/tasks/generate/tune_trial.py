@@ -22,17 +22,17 @@ import numpy as np
 import torch
 
 from ...device.base import is_out_of_memory
+from ...engine.engine import Engine, EngineConfig
+from ...engine.sequence import Sequence
 from ...errors import InputError
 from ...models.llama import LlamaDecoder
 from ...tune.sample import stratified_indices
 from ...tune.search import Trial
 from ...tune.trial import CLEARLY_WORSE, PeakRss, release_memory
 from .admission import Admission
-from .engine import Engine, EngineConfig
 from .loop import EngineSink, run_loop
 from .report import percentiles
 from .requests import Request, RequestReader
-from .sequence import Sequence
 
 WARMUP_MAX_TOKENS = 16  # a warm-up pass runs prefill and a few decode widths, not whole answers
 PROGRESS_EVERY_S = 1.0

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...config import GenerateConfig, RunConfig
+from ...engine.engine import pool_reserve
+from ...engine.kv_cache import KVLayout, size_pool
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import load_decoder
 from ...place.threads import set_torch_threads
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
-from .engine import pool_reserve
-from .kv_cache import KVLayout, size_pool
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
 from .tune_search import GenerationSearch, NoisyGoal, generation_space, prefix_line
 from .tune_trial import GenerationTrialRunner, RequestSample, draw_requests

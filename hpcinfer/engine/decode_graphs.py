@@ -28,8 +28,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ...device.cuda import CaptureStream
-from ...models.llama import DecoderConfig, LlamaDecoder
+from ..device.cuda import CaptureStream
+from ..models.llama import DecoderConfig, LlamaDecoder
 from .kv_cache import KVCache, KVLayout
 from .scheduler import Chunk
 from .staging import InFlightTokens

@@ -20,7 +20,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 from .kv_cache import KVCache, KVLayout
 
 

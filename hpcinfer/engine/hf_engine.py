@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ...config import RunConfig
-from ...errors import ConfigError, ModelError
+from ..config import RunConfig
+from ..errors import ConfigError, ModelError
 from .engine_stats import EngineStats
 from .sampling import Sampler
 from .sequence import SamplingParams, Sequence, Status

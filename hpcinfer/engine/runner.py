@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...device.cpu_shape import decode_group_bytes, matmul_slice_rows
-from ...models.llama import LlamaDecoder
+from ..device.cpu_shape import decode_group_bytes, matmul_slice_rows
+from ..models.llama import LlamaDecoder
 from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention, choose_attention
 from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from ...device.base import is_out_of_memory
-from ...device.readback import Readback, readback
-from ...device.step_timer import step_timer
-from ...errors import ConfigError
-from ...models.llama import LlamaDecoder
+from ..device.base import is_out_of_memory
+from ..device.readback import Readback, readback
+from ..device.step_timer import step_timer
+from ..errors import ConfigError
+from ..models.llama import LlamaDecoder
 from .attention import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
