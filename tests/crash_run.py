@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from hpcinfer.cli import main
+from hpcinfer.files import lock
 from hpcinfer.files import parts as output
-from hpcinfer.job import lock
 
 POINT, NTH, ARGS = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 _hits = [0]

@@ -121,3 +121,31 @@ def test_the_layer_check_sees_a_back_edge():
     assert layer_violations(graph, "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == [
         "hpcinfer.engine.engine -> hpcinfer.tasks.generate.job"
     ]
+
+
+def folder_of(module: str) -> str:
+    """hpcinfer.tasks.embed.job -> tasks; a top-level module (hpcinfer.api) is its own folder."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """Pairs of folders that import each other (a module of each names a module of the other)."""
+    edges = {(folder_of(a), folder_of(b)) for a, targets in graph.items() for b in targets}
+    return {tuple(sorted((a, b))) for a, b in edges if a != b and (b, a) in edges}
+
+
+# NOTE: tune/ still reaches into tasks/embed (its sample and trial predate the task registry), and a
+# Ray actor asks the task registry for its replica while the tasks' Ray parts use ray_engine's
+# units; this list only shrinks: a new pair of folders importing each other fails the test.
+KNOWN_FOLDER_CYCLES = {("tasks", "tune"), ("ray_engine", "tasks")}
+
+
+def test_folders_import_each_other_no_more_than_known():
+    assert folder_cycles(import_graph(PACKAGE)) <= KNOWN_FOLDER_CYCLES
+
+
+def test_the_folder_check_sees_a_back_edge():
+    graph = import_graph(PACKAGE)
+    graph["hpcinfer.files.parts"] = graph["hpcinfer.files.parts"] | {"hpcinfer.job.claim"}  # files -> job
+    assert ("files", "job") in folder_cycles(graph) - KNOWN_FOLDER_CYCLES

@@ -1,12 +1,12 @@
-"""The thread governor (place/threads.py): the team's size follows the contention the scheduler
+"""The thread governor (device/threads.py): the team's size follows the contention the scheduler
 reports, a --threads count is kept and reported, and the live /proc counters read on this machine."""
 
 from __future__ import annotations
 
 import os
 
-from hpcinfer.place import threads
-from hpcinfer.place.threads import PERIOD_S, Sample, ThreadGovernor, count_cpus, idle_threads, read_sample
+from hpcinfer.device import threads
+from hpcinfer.device.threads import PERIOD_S, Sample, ThreadGovernor, count_cpus, idle_threads, read_sample
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -115,7 +115,7 @@ def test_the_live_counters_move_with_this_process():
 
 
 def test_one_module_sets_torch_thread_count():
-    """The process's thread count has one owner: only place/threads.py calls torch.set_num_threads."""
+    """The process's thread count has one owner: only device/threads.py calls torch.set_num_threads."""
     import ast
     from pathlib import Path
 
@@ -126,4 +126,4 @@ def test_one_module_sets_torch_thread_count():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "set_num_threads":
                 callers.append(path.relative_to(Path(hpcinfer.__file__).parent).as_posix())
-    assert callers == ["place/threads.py"], callers
+    assert callers == ["device/threads.py"], callers

@@ -11,7 +11,6 @@ import click
 
 from .. import __version__
 from ..errors import ConfigError
-from ..place.threads import PROCESS
 from .declare import SectionedCommand
 from .errors import user_errors
 from .options import build_run_config, build_tune_options, with_options
@@ -75,6 +74,8 @@ def run(**opts: Any) -> None:
     progress = Progress(config.pipeline.progress, header=None if quiet else task_line(config))
     try:
         check_resume_of_complete(output, config.output.resume, has_commits(output))  # before loading anything
+        from ..device.threads import PROCESS
+
         PROCESS.settle(config.device.threads)  # NOTE: before the model loads: a busy machine's cores are not ours
         report = api_run(config, progress=progress)
     except OutputComplete as exc:
@@ -158,5 +159,7 @@ def tune(**opts: Any) -> None:
 
     base = build_run_config(opts, "tune")
     base = replace(base, pipeline=replace(base.pipeline, progress="off"))
+    from ..device.threads import PROCESS
+
     PROCESS.settle(base.device.threads)
     show_tuning(base.validate(), build_tune_options(opts), opts)

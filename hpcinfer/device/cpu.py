@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..place.threads import set_torch_threads
 from .base import Device, Event, Stream
+from .threads import set_torch_threads
 
 
 class DoneEvent(Event):

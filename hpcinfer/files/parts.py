@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import OutputError
-from ..job.lock import LOCK_NAME
 from ..models.checkpoint import weights_file
+from .lock import LOCK_NAME
 
 MANIFEST_VERSION = 1
 _ASSEMBLE_BATCH_ROWS = 16_384  # rows per record batch when the parts are assembled

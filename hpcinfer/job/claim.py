@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from ..config import OutputConfig
+from ..files.lock import OutputLock
 from ..files.parts import PartStore
-from .lock import OutputLock
 from .output_checks import check_output_state
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from ..device.threads import set_torch_threads
 from ..errors import ConfigError
-from .threads import set_torch_threads
 
 SYS = Path("/sys")
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RunConfig
+from ..device.threads import set_torch_threads
 from ..errors import HpcinferError
 from ..place.affinity import format_cpu_list, pin_near_gpus
-from ..place.threads import set_torch_threads
 from ..tasks import replica_class
 from .beat import Beat
 from .units import Unit

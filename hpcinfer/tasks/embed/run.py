@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...config import flatten
+from ...device.threads import set_torch_threads
 from ...errors import DeviceHung
 from ...files.sources import estimate_rows
 from ...job.pipeline import Fanout, run_overlapped
@@ -23,7 +24,6 @@ from ...obs.trace import write_trace
 from ...place.affinity import device_spec, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...place.dispatch import Dispatcher
-from ...place.threads import set_torch_threads
 from ...types import Pending
 from .given import EmbedJob
 from .held import Held, load_held

@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
+from ...device.threads import set_torch_threads
 from ...engine.engine import Engine
 from ...engine.engine_stats import EngineStats
 from ...engine.sequence import SamplingParams, Sequence
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
-from ...place.threads import set_torch_threads
 from .loop import engine_step
 
 

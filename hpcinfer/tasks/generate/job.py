@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...config import RunConfig
+from ...device.threads import PROCESS, ThreadGovernor, set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.hf_engine import WHAT_IS_LOST, transformers_engine
 from ...engine.sequence import Sequence
@@ -47,7 +48,6 @@ from ...obs.progress import Progress
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
-from ...place.threads import PROCESS, ThreadGovernor, set_torch_threads
 from ...types import Reject
 from .. import pick_task
 from .admission import Admission
@@ -325,7 +325,7 @@ class GenerationJob:
         return engines
 
     def _governor(self, compute: list[int] | None) -> ThreadGovernor | None:
-        """The one engine's thread count on the CPU, adapted to other work on its cores (place/threads.py)."""
+        """The one engine's thread count on the CPU, adapted to other work on its cores (device/threads.py)."""
         if self.device.type != "cpu" or self.config.backend == "transformers":
             return None
         most = len(compute) if compute else (PROCESS.most or torch.get_num_threads())

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ...device.threads import ThreadGovernor
 from ...engine.engine import Engine
 from ...engine.sequence import Sequence
 from ...obs.profile import RangeBackend
-from ...place.threads import ThreadGovernor
 from ...types import Reject
 from .admission import Admission, Sink
 from .requests import Request
@@ -68,7 +68,7 @@ class EngineSink:
         self.engine = engine
         self.add = engine.add
         self.hook, self.ranges = hook, ranges
-        self.governor = governor  # a CPU engine's thread count under contention (place/threads.py)
+        self.governor = governor  # a CPU engine's thread count under contention (device/threads.py)
         self.last_step_end = 0.0  # perf_counter seconds
 
     @property

@@ -24,13 +24,13 @@ import pyarrow as pa
 import torch
 
 from ...config import RunConfig
+from ...device.threads import set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
 from ...models.decoder_checkpoint import load_decoder
-from ...place.threads import set_torch_threads
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import Reject

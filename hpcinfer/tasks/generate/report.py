@@ -62,7 +62,7 @@ class GenerateReport(JsonReport):
     tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
     latency_by_priority: dict[str, dict[str, float]] = field(default_factory=dict)  # read -> finished
     step_time_split: dict[str, float] = field(default_factory=dict)  # seconds: model, gather, sampling, host
-    threads: dict[str, Any] = field(default_factory=dict)  # one CPU engine's threads over the run (place/threads.py)
+    threads: dict[str, Any] = field(default_factory=dict)  # one CPU engine's threads over the run (device/threads.py)
     devices: list[dict[str, Any]] = field(default_factory=list)  # per device: rows, tokens, busy share, idle tail
     device_faults: list[dict[str, Any]] = field(default_factory=list)  # breaker transitions: device, at_s, state
     moved_prompts: dict[str, int] = field(default_factory=dict)  # per device: prompts moved away after its faults

@@ -18,12 +18,12 @@ from dataclasses import replace
 import torch
 
 from ...config import RunConfig
+from ...device.threads import set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.runner import StepInputs
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import DecoderInfo
 from ...parallel.decoder import ShardedDecoder, rank_config
-from ...place.threads import set_torch_threads
 from .setup import engine_config
 from .tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 

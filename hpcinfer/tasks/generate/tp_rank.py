@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
+from ...device.threads import set_torch_threads
 from ...engine.kv_cache import KVCache
 from ...engine.runner import ModelRunner
 from ...errors import HpcinferError
 from ...models.decoder_embedder import padded_hidden
 from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group
-from ...place.threads import set_torch_threads
 from .tp import EmbedBatch, RankSetup, load_rank
 
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...config import GenerateConfig, RunConfig
+from ...device.threads import set_torch_threads
 from ...engine.engine import pool_reserve
 from ...engine.kv_cache import KVLayout, size_pool
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import load_decoder
-from ...place.threads import set_torch_threads
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
