@@ -3,7 +3,7 @@ split across N ranks as generation splits it (parallel/), inside the ordinary em
 
 Rank 0 is this process: it reads, tokenizes, batches and writes as a run without --tp does, and
 computes on its shard; before each batch's forward it sends the batch's ids to ranks 1..N-1
-(their stdin, as generation sends its steps: tasks/generate/tp.py), which run the same decoder
+(their stdin, as generation sends its steps: parallel/tp.py), which run the same decoder
 forward on their shards so that every all-reduce pairs up. The final norm and the pooling run on
 rank 0 alone (the hidden states after the last all-reduce are whole on every rank).
 """
@@ -17,7 +17,7 @@ from ...device import Device
 from ...models.checkpoint import CheckpointInfo
 from ...models.decoder_embedder import DecoderEmbedder
 from ...models.registry import LoadedModel
-from ..generate.tp import DEFAULT_TIMEOUT_S, EmbedBatch, RankSetup, TensorParallel, start_tensor_parallel
+from ...parallel.tp import DEFAULT_TIMEOUT_S, EmbedBatch, RankSetup, TensorParallel, start_tensor_parallel
 from ..generate.tp_groups import rank_threads, tensor_groups
 
 KV_STUB_BYTES = 4 << 20  # the ranks' KV pool: a pooling forward reads none (generation's rank code sizes one)

@@ -45,6 +45,7 @@ from ...models.decoder_checkpoint import INT8_ROWS, load_decoder
 from ...models.int8 import settled_kernel_name
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
+from ...parallel.tp import TensorParallel
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
@@ -67,7 +68,6 @@ from .setup import (
     run_decoder_info,
 )
 from .summary import summarise
-from .tp import TensorParallel
 from .tp_groups import close_groups, start_run_groups, tensor_groups
 
 

@@ -31,6 +31,7 @@ from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
 from ...models.decoder_checkpoint import load_decoder
+from ...parallel.tp import TensorParallel
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Segment, Unit, parquet_range
 from ...types import Reject
@@ -40,7 +41,6 @@ from .devices import DeviceFault, step_fault
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader, _parse
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
-from .tp import TensorParallel
 from .tp_groups import replica_engine
 
 _BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does

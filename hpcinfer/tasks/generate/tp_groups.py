@@ -1,5 +1,5 @@
 """`--tp N` as a run sets it up: which devices form each tensor-parallel group, each group's setup,
-and rank 0's engine of each group (tp.py starts the groups and runs their ranks).
+and rank 0's engine of each group (parallel/tp.py starts the groups and runs their ranks).
 
     --devices cpu,cpu,cpu,cpu --tp 2  ->  [cpu, cpu] [cpu, cpu]        2 groups, 2 engines
     --devices all --tp 2 (8 GPUs)     ->  [cuda:0, cuda:1] ... [cuda:6, cuda:7]   4 engines
@@ -24,8 +24,8 @@ from ...engine.runner import StepInputs
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import DecoderInfo
 from ...parallel.decoder import ShardedDecoder, rank_config
+from ...parallel.tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 from .setup import engine_config
-from .tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 
 MakeEngine = Callable[[ShardedDecoder, EngineConfig], Engine]  # rank 0's engine on its shard
 

@@ -1,4 +1,4 @@
-"""`python -m hpcinfer.tasks.generate.tp_rank RANK`: one tensor-parallel rank other than 0, started by
+"""`python -m hpcinfer.parallel.tp_rank RANK`: one tensor-parallel rank other than 0, started by
 rank 0 (tp.py). It reads its setup, then each step's inputs, from stdin; it loads its shard,
 sizes its KV pool with the others, and runs each step's forward on its shard until rank 0 says
 the run is over (None) or goes away (the end of stdin). Its figures go to a JSON file for rank
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from ...device.threads import set_torch_threads
-from ...engine.kv_cache import KVCache
-from ...engine.runner import ModelRunner
-from ...errors import HpcinferError
-from ...models.decoder_embedder import padded_hidden
-from ...parallel.group import Collectives, RankFailed, Rendezvous, end_group
+from ..device.threads import set_torch_threads
+from ..engine.kv_cache import KVCache
+from ..engine.runner import ModelRunner
+from ..errors import HpcinferError
+from ..models.decoder_embedder import padded_hidden
+from .group import Collectives, RankFailed, Rendezvous, end_group
 from .tp import EmbedBatch, RankSetup, load_rank
 
 

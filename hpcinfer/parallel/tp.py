@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from ...engine.kv_cache import KVLayout, size_pool
-from ...engine.runner import StepInputs
-from ...models.decoder_checkpoint import DecoderInfo
-from ...parallel.decoder import ShardedDecoder
-from ...parallel.group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
-from ...parallel.shard_loader import load_shard
+from ..engine.kv_cache import KVLayout, size_pool
+from ..engine.runner import StepInputs
+from ..models.decoder_checkpoint import DecoderInfo
+from .decoder import ShardedDecoder
+from .group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
+from .shard_loader import load_shard
 
 DEFAULT_TIMEOUT_S = 600.0  # every collective's, when --step-timeout is off
 EXIT_WAIT_S = 5.0  # how long rank 0 waits for a failed collective's rank to show as exited
@@ -132,7 +132,7 @@ class RankProcesses:
         self.failed: RankFailed | None = None
         for rank in range(1, setup.world):
             log = open(self.stats_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 (the child owns it)
-            cmd = [sys.executable, "-m", "hpcinfer.tasks.generate.tp_rank", str(rank)]
+            cmd = [sys.executable, "-m", "hpcinfer.parallel.tp_rank", str(rank)]
             # NOTE: the ranks ignore SIGINT (tp_rank.py): Ctrl-C stops rank 0, which stops them.
             self.procs[rank] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log)
             log.close()
