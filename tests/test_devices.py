@@ -65,7 +65,10 @@ def test_a_three_times_faster_device_gets_three_quarters_of_the_tokens(tiny_mode
             d.close()
     slow, fast = report.devices
     assert (slow["device"], fast["device"]) == ("simulated#0", "simulated#1")
-    assert 0.70 <= fast["token_share"] <= 0.80, report.devices
+    # NOTE: each device's time per token is its simulated delay d (slow) or d/3 (fast) plus the same
+    # real compute c, so the fast share is (1/(c+d/3)) / (1/(c+d) + 1/(c+d/3)): 0.75 at c = 0, 0.67
+    # at c = d/3 (a busy machine slows the real compute, never the simulated delay)
+    assert 0.65 <= fast["token_share"] <= 0.80, report.devices
     ends = [slow["finished_s"], fast["finished_s"]]
     assert abs(ends[0] - ends[1]) <= 0.10 * max(ends), report.devices  # both finish within 10%
     assert table.column("id").to_pylist() == one_device.column("id").to_pylist()
