@@ -32,13 +32,17 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 from .bert import bucket_rows
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 ENGINES = ("onednn", "fbgemm")  # torch's quantized CPU kernel libraries, tried in this order
 
@@ -376,12 +380,16 @@ def settle_kernel(name: str, shape: tuple[int, int], rows: int) -> Int8Kernel:
     return pick_kernel(torch.randn(*shape, generator=generator) * 0.02, rows, kernels)
 
 
-def settled_kernel_name(name: str, model_config: object, rows: int) -> str:
-    """`settle_kernel` for a model config (hidden_size, intermediate_size): the name every process
-    of a run is given (--int8-kernel), so none times the kernels for itself."""
+def settled_int8(config: RunConfig, model_config: object, rows: int) -> RunConfig:
+    """Under --quantize int8, `config` with the one kernel every process of the run is given
+    (--int8-kernel as a name): `name` checked, or the fastest accurate kernel timed on a weight of
+    the model's largest layer (hidden_size x intermediate_size); any other config as it is."""
+    if config.device.quantize != "int8":
+        return config
     hidden = int(getattr(model_config, "hidden_size", 0) or 768)
     intermediate = int(getattr(model_config, "intermediate_size", 0) or 4 * hidden)
-    return settle_kernel(name, (intermediate, hidden), rows).name
+    kernel = settle_kernel(config.device.int8_kernel, (intermediate, hidden), rows)
+    return replace(config, device=replace(config.device, int8_kernel=kernel.name))
 
 
 def no_accurate_kernel() -> str:
@@ -487,7 +495,7 @@ __all__ = [
     "probe_summary",
     "rounding_error",
     "settle_kernel",
-    "settled_kernel_name",
+    "settled_int8",
     "quantize_decoder_int8",
     "quantize_int8",
     "quantize_channels",

@@ -18,7 +18,7 @@ from ...files.parts import PartStore
 from ...files.read import Reader
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
-from ...models.int8 import settled_kernel_name
+from ...models.int8 import settled_int8
 from ...obs.timing import bottleneck
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
@@ -55,10 +55,8 @@ class EmbedCluster:
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         weights = "int8" if config.device.quantize == "int8" else "float"
-        if weights == "int8":  # NOTE: decided here once, so every replica computes alike
-            rows = config.plan.max_batch_tokens or 2048
-            kernel = settled_kernel_name(config.device.int8_kernel, self.info.config, rows)
-            config = replace(config, device=replace(config.device, int8_kernel=kernel))
+        # NOTE: the int8 kernel decided here once, so every replica computes alike
+        config = settled_int8(config, self.info.config, config.plan.max_batch_tokens or 2048)
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype, weights)
         return config, output_store(config, fmt, self.info, fp, self.reader.sources)
 

@@ -10,7 +10,7 @@ per-actor table, and `cluster` names the slowest (fewest generated tokens per bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ...files.parts import PartStore
 from ...files.sources import Source
 from ...job.accounting import AccountingError
 from ...models.decoder_checkpoint import INT8_ROWS, DecoderInfo
-from ...models.int8 import settled_kernel_name
+from ...models.int8 import settled_int8
 from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
@@ -53,9 +53,7 @@ class GenerateCluster:
 
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
         assert self.info is not None and self.reader is not None
-        if config.device.quantize == "int8":  # NOTE: decided here once, so every replica computes alike
-            kernel = settled_kernel_name(config.device.int8_kernel, self.info.config, INT8_ROWS)
-            config = replace(config, device=replace(config.device, int8_kernel=kernel))
+        config = settled_int8(config, self.info.config, INT8_ROWS)  # NOTE: once, so every replica computes alike
         fp = generation_fingerprint(config, self.info, self.reader.files, dtype)
         return config, GenerationStore(config.output.path, fmt, fp, config.generate.n > 1)
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
 from ...models.decoder_checkpoint import INT8_ROWS, load_decoder
-from ...models.int8 import settled_kernel_name
+from ...models.int8 import settled_int8
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
@@ -114,9 +114,8 @@ class GenerationJob:
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = run_decoder_info(config)
-        if config.device.quantize == "int8" and config.device.devices:  # NOTE: one kernel for every engine
-            kernel = settled_kernel_name(config.device.int8_kernel, self.info.config, INT8_ROWS)
-            self.config = config = replace(config, device=replace(config.device, int8_kernel=kernel))
+        if config.device.devices:  # NOTE: one int8 kernel for every engine
+            self.config = config = settled_int8(config, self.info.config, INT8_ROWS)
         self.devices, self.dtype = generation_devices(config)
         self.tps: list[TensorParallel] = []  # --tp N: rank 0 of each running group
         if config.device.tensor_parallel > 1:  # one engine per group, on its rank 0's device
