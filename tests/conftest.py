@@ -110,12 +110,16 @@ def requests_jsonl(tmp_path: Path) -> Path:
 
 
 def small_config(inputs: list[Path] | Path, output_path: Path, model: Path | str, **over: Any) -> RunConfig:
-    """A config with small windows and budgets, so a few hundred rows make many batches."""
+    """A config with small windows and budgets, so a few hundred rows make many batches (the
+    encoder pipeline's: a generation run, which would refuse them, keeps its own)."""
+    from hpcinfer.registry import pick_task
+
     paths = tuple(str(p) for p in (inputs if isinstance(inputs, list) else [inputs]))
+    generates = pick_task(RunConfig(model=str(model), task=over.get("task", "auto"))) == "generate"
     cfg = RunConfig(
         input=InputConfig(paths, read_block_rows=50),
         model=str(model),
-        plan=PlanConfig(sort_window=120, max_batch_tokens=1024, max_batch_size=32),
+        plan=PlanConfig() if generates else PlanConfig(sort_window=120, max_batch_tokens=1024, max_batch_size=32),
         output=OutputConfig(str(output_path)),
         pipeline=PipelineConfig(progress="off"),
     )

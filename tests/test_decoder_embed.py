@@ -12,7 +12,7 @@ from sentence_transformers import SentenceTransformer
 
 from hpcinfer.config import RunConfig
 from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
-from hpcinfer.tasks import pick_task
+from hpcinfer.registry import pick_task
 
 from .conftest import make_texts, run_job, small_config, write_jsonl
 

@@ -135,10 +135,9 @@ def folder_cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return {tuple(sorted((a, b))) for a, b in edges if a != b and (b, a) in edges}
 
 
-# NOTE: tune/ still reaches into tasks/embed (its sample and trial predate the task registry), and a
-# Ray actor asks the task registry for its replica while the tasks' Ray parts use ray_engine's
-# units; this list only shrinks: a new pair of folders importing each other fails the test.
-KNOWN_FOLDER_CYCLES = {("tasks", "tune"), ("ray_engine", "tasks")}
+# NOTE: none left (the registry names tasks by import path, so tune/ and ray_engine/ import no task);
+# this list only shrinks: a new pair of folders importing each other fails the test.
+KNOWN_FOLDER_CYCLES: set[tuple[str, ...]] = set()
 
 
 def test_folders_import_each_other_no_more_than_known():

@@ -86,7 +86,7 @@ def test_task_auto_picks_from_the_checkpoint_and_says_why(tmp_path):
     import sys
 
     from hpcinfer.config import RunConfig
-    from hpcinfer.tasks import auto_task
+    from hpcinfer.registry import auto_task
 
     scorer = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=1)
     labeller = build_tiny_classifier(tmp_path / "cls", "distilbert", seed=1)

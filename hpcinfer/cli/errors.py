@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..errors import HpcinferError, Interrupted, StageError
+from ..registry import IgnoredOptions
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -21,6 +22,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except IgnoredOptions as exc:  # NOTE: named as typed: `--no-overlap`, not the field's name
+            click.echo(f"hpcinfer: error: {exc.message(flag_for)}", err=True)
+            sys.exit(exc.exit_code)
         except Interrupted as exc:
             argv = [a for a in sys.argv[1:] if a != "--resume"]
             click.echo(f"hpcinfer: {exc}", err=True)
@@ -34,3 +38,14 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+def flag_for(field: str, value: Any) -> str:
+    """The command-line flag that sets config `field` to `value` (`--no-overlap` for overlap=False)."""
+    from .table import OPTIONS
+
+    declared = [o for o in OPTIONS if o.field == field]
+    chosen = next((o for o in declared if o.negates == (value is False)), declared[0] if declared else None)
+    if chosen is None:
+        return field
+    return next((f for f in chosen.flags if f.startswith("--")), chosen.flags[0])

@@ -14,7 +14,7 @@ def task_line(config: RunConfig) -> str | None:
     read (the run then fails on it with its own one-line error)."""
     if config.task != "auto":
         return None
-    from ..tasks import auto_task
+    from ..registry import auto_task
 
     try:
         task, why = auto_task(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..config import INT8_KERNELS, OutputConfig, PlanConfig
+from ..registry import TASKS
 from .declare import RUNS, Opt, SecondsOrOff, opt
 
 RUN = ("run",)
@@ -57,7 +58,7 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates (unless it has "
         "sentence-transformers files: it embeds), an encoder embeds; classify: a *ForSequenceClassification "
         "checkpoint labels each row; score: a cross-encoder (one label) scores each row's text pair.",
-        type=choice(["auto", "embed", "generate", "classify", "score"])),
+        type=choice(["auto", *TASKS])),
     opt("--backend", "backend", "Model and task", "native: hpcinfer's own models (BERT family, Llama family, "
         "the classifiers); transformers: the embed, classify and score tasks on any checkpoint transformers "
         "loads (AutoModel, AutoModelForSequenceClassification), inside the same pipeline.",

@@ -77,6 +77,22 @@ def is_batch_line(obj: dict) -> bool:
     return "custom_id" in obj and isinstance(obj.get("body"), dict)
 
 
+def is_openai_input(cfg: InputConfig) -> bool:
+    """The run reads an OpenAI batch file: `--input-format openai`, or a first JSONL file of batch lines."""
+    if cfg.input_format == "openai":
+        return True
+    if cfg.input_format != "auto":
+        return False
+    try:
+        files = expand_paths(cfg.paths)
+    except InputError:
+        return False  # NOTE: the reader says what is wrong with the paths, in its own words
+    if not files or files[0].lower().endswith((".parquet", ".pq")):
+        return False
+    objects = json_objects(files[0], limit=10)
+    return bool(objects) and is_batch_line(objects[0])
+
+
 def is_text_type(kind: pa.DataType) -> bool:
     """Text as Parquet writers store it: plain, large, view, or dictionary-encoded (pandas 'category')."""
     if pa.types.is_dictionary(kind):

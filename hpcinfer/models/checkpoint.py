@@ -47,16 +47,21 @@ class CheckpointInfo:
     prompt: str = ""  # put before every text
     decoder: Any = None  # a decoder embedder's DecoderInfo
     classifier: Any = None  # a sequence classifier's ClassifierSpec (--task classify)
+    # A task that brings its own model (its folder's): `head.load(info, device, dtype, cpu_fast_path)`
+    # builds it (a `BatchModel`), `head.width` is its values per row. Module-level, so Ray can ship it.
+    head: Any = None
 
     @property
     def output_dim(self) -> int:
-        """Values per row: the embedding's dimensions, or a classifier's labels."""
+        """Values per row: the embedding's dimensions, a classifier's labels, or a task's own head's width."""
+        if self.head is not None:
+            return int(self.head.width)
         if self.classifier is not None:
             return len(self.classifier.labels)
         return self.pooling.dimensions or self.config.hidden_size
 
 
-def _model_dir_config(path: Path) -> Any:
+def model_dir_config(path: Path) -> Any:
     """The config.json of a checkpoint directory that has its tokenizer.json and weights."""
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
@@ -70,7 +75,7 @@ def _model_dir_config(path: Path) -> Any:
 
 def inspect_checkpoint(path: Path) -> CheckpointInfo:
     """Validates a checkpoint directory and reads everything but the weights."""
-    raw = _model_dir_config(path)
+    raw = model_dir_config(path)
     if not isinstance(raw, dict) or raw.get("model_type") != "bert":
         kind = raw.get("model_type") if isinstance(raw, dict) else None
         raise ModelError(
@@ -152,7 +157,7 @@ def weights_file(path: Path) -> Path | None:
     return None
 
 
-def _load_weights(file: Path) -> dict[str, torch.Tensor]:
+def load_weights(file: Path) -> dict[str, torch.Tensor]:
     try:
         if file.suffix == ".safetensors":
             return load_file(str(file))
@@ -165,7 +170,7 @@ def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
     """A `*ForSequenceClassification` checkpoint (BERT, RoBERTa / XLM-R, DistilBERT): its encoder's
     config, its labels, its sentence-transformers max_seq_length where it has one; `score`: as a
     cross-encoder (--task score), with the separator that splits a pair's token types."""
-    raw = _model_dir_config(path)
+    raw = model_dir_config(path)
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     config, spec = classifier_config(raw, path, score)
@@ -180,23 +185,23 @@ def load_classifier(info: CheckpointInfo) -> tuple[BertEncoder, ClassificationHe
     """The classifier's encoder and head (float32, CPU); strict about missing tensors."""
     file = weights_file(info.path)
     assert file is not None, "inspect_classifier checked it"
-    encoder_weights, head_weights = split_weights(_load_weights(file), info.classifier)
+    encoder_weights, head_weights = split_weights(load_weights(file), info.classifier)
     head = ClassificationHead(info.classifier.family, info.config.hidden_size, len(info.classifier.labels))
     missing = sorted(set(head.state_dict()) - set(head_weights))
     if missing:
         raise ModelError(f"the classification head's weights are missing {missing}", path=str(file))
     head.load_state_dict({k: v.float() for k, v in head_weights.items()})
-    return _encoder(info.config, encoder_weights, file), head.eval().requires_grad_(False)
+    return encoder_from_weights(info.config, encoder_weights, file), head.eval().requires_grad_(False)
 
 
 def load_encoder(info: CheckpointInfo) -> BertEncoder:
     """Builds the encoder and loads its weights (float32, CPU); strict about missing tensors."""
     file = weights_file(info.path)
     assert file is not None, "inspect_checkpoint checked it"
-    return _encoder(info.config, _load_weights(file), file)
+    return encoder_from_weights(info.config, load_weights(file), file)
 
 
-def _encoder(config: BertConfig, weights: dict[str, torch.Tensor], file: Path) -> BertEncoder:
+def encoder_from_weights(config: BertConfig, weights: dict[str, torch.Tensor], file: Path) -> BertEncoder:
     with empty_modules():
         encoder = BertEncoder(config)
     state = {k: v.float() for k, v in _native_state_dict(weights).items()}

@@ -99,6 +99,8 @@ def load_model(
     """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
     from .hf_backend import HFConfig, load_hf
 
+    if info.head is not None:  # a task's own model
+        return LoadedModel(info, info.head.load(info, device, dtype, cpu_fast_path))
     if isinstance(info.config, HFConfig):  # --backend transformers
         return LoadedModel(info, load_hf(info, device, dtype))
     if info.classifier is not None:

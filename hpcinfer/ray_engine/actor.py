@@ -18,7 +18,7 @@ from ..config import RunConfig
 from ..device.threads import set_torch_threads
 from ..errors import HpcinferError
 from ..place.affinity import format_cpu_list, pin_near_gpus
-from ..tasks import replica_class
+from ..registry import load_object
 from .beat import Beat
 from .units import Unit
 
@@ -34,13 +34,13 @@ class Ready:
 
 
 class ReplicaActor:
-    """One replica in a Ray actor: the task's replica (`tasks.replica_class`: "embed" or "generate").
+    """One replica in a Ray actor: the task's replica, named by its import path ("package.module:Class").
 
     `workdir` is the driver's working directory: relative input and model paths mean what they
     meant to the driver (on a cluster, inputs and model sit on a filesystem every node mounts).
     """
 
-    def __init__(self, config: RunConfig, workdir: str, threads: int | None, task: str = "embed") -> None:
+    def __init__(self, config: RunConfig, workdir: str, threads: int | None, replica: str) -> None:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.threads = threads
         self.beat = Beat()
@@ -53,7 +53,7 @@ class ReplicaActor:
             cores = pin_near_gpus() if config.device.cpu_affinity == "auto" else ()
             self.problem = Ready(self.name, cores=format_cpu_list(cores))
             self._set_threads()
-            self.replica = replica_class(task)(config)  # NOTE: the task's modules, only where they run
+            self.replica = load_object(replica)(config)  # NOTE: the task's modules, only where they run
         except HpcinferError as exc:
             self.problem = Ready(self.name, error=(str(exc), exc.exit_code))
         except Exception as exc:  # noqa: BLE001 - a device that cannot load the model is the replica's fault
@@ -80,5 +80,4 @@ class ReplicaActor:
         # NOTE: a thread that has run torch ops keeps its own intra-op thread count, and Ray runs
         # each call on a thread of its pool: set it where the unit runs.
         if self.threads:
-
             set_torch_threads(self.threads)

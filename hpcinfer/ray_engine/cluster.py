@@ -100,12 +100,12 @@ def replica_dtype(ray: Any, config: RunConfig, pool: Pool) -> Any:
 
 
 def start_replicas(
-    ray: Any, replica_cls: type, config: RunConfig, pool: Pool, task: str, listener: Callable[[Any], None]
+    ray: Any, replica_cls: type, config: RunConfig, pool: Pool, replica: str, listener: Callable[[Any], None]
 ) -> ReplicaSet:
     """The run's replicas, each an actor with the pool's CPUs and GPUs, loading the model (`listener`
     hears each breaker transition)."""
     threads = config.device.threads or (pool.cpus if pool.kind == "cpu" else None)
-    args = {"config": config, "workdir": os.getcwd(), "threads": threads, "task": task}
+    args = {"config": config, "workdir": os.getcwd(), "threads": threads, "replica": replica}
     options: dict[str, Any] = {"num_cpus": pool.cpus}
     if pool.gpus:
         options["num_gpus"] = pool.gpus

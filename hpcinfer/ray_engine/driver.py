@@ -48,7 +48,7 @@ from .units import Unit, plan_units
 class ClusterTask(Protocol):
     """What a task tells the cluster driver (one class per task, in tasks/<task>/cluster.py)."""
 
-    name: str  # the replica the actors build
+    replica: str  # the replica the actors build, by import path ("package.module:Class")
     window_flag: str  # the option that sizes a window (resume needs the committed ones whole)
     model: str  # the checkpoint, as the report names it
 
@@ -144,7 +144,7 @@ class ClusterJob:
         def tell(t: Transition) -> None:
             progress.note(f"hpcinfer: {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}")
 
-        replicas = start_replicas(ray, replica_cls, config, self.pool, self.task.name, tell)
+        replicas = start_replicas(ray, replica_cls, config, self.pool, self.task.replica, tell)
         schedule = Scheduler(ray, replicas, units, config.device.step_timeout, progress)
         try:
             commit_in_order(

@@ -2,7 +2,7 @@
 
 One harness for every task: the options, the goal, the CSV of trials and the recipe are written
 here; what is sampled, which knobs are searched and how a trial runs are the task's (a
-`TuneTask`: tasks/embed/tuning.py, tasks/generate/tuning.py, handed out by `tasks.tuning_task`).
+`TuneTask`: tasks/embed/tuning.py, tasks/generate/tuning.py, handed out by the task's `tuning()`, registry.py).
 """
 
 from __future__ import annotations
@@ -83,13 +83,13 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
-    from ..tasks import pick_task, tuning_task
-    from ..tasks.embed.options import with_pair_columns
+    from ..registry import check_honoured, pick_task, task_named
 
-    picked = pick_task(base)
-    # --task score: which columns hold the pairs (the task as given stays, for the recipe)
-    base = replace(base, input=with_pair_columns(replace(base, task=picked)).input)
-    task: TuneTask = tuning_task(picked)
+    picked = task_named(pick_task(base))
+    check_honoured(picked, replace(base, task=picked.name))
+    # NOTE: what the task settles (a score run's pair columns) is kept; the task as given stays, for the recipe
+    base = replace(base, input=picked.settle(replace(base, task=picked.name)).input)
+    task: TuneTask = picked.tuning()
     opts = replace(
         opts,
         sample_rows=task.sample_rows if opts.sample_rows is None else opts.sample_rows,

@@ -16,13 +16,8 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..device import make_device, resolve_dtype
 from ..device.base import is_out_of_memory
 from ..errors import StageError
-from ..models.registry import LoadedModel, load_model
-from ..obs.progress import Progress
-from ..tasks.embed.options import embed_checkpoint
-from ..tasks.embed.report import RunReport
 from .search import Trial
 
 # A first repeat under this share of the best so far settles the trial: with --min-gain 5% the
@@ -89,7 +84,7 @@ class TrialRunner:
         workdir: Path,
         repeats: int,
         warmup_rows: int,
-        run_job: Callable[[RunConfig], RunReport] | None = None,
+        run_job: Callable[[RunConfig], Any] | None = None,
         best_so_far: Callable[[], float] | None = None,
         score: Callable[[Trial], float] | None = None,
         on_repeat: Callable[[dict[str, Any], int], None] | None = None,
@@ -99,42 +94,25 @@ class TrialRunner:
         self.repeats = repeats
         self.warmup_rows = warmup_rows
         self._run = run_job or self._run_quietly
-        self._loaded: LoadedModel | None = None
+        self._loaded: Any = None  # the model every trial shares (a task runner loads it)
         self.best_so_far = best_so_far
         self.score = score
         self.on_repeat = on_repeat
 
-    def _run_quietly(self, config: RunConfig) -> RunReport:
-        from ..tasks.embed.given import RunExtras
-        from ..tasks.embed.job import run_embed
+    def _run_quietly(self, config: RunConfig) -> Any:
+        raise NotImplementedError("a task's trial runner runs its job (tasks/embed/tune_trial.py)")
 
-        return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
-
-    def preload(self, model: LoadedModel | None) -> None:
+    def preload(self, model: Any) -> None:
         """The model every trial runs (an int8 one chosen before the search), instead of loading it."""
         if model is not None:
             self._loaded = model
-
-    def _model(self, config: RunConfig) -> LoadedModel:
-        """Loaded once for all trials: loading it per run would cost time and, held by the
-        allocator afterwards, inflate the memory later trials are charged with."""
-        if self._loaded is None:  # NOTE: with --devices, for the first one (the others load their own)
-            first = config.device.devices.split(",")[0].strip() if config.device.devices else config.device.device
-            device = make_device("cuda:0" if first == "all" else first, 1)
-            try:
-                dtype = resolve_dtype(config.device.dtype, device)
-                info = embed_checkpoint(config)
-                self._loaded = load_model(info, device.torch_device, dtype)
-            finally:
-                device.close()
-        return self._loaded
 
     def __call__(self, params: dict[str, Any]) -> Trial:
         config = apply_params(self.base, params)
         output = replace(config.output, path=str(self.workdir / "trial.parquet"), overwrite=True)
         config = replace(config, output=output)
         trial = Trial(dict(params))
-        reports: list[RunReport] = []
+        reports: list[Any] = []
         peaks: list[int] = []
         try:
             if self.warmup_rows:
@@ -166,7 +144,7 @@ class TrialRunner:
             _summarise(trial, reports, peaks)
         return trial
 
-    def _clearly_worse(self, report: RunReport) -> bool:
+    def _clearly_worse(self, report: Any) -> bool:
         if self.best_so_far is None or self.score is None or self.repeats < 2:
             return False
         probe = Trial({})
@@ -178,7 +156,7 @@ class TrialRunner:
         return score < best * CLEARLY_WORSE
 
 
-def _summarise(trial: Trial, reports: list[RunReport], peaks: list[int]) -> None:
+def _summarise(trial: Trial, reports: list[Any], peaks: list[int]) -> None:
     trial.rows_per_s = statistics.median(r.rows_per_s for r in reports)
     trial.tokens_per_s = statistics.median(r.tokens_per_s for r in reports)
     if all(r.arrivals for r in reports):

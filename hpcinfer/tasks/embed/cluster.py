@@ -25,8 +25,7 @@ from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ...ray_engine.merge import cluster_figures, merge_stages, per_actor
 from ...ray_engine.units import Unit
 from .job import check_lengths, embed_fingerprint
-from .labels import output_store
-from .options import embed_checkpoint
+from .options import embed_checkpoint, encoder_task
 from .replica import Committed, UnitResult
 from .report import RunReport
 
@@ -34,7 +33,8 @@ from .report import RunReport
 class EmbedCluster:
     """Embedding's `ClusterTask`: windows of --sort-window rows, committed as vectors."""
 
-    name, window_flag, model = "embed", "--sort-window", ""
+    replica = "hpcinfer.tasks.embed.replica:EmbedReplica"
+    window_flag, model = "--sort-window", ""
     info: CheckpointInfo | None = None  # set by prepare(), before Ray starts
     reader: Reader | None = None  # set by settle(): the whole input's sources
 
@@ -58,7 +58,7 @@ class EmbedCluster:
         # NOTE: the int8 kernel decided here once, so every replica computes alike
         config = settled_int8(config, self.info.config, config.plan.max_batch_tokens or 2048)
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype, weights)
-        return config, output_store(config, fmt, self.info, fp, self.reader.sources)
+        return config, encoder_task(config).store(config, fmt, self.info, fp, self.reader.sources)
 
     def window_rows(self, config: RunConfig) -> int:
         return config.plan.sort_window

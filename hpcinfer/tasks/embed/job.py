@@ -28,8 +28,7 @@ from ...place.affinity import device_spec, resolve_affinity, start_tokenizer_poo
 from ...place.devices import make_run_devices
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
-from .labels import output_store
-from .options import embed_checkpoint
+from .options import embed_checkpoint, encoder_task
 from .plan import max_padded_len
 from .quantize import int8_model
 from .report import RunReport
@@ -67,8 +66,6 @@ def run_embed(
 
 
 def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -> RunReport:
-    if config.device.quantize == "fp8":
-        raise ConfigError("--quantize fp8 applies to causal LMs (generation); pooling tasks take int8 or auto")
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
     info = embed_checkpoint(config)
@@ -84,7 +81,7 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     if config.device.tensor_parallel > 1 and (why := tp_refusal(config, info, devices)) is not None:
         raise ConfigError(why)
     fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)
-    store = output_store(config, fmt, info, fp, reader.sources)
+    store = encoder_task(config).store(config, fmt, info, fp, reader.sources)
     with claimed(store, config.output.path):
         job = EmbedJob(config, devices, store, reader, info, max_length, dtype)
         return execute_tensor_parallel(job, extras) if config.device.tensor_parallel > 1 else execute_job(job, extras)
@@ -177,6 +174,5 @@ def embed_fingerprint(
         extra["quantize"] = weights
     if config.backend != "native":
         extra["backend"] = config.backend
-    if info.classifier is not None:
-        extra |= {"task": config.task, "all_scores": config.embed.all_scores, "pairs": list(config.input.pair_columns)}
+    extra |= encoder_task(config).fingerprint(config)
     return fingerprint(files, info.path, options | {k: v for k, v in extra.items() if v})

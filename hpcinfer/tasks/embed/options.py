@@ -4,25 +4,26 @@ applied over what the checkpoint's sentence-transformers files say, checked once
 from __future__ import annotations
 
 from dataclasses import replace
-
-import pyarrow.parquet as pq
+from typing import Any
 
 from ...config import EmbedConfig, RunConfig
 from ...errors import ConfigError
-from ...files.sources import expand_paths, is_batch_line, json_objects
 from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
-from ...models.registry import inspect_embedder, resolve_model_path
+from ...models.registry import resolve_model_path
+from ...registry import pick_task, task_named
+
+
+def encoder_task(config: RunConfig) -> Any:
+    """The run's task on the encoder pipeline (embed, classify, score, ner: an `EncoderTask`)."""
+    task = task_named(pick_task(config))
+    if not hasattr(task, "store"):
+        raise ConfigError(f"--task {task.name} does not run on the encoder pipeline")
+    return task
 
 
 def embed_checkpoint(config: RunConfig) -> CheckpointInfo:
     """The run's checkpoint, its pooling, dimensions and prompt as the run's options set them."""
-    task = config.task if config.task in ("classify", "score") else "embed"
-    path = resolve_model_path(config.model)
-    if config.backend == "transformers":
-        from ...models.hf_backend import inspect_hf
-
-        return with_embed_options(inspect_hf(path, task), config.embed)
-    return with_embed_options(inspect_embedder(path, task), config.embed)
+    return with_embed_options(encoder_task(config).inspect(resolve_model_path(config.model), config), config.embed)
 
 
 def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> CheckpointInfo:
@@ -46,40 +47,4 @@ def with_embed_options(info: CheckpointInfo, options: EmbedConfig) -> Checkpoint
     return replace(info, pooling=PoolingSpec(mode, normalize, options.dimensions), prompt=prompt)
 
 
-PAIR_DEFAULTS = (("query", "document"), ("text", "text_pair"))
-
-
-def with_pair_columns(config: RunConfig) -> RunConfig:
-    """A score run's pair columns: --pair-columns, else the first of PAIR_DEFAULTS the input has
-    (its first file's columns); --pair-columns on any other task is refused.
-
-    NOTE: an OpenAI batch file's bodies name their own pairs (/v1/score, /v1/rerank); its run gets
-    the first defaults all the same, since set pair columns are what tells the reader a run scores.
-    """
-    if config.task != "score":
-        if config.input.pair_columns:
-            raise ConfigError("--pair-columns is for --task score (a cross-encoder scores text pairs)")
-        return config
-    files = expand_paths(config.input.paths)
-    first = files[0] if files else ""
-    objects = [] if first.lower().endswith((".parquet", ".pq")) else json_objects(first)
-    if config.input.input_format == "openai" or (objects and is_batch_line(objects[0])):
-        if config.input.pair_columns:
-            raise ConfigError(
-                "--pair-columns: an OpenAI batch file's bodies name their pairs (text_1/text_2, query/documents)"
-            )
-        return replace(config, input=replace(config.input, pair_columns=PAIR_DEFAULTS[0]))
-    if config.input.pair_columns:
-        return config
-    if first.lower().endswith((".parquet", ".pq")):
-        columns = set(pq.read_schema(first).names)
-    else:
-        columns = {key for obj in objects for key in obj}
-    for pair in PAIR_DEFAULTS:
-        if set(pair) <= columns:
-            return replace(config, input=replace(config.input, pair_columns=pair))
-    shown = " or ".join(",".join(p) for p in PAIR_DEFAULTS)
-    raise ConfigError(f"--task score reads text pairs: the input has neither {shown}; give --pair-columns A,B")
-
-
-__all__ = ["embed_checkpoint", "with_embed_options", "with_pair_columns"]
+__all__ = ["embed_checkpoint", "encoder_task", "with_embed_options"]

@@ -19,13 +19,13 @@ from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
 from ...device import dtype_for
 from ...models.registry import LoadedModel
 from ...tune.options import TuneOptions
-from ...tune.sample import draw_sample
 from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
-from ...tune.trial import TrialRunner
 from . import tune_view
 from .options import embed_checkpoint
 from .plan import round_up
 from .quantize import Int8Check, int8_model
+from .tune_sample import draw_sample
+from .tune_trial import EmbedTrialRunner
 
 
 class EmbedTuning:
@@ -72,7 +72,7 @@ class EmbedTuning:
                     on_trial(search, None, f"running {brief(params)} (repeat {i + 1}/{opts.repeats})")
 
             warmup = min(opts.warmup_rows, sample.rows)
-            runner = TrialRunner(
+            runner = EmbedTrialRunner(
                 trial_base,
                 workdir,
                 opts.repeats,

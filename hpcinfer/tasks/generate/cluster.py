@@ -40,7 +40,8 @@ from .setup import generation_fingerprint, load_tokenizer, request_reader, run_d
 class GenerateCluster:
     """Generation's `ClusterTask`: windows of --window-rows requests, committed as answer rows."""
 
-    name, window_flag, model = "generate", "--window-rows", ""
+    replica = "hpcinfer.tasks.generate.replica:GenerateReplica"
+    window_flag, model = "--window-rows", ""
     info: DecoderInfo | None = None  # set by prepare(), with the request reader, before Ray starts
     reader: RequestReader | None = None
 

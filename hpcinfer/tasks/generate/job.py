@@ -49,8 +49,8 @@ from ...parallel.tp import TensorParallel
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
+from ...registry import pick_task
 from ...types import Reject
-from .. import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker

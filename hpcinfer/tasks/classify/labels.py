@@ -11,13 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...config import RunConfig
-from ...errors import ConfigError
 from ...files.parts import PartStore, id_array, write_jsonl_rows
-from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
-from .openai_answers import OpenAIEmbeddingStore
-from .score_answers import ScoreAnswerStore
 
 
 def labels_table(
@@ -61,30 +56,4 @@ class LabelStore(PartStore):
             write_jsonl_rows(tmp, table.to_pylist())
 
 
-def output_store(
-    config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
-) -> PartStore:
-    """The store a pooling task writes into: OpenAI-style answers for an OpenAI batch file
-    (/v1/embeddings, or with --task score /v1/score and /v1/rerank), label rows for a classifier,
-    embedding rows otherwise."""
-    output = config.output.path
-    openai = [s.fmt == "openai" for s in sources]
-    if any(openai):
-        if not all(openai):
-            raise ConfigError("an OpenAI batch file and other inputs in one run: their answers have other shapes")
-        if info.classifier is not None and not info.classifier.score:
-            raise ConfigError(
-                "an OpenAI batch file holds /v1/embeddings, /v1/score or /v1/rerank requests: "
-                "run it with --task embed or --task score"
-            )
-        if fmt != "jsonl":
-            raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
-        if info.classifier is not None:
-            return ScoreAnswerStore(output, info.output_dim, fp, config.model)
-        return OpenAIEmbeddingStore(output, info.output_dim, fp, config.model, info.pooling.normalize)
-    if info.classifier is not None:
-        return LabelStore(output, fmt, info, fp, config.embed.all_scores)
-    return PartStore(output, fmt, info.output_dim, fp)
-
-
-__all__ = ["LabelStore", "labels_table", "output_store"]
+__all__ = ["LabelStore", "labels_table"]

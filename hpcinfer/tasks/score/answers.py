@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...types import ScoreOptions
-from .openai_answers import RequestAnswerStore, answer_line
+from ..embed.openai_answers import RequestAnswerStore, answer_line
 
 
 def score_body(row: int, scores: list[float], tokens: int, options: ScoreOptions, model: str) -> dict[str, Any]:

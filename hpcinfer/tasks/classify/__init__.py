@@ -1,0 +1,1 @@
+"""Sequence classification: a `*ForSequenceClassification` checkpoint's label (and score) per row."""

@@ -1,0 +1,67 @@
+"""The generate task: a causal LM's answers, by continuous batching over a paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ...config import RunConfig
+from ...errors import ConfigError
+from ...registry import EVERY_TASK, Checkpoint, RunGiven
+
+_ROWS = "its rows give prompt, messages or prompt_token_ids (an OpenAI batch line: its body)"
+
+
+class GenerateTask:
+    name = "generate"
+
+    def claims(self, checkpoint: Checkpoint) -> str | None:
+        if checkpoint.causal_lm and not checkpoint.sentence_transformers:
+            return "a causal LM"
+        return None
+
+    def honours(self, config: RunConfig) -> Iterable[str]:
+        return (*EVERY_TASK, "input.rate", "input.rate_seed", "generate")
+
+    def hints(self) -> dict[str, str]:
+        return {
+            "input.text_column": _ROWS,
+            "input.prompt_column": _ROWS,
+            "input.input_format": "generation tells the format by the suffix (.jsonl, .parquet) and OpenAI batch "
+            "lines by their custom_id and body",
+            "tokenize.max_length": "--max-model-len caps the context",
+            "plan.sort_window": "--window-rows sizes a committed window",
+            "plan.max_batch_tokens": "--max-num-batched-tokens is a step's token budget",
+            "plan.max_batch_size": "--max-num-seqs bounds the sequences in flight",
+            "pipeline.overlap": "the engine's step loop has no serial twin",
+            "pipeline.queue_depth": "the engine's admission bounds what is queued (--max-num-seqs)",
+            "embed": "pooling, prompts and labels are the encoder tasks' (embed, classify, score, ner)",
+            "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
+        }
+
+    def settle(self, config: RunConfig) -> RunConfig:
+        if config.backend != "native":  # static batches: what it cannot do is refused here
+            from ...engine.hf_engine import refused_options
+
+            refused_options(config)
+        return config
+
+    def run(self, config: RunConfig, given: RunGiven) -> Any:
+        if given.batch_profiler is not None:
+            raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
+        from .job import run_generate
+
+        return run_generate(config, progress=given.progress, ranges=given.ranges)
+
+    def cluster(self) -> Any:
+        from .cluster import GenerateCluster
+
+        return GenerateCluster()
+
+    def tuning(self) -> Any:
+        from .tuning import GenerateTuning
+
+        return GenerateTuning()
+
+
+TASK = GenerateTask()
