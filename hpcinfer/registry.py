@@ -28,6 +28,7 @@ TASKS: dict[str, str] = {
     "generate": "hpcinfer.tasks.generate.task:TASK",
     "score": "hpcinfer.tasks.score.task:TASK",
     "classify": "hpcinfer.tasks.classify.task:TASK",
+    "ner": "hpcinfer.tasks.ner.task:TASK",
     "embed": "hpcinfer.tasks.embed.task:TASK",
 }
 
