@@ -28,43 +28,13 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
-from ..errors import ConfigError, ModelError
+from ..errors import ModelError
 from .engine_stats import EngineStats
 from .sampling import Sampler
 from .sequence import SamplingParams, Sequence, Status
 from .stopping import stop_reason
 
 WHAT_IS_LOST = "static batches, no paged KV cache, continuous batching, prefix caching or chunked prefill"
-
-
-def refused_options(config: RunConfig) -> None:
-    """A run option the transformers engine cannot honour: a one-line error naming it and why."""
-    g, d = config.generate, config.device
-    wants = {
-        "--engine ray": config.cluster.engine == "ray",
-        "--devices": bool(d.devices),
-        "--tp": getattr(d, "tensor_parallel", 1) > 1,
-        "--cuda-graphs": d.cuda_graphs,
-        "--quantize": d.quantize != "none",
-        "--kv-cache-memory": g.kv_cache_memory is not None,
-        "--kv-cache-dtype": g.kv_cache_dtype != "auto",
-        "--attention": g.attention != "auto",
-        "--json-schema / --regex / --choice / --grammar (structured output)": bool(
-            g.json_schema or g.regex or g.choice or g.grammar
-        ),
-        "--n": g.n != 1,
-        "--repetition-penalty / --presence-penalty / --frequency-penalty / --min-tokens": (
-            g.repetition_penalty,
-            g.presence_penalty,
-            g.frequency_penalty,
-            g.min_tokens,
-        )
-        != (1.0, 0.0, 0.0, 0),
-    }
-    for flag, asked in wants.items():
-        if asked:
-            raise ConfigError(f"{flag} needs hpcinfer's own engine; --backend transformers generates in {WHAT_IS_LOST}")
 
 
 def row_problem(params: SamplingParams) -> str | None:
@@ -238,4 +208,4 @@ def load_hf_causal_lm(path: Path, device: torch.device, dtype: torch.dtype) -> A
     return model.to(device).eval().requires_grad_(False)
 
 
-__all__ = ["WHAT_IS_LOST", "HFEngine", "load_hf_causal_lm", "refused_options", "row_problem", "transformers_engine"]
+__all__ = ["WHAT_IS_LOST", "HFEngine", "load_hf_causal_lm", "row_problem", "transformers_engine"]

@@ -42,7 +42,7 @@ from ..errors import ConfigError
 from .bert import bucket_rows
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from ..config import DeviceConfig
 
 ENGINES = ("onednn", "fbgemm")  # torch's quantized CPU kernel libraries, tried in this order
 
@@ -380,16 +380,16 @@ def settle_kernel(name: str, shape: tuple[int, int], rows: int) -> Int8Kernel:
     return pick_kernel(torch.randn(*shape, generator=generator) * 0.02, rows, kernels)
 
 
-def settled_int8(config: RunConfig, model_config: object, rows: int) -> RunConfig:
-    """Under --quantize int8, `config` with the one kernel every process of the run is given
-    (--int8-kernel as a name): `name` checked, or the fastest accurate kernel timed on a weight of
-    the model's largest layer (hidden_size x intermediate_size); any other config as it is."""
-    if config.device.quantize != "int8":
-        return config
+def settled_int8(device: DeviceConfig, model_config: object, rows: int) -> DeviceConfig:
+    """Under --quantize int8, the device options with the one kernel every process of the run is
+    given (--int8-kernel as a name): the one named, checked, or the fastest accurate kernel timed on
+    a weight of the model's largest layer (hidden_size x intermediate_size); any other as they are."""
+    if device.quantize != "int8":
+        return device
     hidden = int(getattr(model_config, "hidden_size", 0) or 768)
     intermediate = int(getattr(model_config, "intermediate_size", 0) or 4 * hidden)
-    kernel = settle_kernel(config.device.int8_kernel, (intermediate, hidden), rows)
-    return replace(config, device=replace(config.device, int8_kernel=kernel.name))
+    kernel = settle_kernel(device.int8_kernel, (intermediate, hidden), rows)
+    return replace(device, int8_kernel=kernel.name)
 
 
 def no_accurate_kernel() -> str:

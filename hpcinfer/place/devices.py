@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import RunConfig
+from ..config import DeviceConfig
 from ..device import Device, make_device
 from ..errors import ConfigError
 
@@ -57,9 +57,8 @@ def make_devices(specs: list[str], streams: int, threads: int | None) -> list[De
     return devices
 
 
-def make_run_devices(config: RunConfig) -> list[Device]:
+def make_run_devices(device: DeviceConfig) -> list[Device]:
     """The run's devices: `--devices` (one replica each), or else the one `--device`."""
-    if not config.device.devices:
-        return [make_device(config.device.device, config.device.streams)]
-    specs = parse_devices(config.device.devices)
-    return make_devices(specs, config.device.streams, config.device.threads)
+    if not device.devices:
+        return [make_device(device.device, device.streams)]
+    return make_devices(parse_devices(device.devices), device.streams, device.threads)

@@ -56,7 +56,8 @@ class EmbedCluster:
         self.reader = Reader(config.input, config.plan.sort_window)
         weights = "int8" if config.device.quantize == "int8" else "float"
         # NOTE: the int8 kernel decided here once, so every replica computes alike
-        config = settled_int8(config, self.info.config, config.plan.max_batch_tokens or 2048)
+        rows = config.plan.max_batch_tokens or 2048
+        config = replace(config, device=settled_int8(config.device, self.info.config, rows))
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype, weights)
         return config, encoder_task(config).store(config, fmt, self.info, fp, self.reader.sources)
 

@@ -48,7 +48,7 @@ def run_embed(
     config.validate()
     own_devices = device is None and devices is None
     if devices is None:
-        devices = [device] if device is not None else make_run_devices(config)
+        devices = [device] if device is not None else make_run_devices(config.device)
     try:
         if len({d.kind for d in devices}) > 1:
             raise ConfigError(f"--devices: one kind of device per run (got {', '.join(d.kind for d in devices)})")

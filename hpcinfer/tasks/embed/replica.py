@@ -167,7 +167,7 @@ class EmbedReplica:
         self._job = job
         # NOTE: the driver resolved the plan; inside the actor the run is one local run per unit.
         self.config = replace(config, report_path=None, trace_path=None)
-        self.devices = make_run_devices(self.config)
+        self.devices = make_run_devices(self.config.device)
         self.info = embed_checkpoint(self.config)
         self.max_length = job.check_lengths(self.config, self.info)
         self.dtype = resolve_dtype(self.config.device.dtype, self.devices[0])

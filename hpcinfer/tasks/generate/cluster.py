@@ -10,7 +10,7 @@ per-actor table, and `cluster` names the slowest (fewest generated tokens per bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,8 @@ class GenerateCluster:
 
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
         assert self.info is not None and self.reader is not None
-        config = settled_int8(config, self.info.config, INT8_ROWS)  # NOTE: once, so every replica computes alike
+        # NOTE: the int8 kernel decided once, so every replica computes alike
+        config = replace(config, device=settled_int8(config.device, self.info.config, INT8_ROWS))
         fp = generation_fingerprint(config, self.info, self.reader.files, dtype)
         return config, GenerationStore(config.output.path, fmt, fp, config.generate.n > 1)
 

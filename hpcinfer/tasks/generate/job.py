@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -115,7 +115,7 @@ class GenerationJob:
         check_output(config.output.path)
         self.info = run_decoder_info(config)
         if config.device.devices:  # NOTE: one int8 kernel for every engine
-            self.config = config = settled_int8(config, self.info.config, INT8_ROWS)
+            self.config = config = replace(config, device=settled_int8(config.device, self.info.config, INT8_ROWS))
         self.devices, self.dtype = generation_devices(config)
         self.tps: list[TensorParallel] = []  # --tp N: rank 0 of each running group
         if config.device.tensor_parallel > 1:  # one engine per group, on its rank 0's device

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...config import RunConfig
+from ...engine.hf_engine import WHAT_IS_LOST
 from ...errors import ConfigError
 from ...registry import EVERY_TASK, Checkpoint, RunGiven
 
@@ -41,9 +42,7 @@ class GenerateTask:
 
     def settle(self, config: RunConfig) -> RunConfig:
         if config.backend != "native":  # static batches: what it cannot do is refused here
-            from ...engine.hf_engine import refused_options
-
-            refused_options(config)
+            transformers_refusals(config)
         return config
 
     def run(self, config: RunConfig, given: RunGiven) -> Any:
@@ -62,6 +61,35 @@ class GenerateTask:
         from .tuning import GenerateTuning
 
         return GenerateTuning()
+
+
+def transformers_refusals(config: RunConfig) -> None:
+    """A run option the transformers engine cannot honour: a one-line error naming it and why."""
+    g, d = config.generate, config.device
+    wants = {
+        "--engine ray": config.cluster.engine == "ray",
+        "--devices": bool(d.devices),
+        "--tp": getattr(d, "tensor_parallel", 1) > 1,
+        "--cuda-graphs": d.cuda_graphs,
+        "--quantize": d.quantize != "none",
+        "--kv-cache-memory": g.kv_cache_memory is not None,
+        "--kv-cache-dtype": g.kv_cache_dtype != "auto",
+        "--attention": g.attention != "auto",
+        "--json-schema / --regex / --choice / --grammar (structured output)": bool(
+            g.json_schema or g.regex or g.choice or g.grammar
+        ),
+        "--n": g.n != 1,
+        "--repetition-penalty / --presence-penalty / --frequency-penalty / --min-tokens": (
+            g.repetition_penalty,
+            g.presence_penalty,
+            g.frequency_penalty,
+            g.min_tokens,
+        )
+        != (1.0, 0.0, 0.0, 0),
+    }
+    for flag, asked in wants.items():
+        if asked:
+            raise ConfigError(f"{flag} needs hpcinfer's own engine; --backend transformers generates in {WHAT_IS_LOST}")
 
 
 TASK = GenerateTask()
