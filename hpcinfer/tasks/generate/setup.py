@@ -4,14 +4,14 @@ engine's budgets, and the options that enter its resume fingerprint."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
-from ...config import RunConfig
+from ...config import GenerateConfig, RunConfig
 from ...device import dtype_for
 from ...engine.engine import EngineConfig
 from ...engine.hf_engine import row_problem
@@ -64,23 +64,21 @@ def run_decoder_info(config: RunConfig) -> DecoderInfo:
     return replace(info, config=replace(info.config, context_cap=cap))
 
 
+# The run's options that are a row's sampling parameters too (same name): a new one is a field of
+# both and its sampler code. NOTE: not `seed`: the run's seed is where each row's own stream starts.
+ROW_DEFAULTS = tuple(
+    f.name for f in fields(SamplingParams) if f.name in {g.name for g in fields(GenerateConfig)} - {"seed"}
+)
+# Those the resume fingerprint has named since before this list existed, by position
+_FINGERPRINTED = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "ignore_eos", "n"}
+_FINGERPRINTED |= {"repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"}
+
+
 def sampling_defaults(config: RunConfig) -> SamplingParams:
-    g = config.generate
-    params = SamplingParams(
-        max_tokens=g.max_tokens,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        min_p=g.min_p,
-        stop=tuple(g.stop),
-        ignore_eos=g.ignore_eos,
-        repetition_penalty=g.repetition_penalty,
-        presence_penalty=g.presence_penalty,
-        frequency_penalty=g.frequency_penalty,
-        min_tokens=g.min_tokens,
-        structured=structured_default(config),
-        n=g.n,
-    )
+    """What a row that sets none of its own sampling parameters gets."""
+    given = {name: getattr(config.generate, name) for name in ROW_DEFAULTS}
+    given["stop"] = tuple(given["stop"])
+    params = SamplingParams(**given, structured=structured_default(config))
     if (problem := params.problem()) is not None:
         name = problem.split(" ", 1)[0]
         raise ConfigError(problem.replace(name, "--" + name.replace("_", "-"), 1))
@@ -133,6 +131,10 @@ def generation_fingerprint(
         options["max_model_len"] = g.max_model_len
     if g.n != 1:
         options["n"] = g.n
+    default = GenerateConfig()
+    newer = {n: getattr(g, n) for n in ROW_DEFAULTS if n not in _FINGERPRINTED and getattr(g, n) != getattr(default, n)}
+    if newer:  # NOTE: every row default added since, by name, when set
+        options["sampling_defaults"] = newer
     if (spec := structured_default(config)) is not None:
         options["structured"] = [spec.kind, spec.text]
     if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
