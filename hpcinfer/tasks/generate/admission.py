@@ -19,6 +19,7 @@ import numpy as np
 
 from ...engine.sequence import SamplingParams
 from ...files.arrivals import poisson_gaps_ns
+from ...job.windows import WindowBook
 from ...types import Reject
 from .requests import Request, prefix_order
 
@@ -37,32 +38,28 @@ class Sink(Protocol):
 
 
 class Admission:
-    """Feeds a sink (an engine, or several) from `source`; windows and rejects are booked through the job's callbacks.
+    """Feeds a sink (an engine, or several) from `source`; rows and rejects are booked in `book`.
 
-    `window_for(row)` opens or returns the window of an input row (opening one closes the one
-    before); `close()` marks the newest window fully read; `reject(window, item)` books a reject;
     `held(window, request)`, on a resumed run, books a row an interrupted run's checkpoint answered
     and says so (True: it is not run again).
     """
 
     def __init__(
         self,
-        window_rows: int,
+        book: WindowBook,
         max_queued: int,
         prefix_ordered: bool,
         rate: float | None,
         rate_seed: int,
-        window_for: Callable[[int], Any],
-        close: Callable[[], None],
-        reject: Callable[[Any, Reject], None],
         *,
         held: Callable[[Any, Request], bool] | None = None,
     ) -> None:
-        self.window_rows = window_rows
+        self.book = book
+        self.window_rows = book.window_rows
         self.max_queued = max_queued
         self.prefix_ordered = prefix_ordered
         self.rate = rate
-        self.window_for, self.close, self.reject = window_for, close, reject
+        self.window_for, self.close, self.reject = book.window_for, book.close, book.reject
         self.held = held
         self._ready: deque[tuple[Any, Request]] = deque()  # read, ordered, not yet in the engine
         self._next: Request | Reject | None = None  # read ahead: the first row of the next window

@@ -21,9 +21,8 @@ import contextlib
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -41,6 +40,7 @@ from ...job.output_checks import check_output, output_format
 from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
+from ...job.windows import OpenWindow, WindowBook
 from ...models.decoder_checkpoint import INT8_ROWS, load_decoder
 from ...models.int8 import settled_int8
 from ...obs.profile import RangeBackend
@@ -50,7 +50,6 @@ from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, res
 from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...registry import pick_task
-from ...types import Reject
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker
@@ -74,19 +73,6 @@ from .tp_groups import close_groups, start_run_groups, tensor_groups
 def wants_generation(config: RunConfig) -> bool:
     """--task, or else the checkpoint: a `*ForCausalLM` generates."""
     return pick_task(config) == "generate"
-
-
-@dataclass(slots=True)
-class _Window:
-    window_id: int
-    first_row: int
-    input_rows: int = 0
-    pending: int = 0  # sequences still in the engine
-    closed: bool = False  # every input row of the window has been read
-    results: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    rejects: list[Reject] = field(default_factory=list)
-    fresh: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # results since the last checkpoint
-    fresh_since: float | None = None  # when the oldest of them was handed to an engine (perf_counter s)
 
 
 @dataclass(slots=True)
@@ -147,20 +133,19 @@ class GenerationJob:
         self.report.cpu_affinity = self.affinity.describe() if self.affinity is not None else ""
         self.by_device = [_DeviceCounts() for _ in self.devices]
         self.breaker_start = 0.0  # perf_counter seconds the breakers' transitions count from
-        self.windows: deque[_Window] = deque()
+        self.commit_every_s = config.output.commit_every_s  # 0: whole windows only
+        self.windows = WindowBook(
+            g.window_rows, track_fresh=bool(self.commit_every_s), on_reject=lambda item: self.rejects.add([item])
+        )
         self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
         self.admission = Admission(
-            g.window_rows,
+            self.windows,
             g.max_num_seqs * len(self.devices),  # NOTE: a full batch queued per engine
             g.prefix_order,
             config.input.rate,
             config.input.rate_seed,
-            self._window_for,
-            self._close_last,
-            self._reject,
             held=self._held_row,
         )
-        self.commit_every_s = config.output.commit_every_s  # 0: whole windows only
         self.held: dict[int, dict[str, Any]] = {}  # a resumed run: answers the checkpoints hold, by input row
         self._last_checkpoint = 0.0
         self.written_by_source: dict[str, int] = {}
@@ -168,39 +153,18 @@ class GenerationJob:
         self.tpot: list[float] = []
         self.finished_at: list[tuple[float, int, int]] = []  # (finish time, device, completion tokens)
 
-    def _window_for(self, row: int) -> _Window:
-        wid = row // self.config.generate.window_rows
-        if not self.windows or self.windows[-1].window_id != wid:
-            if self.windows:
-                self.windows[-1].closed = True
-            self.windows.append(_Window(wid, max(row, wid * self.config.generate.window_rows)))
-        return self.windows[-1]
-
-    def _close_last(self) -> None:
-        if self.windows:
-            self.windows[-1].closed = True
-
-    def _reject(self, window: _Window, item: Reject) -> None:
-        window.rejects.append(item)
-        self.rejects.add([item])
-
-    def _held_row(self, window: _Window, request: Request) -> bool:
+    def _held_row(self, window: OpenWindow, request: Request) -> bool:
         """A row an interrupted run's checkpoint answered: booked as answered, not run again."""
         answer = self.held.pop(request.row, None)
         if answer is None:
             return False
-        window.results.append((request.row, answer))
+        self.windows.answered(window, request.row, answer)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         return True
 
     def _finish(self, seq: Sequence, device: int = 0) -> None:
         window, request = seq.tag
-        window.pending -= 1
-        window.results.append((request.row, self._answer(seq, request)))
-        if self.commit_every_s:
-            window.fresh.append(window.results[-1])
-            since = window.fresh_since
-            window.fresh_since = seq.arrival_s if since is None else min(since, seq.arrival_s)
+        self.windows.finish(window, request.row, self._answer(seq, request), started=seq.arrival_s)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.ttft.append(seq.first_token_s - seq.arrival_s)
         self.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
@@ -223,8 +187,7 @@ class GenerationJob:
         return answer_row(seq, request, self.tokenizer, self.config.model)
 
     def _commit_ready(self) -> None:
-        while self.windows and self.windows[0].closed and self.windows[0].pending == 0:
-            w = self.windows.popleft()
+        for w in self.windows.complete():
             rejects = [r.to_json() for r in w.rejects]
             rows = with_errors(w.results, rejects, self.reader.openai_sources)
             table = answers_table(rows, self.fmt, self.store.listed)
@@ -238,15 +201,13 @@ class GenerationJob:
     def _checkpoint_due(self) -> bool:
         """The oldest answer not checkpointed was handed to an engine --commit-every ago (or the last
         checkpoint was, if later): a kill then loses about that much, and the sequences running."""
-        starts = [w.fresh_since for w in self.windows if w.fresh_since is not None]
-        return bool(starts) and time.perf_counter() - max(min(starts), self._last_checkpoint) >= self.commit_every_s
+        oldest = self.windows.oldest_fresh()
+        return oldest is not None and time.perf_counter() - max(oldest, self._last_checkpoint) >= self.commit_every_s
 
     def checkpoint(self) -> None:
         """Keeps the answers finished since the last checkpoint in windows still open (held.py)."""
-        chunks = [(w.window_id, answers_chunk(w.fresh), {"first_row": w.first_row}) for w in self.windows if w.fresh]
-        self.store.checkpoint(chunks)
-        for w in self.windows:
-            w.fresh, w.fresh_since = [], None
+        taken = self.windows.take_fresh()
+        self.store.checkpoint([(w.window_id, answers_chunk(w.fresh), {"first_row": w.first_row}) for w in taken])
         self._last_checkpoint = time.perf_counter()
 
     def run(self, stop: threading.Event, ranges: RangeBackend | None = None) -> GenerateReport:

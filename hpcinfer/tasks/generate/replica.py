@@ -30,6 +30,7 @@ from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...files.lines import LineSplitter
+from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder
 from ...parallel.tp import TensorParallel
 from ...ray_engine.beat import Beat
@@ -44,19 +45,6 @@ from .setup import engine_config, first_device, load_tokenizer, request_reader, 
 from .tp_groups import replica_engine
 
 _BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
-
-
-@dataclass(slots=True)
-class GenerateWindow:
-    """A unit's window as `Admission` books it, and what the engine made of it."""
-
-    window_id: int
-    first_row: int
-    input_rows: int = 0
-    pending: int = 0
-    closed: bool = False
-    answers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (row, answer row)
-    rejects: list[Reject] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -218,28 +206,21 @@ class GenerateReplica:
 
     def _run(self, unit: Unit, result: GenerateUnitResult, beat: Callable[[], None] | None = None) -> None:
         g, engine = self.config.generate, self.engine
-        window = GenerateWindow(unit.window_id, unit.first_row)
+        book = WindowBook(g.window_rows)  # NOTE: a unit is one window
         reader = RangeRequestReader(self.whole, unit)
-
-        def window_for(row: int) -> GenerateWindow:
-            assert row // g.window_rows == unit.window_id, "a unit is one window"
-            return window
-
-        def close() -> None:
-            window.closed = True
-
-        admission = Admission(g.window_rows, g.max_num_seqs, g.prefix_order, None, 0, window_for, close, _book_reject)
+        admission = Admission(book, g.max_num_seqs, g.prefix_order, None, 0)
         before = _engine_figures(engine)
 
         def finished(seq: Sequence, _device: int) -> None:
-            _, request = seq.tag
-            window.pending -= 1
-            window.answers.append((request.row, answer_row(seq, request, self.tokenizer, self.config.model)))
+            window, request = seq.tag
+            book.finish(window, request.row, answer_row(seq, request, self.tokenizer, self.config.model))
             _count(result, seq, request)
 
         run_loop(admission, reader.produce(), ReplicaSink(engine, lambda: self._before_step(beat)), finished)
-        assert window.closed and window.pending == 0, "the unit's every row was read and answered"
-        result.answers = sorted(window.answers, key=lambda item: item[0])
+        book.close()
+        [window] = book.complete()  # the unit's every row was read and answered
+        assert window.window_id == unit.window_id, "a unit is one window"
+        result.answers = sorted(window.results, key=lambda item: item[0])
         result.rejects = [r.to_json() for r in window.rejects]
         result.input_rows = window.input_rows
         result.admitted = reader.admitted
@@ -251,10 +232,6 @@ class GenerateReplica:
             kv_cache_bytes=engine.cache.nbytes,
             peak_kv_blocks=engine.stats.peak_blocks,
         )
-
-
-def _book_reject(window: GenerateWindow, item: Reject) -> None:
-    window.rejects.append(item)
 
 
 def _count(result: GenerateUnitResult, seq: Sequence, request: Request) -> None:

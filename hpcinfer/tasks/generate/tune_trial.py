@@ -25,6 +25,7 @@ from ...device.base import is_out_of_memory
 from ...engine.engine import Engine, EngineConfig
 from ...engine.sequence import Sequence
 from ...errors import InputError
+from ...job.windows import WindowBook
 from ...models.llama import LlamaDecoder
 from ...tune.sample import stratified_indices
 from ...tune.search import Trial
@@ -111,13 +112,6 @@ class Pass:
     def score(self, objective: str) -> float:
         done = self.rows if objective == "rows" else self.completion_tokens
         return done / self.wall_s if self.wall_s > 0 else 0.0
-
-
-@dataclass(slots=True)
-class _Window:  # what `Admission` books rows against; a pass keeps no results
-    window_id: int
-    input_rows: int = 0
-    pending: int = 0
 
 
 class GenerationTrialRunner:
@@ -228,26 +222,14 @@ class GenerationTrialRunner:
         return result
 
     def _drive(self, engine: Engine, requests: list[Request], out: Pass, on_rows: Callable[[int], None] | None) -> None:
-        windows: dict[int, _Window] = {}
-
-        def window_for(row: int) -> _Window:
-            wid = row // self.window_rows
-            return windows.setdefault(wid, _Window(wid))
-
+        book = WindowBook(self.window_rows, keep_results=False)  # NOTE: a pass keeps no results
         # NOTE: no rate and no rejects: the sample holds valid requests only, run as a batch job.
-        admission = Admission(
-            self.window_rows,
-            engine.config.max_num_seqs,
-            self.prefix_order,
-            None,
-            0,
-            window_for,
-            lambda: None,
-            lambda window, item: None,
-        )
+        admission = Admission(book, engine.config.max_num_seqs, self.prefix_order, None, 0)
         shown = [time.perf_counter()]
 
         def finished(seq: Sequence, _device: int) -> None:
+            window, request = seq.tag
+            book.finish(window, request.row, None)
             out.rows += 1
             out.completion_tokens += seq.num_completion
             out.prompt_tokens += seq.num_prompt
@@ -257,6 +239,8 @@ class GenerationTrialRunner:
                 out.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
 
         def show() -> None:
+            for _ in book.complete():  # NOTE: nothing to commit: finished windows are only dropped
+                pass
             if on_rows is not None and time.perf_counter() - shown[0] >= PROGRESS_EVERY_S:
                 on_rows(out.rows)
                 shown[0] = time.perf_counter()
