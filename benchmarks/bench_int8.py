@@ -15,7 +15,7 @@ to ONNX and its int8 quantization (`export_dynamic_quantized_onnx_model`, the co
 CPU's instructions: avx512_vnni, avx512 or avx2). Timed, in interleaved rounds (the best round
 counts): each method as one process, from start to its output file written. Quality: each
 method's cosine to hpcinfer float32 per row (min and mean); hpcinfer float32 equals
-sentence-transformers float32 within 1e-5 (tests/test_oracle.py).
+sentence-transformers float32 within 1e-5 (tests/integration/test_oracle.py).
 """
 
 from __future__ import annotations

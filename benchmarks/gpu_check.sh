@@ -7,7 +7,7 @@
 #   1. environment: versions, the driver (persistence mode, clocks), the C compiler and Python
 #      headers Triton builds its launcher with, the tokenizer's parallelism (env.json);
 #   2. checkpoints: all-MiniLM-L6-v2's shape (the checks), BERT-large and Qwen3-Embedding-0.6B's;
-#   3. the GPU checks (tests/gpu_checks.py, also run by tests/test_gpu.py under pytest): CUDA equals
+#   3. the GPU checks (tests/gpu_checks.py, also run by tests/gpu/test_gpu.py under pytest): CUDA equals
 #      CPU, staging slots never written mid-copy, graphs equal eager and were really captured, the
 #      half dtype close to float32, generation with and without decode graphs giving the CPU's
 #      greedy tokens, the Triton paged kernel against the reference, the decode graphs' capture

@@ -182,13 +182,27 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# The folder a test lives in says what it needs: unit/ runs in this process, integration/ starts
+# processes (the CLI, a killed run, Ray, tensor-parallel ranks) or runs the long oracle, gpu/ needs CUDA.
+# A CUDA test is also an integration test, so `-m unit` and `-m integration` split the suite in two.
+FOLDER_MARKERS = {"unit": ("unit",), "integration": ("integration",), "gpu": ("gpu", "integration")}
+TESTS = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU-marked tests run only where CUDA exists (benchmarks/gpu_check.sh runs them there)."""
+    """Marks each test by its folder; GPU-marked tests run only where CUDA exists
+    (benchmarks/gpu_check.sh runs them there)."""
     import torch
 
+    for item in items:
+        path = Path(item.path).resolve()
+        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+        for name in FOLDER_MARKERS.get(folder, ()):
+            item.add_marker(name)
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        # NOTE: by marker, not keyword: every test under tests/gpu/ has the keyword "gpu" (its package's name)
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)

@@ -1,4 +1,4 @@
-"""The GPU checks, as plain functions: `tests/test_gpu.py` runs them under pytest where CUDA exists,
+"""The GPU checks, as plain functions: `tests/gpu/test_gpu.py` runs them under pytest where CUDA exists,
 and `benchmarks/gpu_check.sh` runs them directly (`python -m tests.gpu_checks`), since a bare GPU
 machine may have no pytest. `--device simulated` runs every check on the CPU, against the simulated
 asynchronous device (the dry run).

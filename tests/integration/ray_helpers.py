@@ -1,0 +1,152 @@
+"""Test-only pieces of the Ray engine's tests: a local Ray instance per module, and actors that die,
+fail or hang on purpose in the middle of a run.
+
+Kept out of the product: the engine takes its actor class as an argument (`run_on_ray(...,
+replica_cls=...)`), and only tests pass these. A fault is injected where a real one would come
+from: the device's forward (embedding) or an engine step (generation), so the replica's own
+classification sees it. Marker files next to the output carry what must outlive a process (Ray
+replaces a faulted replica's process): which replica is the faulty one (by its Ray actor id, the
+same across its restarts) and how often it failed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hpcinfer.ray_engine.actor import ReplicaActor
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def local_ray(cpus: int = 2) -> Iterator[str]:
+    """A module fixture's body: one local Ray instance (`cpus` CPUs, a small object store); yields its address."""
+    import ray
+
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        num_cpus=cpus,
+        object_store_memory=300 * 2**20,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}},
+    )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+class DiesOnceActor(ReplicaActor):
+    """Exits its process (no cleanup, as a crash or an OOM kill would) on its second unit, once per run.
+
+    The marker file next to the output says it happened, so the restarted actor, and every other
+    one, carries on normally.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marker = Path(self.replica.config.output.path + ".died")
+
+    def run(self, unit: Any) -> Any:
+        if self.calls == 1 and _claim(self.marker, str(os.getpid())):
+            os._exit(1)
+        return super().run(unit)
+
+
+def _claim(marker: Path, key: str) -> bool:
+    """True for the caller whose `key` the marker holds: the first to ask writes it."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return marker.read_text() == key
+    os.write(fd, key.encode())
+    os.close(fd)
+    return True
+
+
+def _bump(counter: Path) -> int:
+    """Adds one to a count kept in a file (only one replica writes it); returns the new count."""
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    return n
+
+
+class _FaultyActor(ReplicaActor):
+    """The replica that runs the run's first unit is the faulty one, for good (its actor id is kept);
+    `arm(error)` makes its device fail from then on, `arm(None)` heals it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import ray
+
+        super().__init__(*args, **kwargs)
+        self.out = self.replica.config.output.path
+        self.key = ray.get_runtime_context().get_actor_id()
+
+    def faulty(self) -> bool:
+        return _claim(Path(self.out + ".faulty"), self.key)
+
+    def arm(self, error: BaseException | None, hang: threading.Event | None = None) -> None:
+        def fail(*_: Any) -> None:
+            if hang is not None:
+                hang.wait()
+            if error is not None:
+                raise error
+
+        broken = error is not None or hang is not None
+        if hasattr(self.replica, "step_hook"):  # generation: an engine step
+            self.replica.step_hook = fail if broken else None
+        elif broken:  # embedding: the device's forward
+            self.replica.devices[0].before_forward = fail
+        else:
+            vars(self.replica.devices[0]).pop("before_forward", None)
+
+
+class LostActor(_FaultyActor):
+    """The faulty replica's device is lost: every unit it runs fails."""
+
+    def run(self, unit: Any) -> Any:
+        self.arm(RuntimeError("device lost") if self.faulty() else None)
+        return super().run(unit)
+
+
+class FlakyActor(_FaultyActor):
+    """The faulty replica fails its first two units (its breaker opens), then works again; the other
+    replicas wait for it to recover, so work is left for it after its cool-down."""
+
+    def run(self, unit: Any) -> Any:
+        recovered = Path(self.out + ".recovered")
+        if not self.faulty():
+            for _ in range(1200):  # NOTE: 60 s at most: a broken test must not hang the suite
+                if recovered.exists():
+                    break
+                time.sleep(0.05)
+            return super().run(unit)
+        failing = _bump(Path(self.out + ".failures")) <= 2
+        self.arm(RuntimeError("transient fault") if failing else None)
+        result = super().run(unit)
+        if not failing:
+            recovered.touch()
+        return result
+
+
+class PoisonedActor(_FaultyActor):
+    """Every replica's device fails on the windows from the third on: every breaker opens."""
+
+    def run(self, unit: Any) -> Any:
+        self.arm(RuntimeError("device lost") if unit.window_id >= 2 else None)
+        return super().run(unit)
+
+
+class HangsActor(_FaultyActor):
+    """The faulty replica's device stops answering in its first unit (until its process is killed)."""
+
+    def run(self, unit: Any) -> Any:
+        hangs = self.faulty() and _bump(Path(self.out + ".hangs")) == 1
+        self.arm(None, threading.Event() if hangs else None)
+        return super().run(unit)

@@ -1,0 +1,115 @@
+"""Penalties, logit bias and min_tokens: transformers' repetition penalty, OpenAI's presence and
+frequency penalties, the same answers a step ahead, and bad values as rejects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.penalties import penalize
+from hpcinfer.engine.sequence import SamplingParams, Sequence
+from hpcinfer.tasks.generate.job import run_generate
+
+from ..conftest import generate_config, tiny_llama, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("pen"), seed=9, prompts=16, max_length=48, text_seed=3)
+
+
+def test_repetition_penalty_equals_transformers_greedy(tiny):
+    path, info, model, prompts = tiny
+    ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    params = SamplingParams(max_tokens=16, repetition_penalty=1.8)
+    got = [s.completion for s in Engine(model, EngineConfig(), info.eos_token_ids).generate(prompts, params)]
+    same = 0
+    for prompt, answer in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, repetition_penalty=1.8)
+        expected = out[0, len(prompt) :].tolist()
+        eos = [i for i, t in enumerate(expected) if t in info.eos_token_ids]
+        same += answer == (expected[: eos[0] + 1] if eos else expected)
+    print(f"repetition_penalty 1.8: {same}/16 greedy answers equal transformers'")
+    assert same >= 15, f"{same}/16 equal"
+    plain = [
+        s.completion
+        for s in Engine(model, EngineConfig(), info.eos_token_ids).generate(prompts, SamplingParams(max_tokens=16))
+    ]
+    assert plain != got  # the penalty changed answers
+
+
+def test_presence_frequency_and_bias_follow_openais_formula():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 10)
+    seqs = [
+        Sequence(
+            0,
+            [1, 2, 3, 3, 5, 5, 5],
+            SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, logit_bias=((9, 2.0),)),
+        ),
+        Sequence(1, [4, 4], SamplingParams()),
+    ]
+    seqs[0].num_prompt = 3  # prompt 1, 2, 3; answer 3, 5, 5, 5
+    seqs[1].num_prompt = 1
+    expected = logits.clone()
+    counts = {3: 1, 5: 3}
+    for token, n in counts.items():
+        expected[0, token] -= 0.25 * n + 0.5
+    expected[0, 9] += 2.0
+    got = penalize(logits.clone(), seqs, eos=())
+    assert torch.allclose(got, expected)
+
+
+def test_logit_bias_and_min_tokens_steer_answers(tiny):
+    _, info, model, prompts = tiny
+    eos = min(info.eos_token_ids)
+    forced = SamplingParams(max_tokens=8, logit_bias=((7, 100.0),))
+    late_eos = SamplingParams(max_tokens=12, logit_bias=((eos, 100.0),), min_tokens=5)
+    engine = Engine(model, EngineConfig(), info.eos_token_ids)
+    a, b = engine.generate(prompts[:2], [forced, late_eos])
+    assert a.completion == [7] * 8
+    assert b.completion == [*b.completion[:5], eos] and eos not in b.completion[:5] and b.finish_reason == "stop"
+
+
+def test_a_step_ahead_gives_the_same_penalized_answers(tiny):
+    _, info, model, prompts = tiny
+    params = [
+        SamplingParams(max_tokens=14, repetition_penalty=1.3, frequency_penalty=0.7, presence_penalty=0.4, min_tokens=3,
+                       temperature=0.8 if i % 2 else 0.0, seed=i)
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    runs = []
+    for ahead in (False, True):
+        engine = Engine(model, EngineConfig(ahead=ahead, max_num_seqs=6), info.eos_token_ids)
+        runs.append([s.completion for s in engine.generate(prompts, params)])
+    assert runs[0] == runs[1]
+    assert all(len(answer) >= 3 for answer in runs[0])  # min_tokens held
+
+
+def test_rows_set_penalties_and_bad_values_are_rejects(tiny, tmp_path):
+    path, info, _, _ = tiny
+    rows = [
+        {"id": "ok", "prompt": "the fox", "presence_penalty": 1.0, "logit_bias": {"7": 5}, "min_tokens": 2},
+        {"id": "big", "prompt": "the fox", "presence_penalty": 3},
+        {"id": "vocab", "prompt": "the fox", "logit_bias": {str(info.config.vocab_size): 1}},
+        {"id": "shape", "prompt": "the fox", "logit_bias": [1, 2]},
+        {"id": "min", "prompt": "the fox", "min_tokens": 9, "max_tokens": 4},
+    ]
+    out = tmp_path / "out.jsonl"
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = run_generate(generate_config(src, out, path, max_tokens=4, repetition_penalty=1.2))
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["ok"]
+    rejects = {r["id"]: r for r in map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())}
+    assert rejects["big"]["reason"] == "invalid_sampling" and "presence_penalty" in rejects["big"]["message"]
+    assert rejects["vocab"]["reason"] == "invalid_request" and "outside the vocabulary" in rejects["vocab"]["message"]
+    assert rejects["shape"]["reason"] == "invalid_request"
+    assert rejects["min"]["reason"] == "invalid_sampling"
+    assert report.rows == 1
