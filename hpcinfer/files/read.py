@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,11 +26,10 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from ..config import InputConfig
-from ..errors import InputError
 from ..types import Reject, RequestPart, RowBlock
 from .ids import IdSet, check_id, id_key
-from .lines import LineSplitter
 from .openai_requests import Request, parse_request
+from .row_source import Segment, jsonl_chunks, parquet_batches
 from .row_values import (
     Rows,
     arrow_ids,
@@ -100,23 +98,14 @@ class Reader:
 
     # -- chunking: each yields parsed rows in bounded chunks --------------------------------------
 
-    def _chunks(self, src: Source) -> Iterator[Rows]:
-        try:
-            if src.fmt == "parquet":
-                yield from self._parquet_chunks(src)
-            else:
-                yield from self._jsonl_chunks(src)
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"cannot read ({exc})", path=src.path) from None
-
-    def _parquet_chunks(self, src: Source) -> Iterator[Rows]:
-        file = pq.ParquetFile(src.path)
-        seen = 0
-        for batch in file.iter_batches(batch_size=self.cfg.read_block_rows, columns=self._parquet_columns(src)):
-            seen += batch.num_rows
-            yield self._parquet_rows(src, batch)
-        if seen != file.metadata.num_rows:
-            raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=src.path)
+    def _chunks(self, src: Source, seg: Segment | None = None) -> Iterator[Rows]:
+        """The file's rows (or the segment's), parsed, in bounded chunks (row_source.py reads them)."""
+        if src.fmt == "parquet":
+            batches = parquet_batches(src.path, self.cfg.read_block_rows, self._parquet_columns(src), seg)
+            yield from (self._parquet_rows(src, batch) for batch in batches)
+        else:
+            lines = jsonl_chunks(src.path, self.cfg.read_chunk_bytes, seg)
+            yield from (self._parse_lines(src, numbered) for numbered in lines)
 
     def _parquet_columns(self, src: Source) -> list[str]:
         if src.payload == "pair":
@@ -151,19 +140,6 @@ class Reader:
             rows.prompts = batch.column(prompt).to_pylist()
             check_prompts(rows)
         return rows
-
-    def _jsonl_chunks(self, src: Source) -> Iterator[Rows]:
-        with open(src.path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            splitter = LineSplitter(fh, self.cfg.read_chunk_bytes)
-            for numbered in splitter.chunks():
-                if numbered:
-                    yield self._parse_lines(src, numbered)
-            if splitter.bytes_seen != size:
-                raise InputError(
-                    f"read stopped at byte {splitter.bytes_seen:,} of {size:,} (did the file change while read?)",
-                    path=src.path,
-                )
 
     def _parse_lines(self, src: Source, numbered: list[tuple[int, bytes]]) -> Rows:
         rows = Rows()

@@ -10,27 +10,14 @@ of that row, so a replica reads only its own rows. No Ray and no torch here: pla
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..files.lines import BOM
+from ..files.row_source import Segment
 from ..files.sources import Source
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """The rows of one unit that come from one file."""
-
-    path: str
-    file_first_row: int  # global row number of the file's first row
-    start: int  # first row, counted within the file
-    rows: int
-    offset: int = 0  # JSONL: byte offset of the line holding row `start`
-    line: int = 1  # JSONL: its 1-based line number
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,28 +82,3 @@ def plan_units(sources: list[Source], window_rows: int, first_window: int = 0) -
         units.append(Unit(window, lo, hi - lo, tuple(segments)))
     return units, totals
 
-
-def parquet_range(
-    path: str, seg: Segment, batch_rows: int, columns: list[str] | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The segment's rows of a Parquet file, in record batches: only the row groups holding them are
-    decoded, the first and last trimmed."""
-    file = pq.ParquetFile(path)
-    groups, skip, first = [], 0, 0
-    for g in range(file.metadata.num_row_groups):
-        n = file.metadata.row_group(g).num_rows
-        if first + n > seg.start and first < seg.start + seg.rows:
-            if not groups:
-                skip = seg.start - first
-            groups.append(g)
-        first += n
-    left = seg.rows
-    for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
-        if skip >= batch.num_rows:
-            skip -= batch.num_rows
-            continue
-        batch, skip = batch.slice(skip, left), 0
-        left -= batch.num_rows
-        yield batch
-        if not left:
-            return

@@ -20,16 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ...config import RunConfig
 from ...errors import HpcinferError, InputError, StageError
-from ...files.lines import LineSplitter
 from ...files.read import Reader
 from ...files.row_values import Rows
 from ...files.sources import Source
 from ...obs.progress import Progress
-from ...ray_engine.units import Segment, Unit, parquet_range
+from ...ray_engine.units import Unit
 from ...types import RowBlock
 from .faults import device_fault
 from .options import embed_checkpoint
@@ -54,37 +52,14 @@ class RangeReader(Reader):
         for seg in self.unit.segments:
             src = by_path[seg.path]
             self.rows_read = seg.file_first_row + seg.start  # NOTE: global numbering, as in a whole-input read
-            try:
-                for rows in self._segment_chunks(src, seg):
-                    yield from self._blocks(src, rows, seg.file_first_row)
-            except (OSError, pa.ArrowException) as exc:
-                raise InputError(f"cannot read ({exc})", path=src.path) from None
+            for rows in self._chunks(src, seg):
+                yield from self._blocks(src, rows, seg.file_first_row)
             got = self.rows_read - seg.file_first_row - seg.start
             if got != seg.rows:
                 raise InputError(
                     f"read {got:,} of the {seg.rows:,} rows expected from row {seg.start:,} (did the file change?)",
                     path=src.path,
                 )
-
-    def _segment_chunks(self, src: Source, seg: Segment) -> Iterator[Rows]:
-        if src.fmt == "parquet":
-            yield from self._parquet_range(src, seg)
-            return
-        with open(src.path, "rb") as fh:
-            fh.seek(seg.offset)
-            left = seg.rows
-            for numbered in LineSplitter(fh, self.cfg.read_chunk_bytes, first_line=seg.line).chunks():
-                numbered = numbered[:left]
-                if numbered:
-                    left -= len(numbered)
-                    yield self._parse_lines(src, numbered)
-                if not left:
-                    return
-
-    def _parquet_range(self, src: Source, seg: Segment) -> Iterator[Rows]:
-        batches = parquet_range(src.path, seg, self.cfg.read_block_rows, self._parquet_columns(src))
-        for batch in batches:
-            yield self._parquet_rows(src, batch)
 
     def _block(self, src: Source, rows: Rows, start: int, end: int, file_first_row: int) -> RowBlock:
         block = super()._block(src, rows, start, end, file_first_row)

@@ -17,10 +17,8 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import torch
 
 from ...config import RunConfig
@@ -29,22 +27,19 @@ from ...engine.engine import Engine, EngineConfig
 from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
-from ...files.lines import LineSplitter
 from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder
 from ...parallel.tp import TensorParallel
 from ...ray_engine.beat import Beat
-from ...ray_engine.units import Segment, Unit, parquet_range
+from ...ray_engine.units import Unit
 from ...types import Reject
 from .admission import Admission
 from .answers import answer_row
 from .devices import DeviceFault, step_fault
 from .loop import EngineSink, run_loop
-from .requests import Request, RequestReader, _parse
+from .requests import Request, RequestReader
 from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
 from .tp_groups import replica_engine
-
-_BATCH_ROWS = 256  # Parquet rows decoded at a time, as the local request reader does
 
 
 @dataclass(slots=True)
@@ -99,11 +94,9 @@ class RangeRequestReader(RequestReader):
     """
 
     def __init__(self, whole: RequestReader, unit: Unit) -> None:
-        # NOTE: not RequestReader.__init__: the whole input's settings and per-file facts (which
-        # files carry ids) are taken as they are, without scanning the files again for each unit.
-        vars(self).update(vars(whole))
-        self.skip_rows = self.rows_read = 0
-        self.openai = False
+        # NOTE: the whole input's settings and its files' facts, so no file is scanned again per unit
+        super().__init__(*whole.arguments, facts=whole.facts)
+        self.max_prompt = whole.max_prompt  # NOTE: the engine's context may have lowered it since
         self.counts = {s.path: [0, 0] for s in unit.segments}
         self._seen = IdSet()  # ids repeated within the unit; the driver checks across units
         self.unit = unit
@@ -113,7 +106,7 @@ class RangeRequestReader(RequestReader):
         for seg in self.unit.segments:
             self._file_first_row = seg.file_first_row
             self.rows_read = seg.file_first_row + seg.start  # NOTE: global numbering
-            for line, obj in self._segment_objects(seg):
+            for line, obj in self._objects(seg.path, seg):
                 row = self.rows_read
                 self.rows_read += 1
                 self.counts[seg.path][0] += 1
@@ -127,25 +120,6 @@ class RangeRequestReader(RequestReader):
 
     def _id_taken(self, row: int, row_id: Any, line: int | None, path: str) -> None:
         self.admitted.append((row, row_id, line, path, row - self._file_first_row))
-
-    def _segment_objects(self, seg: Segment) -> Iterator[tuple[int | None, Any]]:
-        try:
-            if Path(seg.path).suffix.lower() in (".parquet", ".pq"):
-                for batch in parquet_range(seg.path, seg, _BATCH_ROWS):
-                    for obj in batch.to_pylist():
-                        yield None, obj
-                return
-            with open(seg.path, "rb") as fh:
-                fh.seek(seg.offset)
-                left = seg.rows
-                for numbered in LineSplitter(fh, first_line=seg.line).chunks():
-                    for n, raw in numbered[:left]:
-                        yield n, _parse(raw)
-                    left -= min(left, len(numbered))
-                    if not left:
-                        return
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"cannot read ({exc})", path=seg.path) from None
 
 
 class GenerateReplica:

@@ -24,14 +24,15 @@ from ...engine.sequence import SamplingParams
 from ...engine.structured import Grammars, spec_from_body
 from ...errors import InputError
 from ...files.ids import IdSet, check_id, id_key, is_unicode
-from ...files.lines import LineSplitter
+from ...files.lines import CHUNK_BYTES
+from ...files.row_source import Segment, jsonl_chunks, parquet_batches
 from ...files.sources import expand_paths, json_objects
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured"}
-_ROW_BLOCK = 256
+_ROW_BLOCK = 256  # Parquet rows decoded at a time
 
 
 @dataclass(slots=True)
@@ -98,6 +99,20 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
     return replace(defaults, **over)
 
 
+@dataclass(frozen=True, slots=True)
+class InputFacts:
+    """What a request reader finds out about its files once, before reading a row."""
+
+    has_ids: dict[str, bool]  # the file carries ids (OpenAI batch files do, in custom_id)
+    openai_sources: frozenset[str]  # OpenAI batch files, answered line for line
+
+    @staticmethod
+    def scan(files: list[str], id_column: str) -> InputFacts:
+        return InputFacts(
+            {f: _has_id_column(f, id_column) for f in files}, frozenset(f for f in files if _is_openai_batch(f))
+        )
+
+
 class RequestReader:
     """Streams Requests and Rejects in input order, skipping `skip_rows` already committed rows."""
 
@@ -114,9 +129,14 @@ class RequestReader:
         grammars: Grammars | None = None,
         max_n: int = 1 << 30,
         lacks: Callable[[SamplingParams], str | None] | None = None,
+        *,
+        facts: InputFacts | None = None,
     ) -> None:
         """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together);
-        `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject)."""
+        `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject);
+        `facts`: the files' facts, found already (a reader of part of the input: `for_rows`)."""
+        self.arguments = (paths, id_column, tokenizer, chat, defaults, max_prompt, vocab, priority_column)
+        self.arguments += (grammars, max_n, lacks)
         self.files = expand_paths(paths)
         for f in self.files:
             if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
@@ -136,8 +156,9 @@ class RequestReader:
         self.openai = False  # set once an OpenAI batch row is seen
         # Per file: (rows read, rows skipped as committed), as the embedding reader counts them.
         self.counts: dict[str, list[int]] = {f: [0, 0] for f in self.files}
-        self.has_ids = {f: _has_id_column(f, id_column) for f in self.files}
-        self.openai_sources = {f for f in self.files if _is_openai_batch(f)}  # answered line for line
+        self.facts = facts or InputFacts.scan(self.files, id_column)
+        self.has_ids = self.facts.has_ids
+        self.openai_sources = self.facts.openai_sources  # answered line for line
         self._seen = IdSet()
         self._file_first_row = 0
 
@@ -159,19 +180,16 @@ class RequestReader:
     def _id_taken(self, row: int, row_id: Any, line: int | None, path: str) -> None:
         """Called for each row that takes its id (a reader of part of the input remembers them)."""
 
-    def _objects(self, path: str) -> Iterator[tuple[int | None, Any]]:
-        try:
-            if Path(path).suffix.lower() in (".parquet", ".pq"):
-                for batch in pq.ParquetFile(path).iter_batches(batch_size=_ROW_BLOCK):
-                    for obj in batch.to_pylist():
-                        yield None, obj
-                return
-            with open(path, "rb") as fh:  # lines of any length, a BOM, CRLF: as embedding reads them
-                for numbered in LineSplitter(fh).chunks():
-                    for n, raw in numbered:
-                        yield n, _parse(raw)
-        except OSError as exc:
-            raise InputError(f"cannot read ({exc.strerror or exc})", path=path) from None
+    def _objects(self, path: str, seg: Segment | None = None) -> Iterator[tuple[int | None, Any]]:
+        """(line number, the row's object or a Reject) of the file, or of the segment's rows (row_source.py)."""
+        if Path(path).suffix.lower() in (".parquet", ".pq"):
+            for batch in parquet_batches(path, _ROW_BLOCK, seg=seg):
+                for obj in batch.to_pylist():
+                    yield None, obj
+            return
+        for numbered in jsonl_chunks(path, CHUNK_BYTES, seg):  # NOTE: lines of any length, a BOM, CRLF
+            for n, raw in numbered:
+                yield n, _parse(raw)
 
     def _request(self, path: str, row: int, line: int | None, obj: Any) -> Request | Reject:
         def reject(reason: str, message: str, row_id: Any = None) -> Reject:
