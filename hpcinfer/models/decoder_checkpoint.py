@@ -181,15 +181,21 @@ def open_gguf(file: Path) -> GGUFFile:
 
 
 def load_tokenizer(info: DecoderInfo) -> Tokenizer:
-    """The checkpoint's fast tokenizer: its tokenizer.json, or rebuilt from a GGUF's metadata."""
+    """The checkpoint's fast tokenizer: its tokenizer.json, or rebuilt from a GGUF's metadata; with no
+    truncation or padding, whatever its files say (a prompt is checked against the context, never cut)."""
     try:
-        if info.gguf:
-            return gguf_tokenizer(open_gguf(info.path).metadata("tokenizer.ggml."))
-        return Tokenizer.from_file(str(info.path / "tokenizer.json"))
+        tokenizer = (
+            gguf_tokenizer(open_gguf(info.path).metadata("tokenizer.ggml."))
+            if info.gguf
+            else Tokenizer.from_file(str(info.path / "tokenizer.json"))
+        )
     except ModelError:
         raise
     except Exception as exc:
         raise ModelError(f"cannot load tokenizer ({exc})", path=str(info.path)) from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def weight_files(path: Path) -> list[Path]:

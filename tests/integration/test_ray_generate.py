@@ -32,14 +32,14 @@ from hpcinfer.config import (
     RunConfig,
 )
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.obs.render import render
 from hpcinfer.ray_engine.units import plan_units
 from hpcinfer.tasks.generate.cluster import GenerateCluster, request_source
 from hpcinfer.tasks.generate.replica import RangeRequestReader
-from hpcinfer.tasks.generate.setup import load_tokenizer, request_reader
+from hpcinfer.tasks.generate.setup import request_reader
 
 from ..conftest import REPO, make_texts, write_parquet
 from .ray_helpers import local_ray

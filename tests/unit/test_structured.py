@@ -25,10 +25,9 @@ from hpcinfer.engine.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIG
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.engine.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder, load_tokenizer
 from hpcinfer.models.gguf_tokenizer import byte_alphabet
 from hpcinfer.models.tiny_gguf import build_tiny_gguf
-from hpcinfer.tasks.generate.setup import load_tokenizer
 
 from ..conftest import generate_config, read_output, run_job, tiny_llama, write_jsonl
 

@@ -10,18 +10,10 @@ is not a device's, and ends the run as it would on one device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ...errors import DeviceHung, DeviceResultFailed, HpcinferError, StageError
+from ...place.faults import DeviceFault, fault_text
 
 DEVICE_STAGES = ("stage", "execute", "collect")  # a device's steps; tokenize, plan and write are the host's
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceFault:
-    device: int  # index into the run's devices
-    error: str  # "Type: message", as the report and the final error show it
-    hung: bool  # no batch within --step-timeout: out at once, not counted
 
 
 def device_fault(exc: StageError, labels: list[str]) -> DeviceFault | None:
@@ -35,4 +27,4 @@ def device_fault(exc: StageError, labels: list[str]) -> DeviceFault | None:
     if isinstance(exc.cause, HpcinferError) or where not in labels:
         return None
     cause = exc.cause.__cause__ if isinstance(exc.cause, DeviceResultFailed) else exc.cause
-    return DeviceFault(labels.index(where), f"{type(cause).__name__}: {cause}", isinstance(exc.cause, DeviceHung))
+    return DeviceFault(labels.index(where), fault_text(cause), isinstance(exc.cause, DeviceHung))

@@ -23,7 +23,7 @@ from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...job.accounting import AccountingError
-from ...models.decoder_checkpoint import INT8_ROWS, DecoderInfo
+from ...models.decoder_checkpoint import INT8_ROWS, DecoderInfo, load_tokenizer
 from ...models.int8 import settled_int8
 from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
@@ -34,7 +34,7 @@ from .answers import GenerationStore, answers_table, with_errors
 from .replica import GenerateUnitResult
 from .report import GenerateReport, percentiles
 from .requests import RequestReader
-from .setup import generation_fingerprint, load_tokenizer, request_reader, run_decoder_info
+from .setup import generation_fingerprint, request_reader, run_decoder_info
 
 
 class GenerateCluster:

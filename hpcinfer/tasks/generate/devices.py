@@ -44,6 +44,7 @@ from ...engine.sequence import SamplingParams, Sequence
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
+from ...place.faults import DeviceFault, fault_text
 from .loop import engine_step
 
 
@@ -65,19 +66,7 @@ def tokens_left(seq: Sequence) -> int:
     return (seq.num_tokens - seq.num_computed) + max(seq.params.max_tokens - seq.num_completion, 0)
 
 
-@dataclass(slots=True)
-class DeviceFault:
-    """A device's step failed: its engine dropped these sequences (their prompts go elsewhere)."""
-
-    error: BaseException
-    dropped: list[int]  # seq ids
-
-    @property
-    def text(self) -> str:
-        return f"{type(self.error).__name__}: {self.error}"
-
-
-def step_fault(engine: Engine, exc: Exception) -> DeviceFault:
+def step_fault(engine: Engine, exc: Exception, device: int = 0) -> DeviceFault:
     """What an engine step raised, as its device's fault: the one rule of every engine, local or a
     Ray replica. A user's problem (HpcinferError: a bad option, a file that changed) is re-raised, to
     end the run as one line; a row's own problem never raises (it is a reject); anything else is
@@ -85,7 +74,7 @@ def step_fault(engine: Engine, exc: Exception) -> DeviceFault:
     runs their prompts elsewhere, with their seeds."""
     if isinstance(exc, HpcinferError):
         raise exc
-    return DeviceFault(exc, [seq.seq_id for seq in engine.reset()])
+    return DeviceFault(device, fault_text(exc), dropped=tuple(seq.seq_id for seq in engine.reset()))
 
 
 @dataclass(slots=True)
@@ -194,7 +183,7 @@ class EngineWorker:
                         self._step()
                     except Exception as exc:  # a device fault: the pool moves the work, the thread goes on
                         self.step_started = None
-                        fault = step_fault(self.engine, exc)
+                        fault = step_fault(self.engine, exc, self.index)
                         with self._cond:
                             self._engine_left = self._waiting = 0
                         self.outbox.put((self.index, fault))

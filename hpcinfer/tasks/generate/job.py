@@ -41,7 +41,7 @@ from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
 from ...job.windows import OpenWindow, WindowBook
-from ...models.decoder_checkpoint import INT8_ROWS, load_decoder
+from ...models.decoder_checkpoint import INT8_ROWS, load_decoder, load_tokenizer
 from ...models.int8 import settled_int8
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
@@ -62,7 +62,6 @@ from .setup import (
     engine_config,
     generation_devices,
     generation_fingerprint,
-    load_tokenizer,
     request_reader,
     run_decoder_info,
 )

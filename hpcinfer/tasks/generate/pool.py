@@ -15,7 +15,8 @@ from ...engine.sequence import SamplingParams, Sequence
 from ...errors import DevicesFailed, HpcinferError, StageError
 from ...place.breaker import Breaker, BreakerLog, BreakerSettings
 from ...place.dispatch import POLICIES, soonest
-from .devices import DeviceFault, EngineWorker, Prompt
+from ...place.faults import DeviceFault
+from .devices import EngineWorker, Prompt
 from .loop import IDLE_WAIT_S
 
 PREFIX_MEMORY = 1 << 16  # prefix keys remembered for dispatch, least recently given forgotten first
@@ -155,7 +156,7 @@ class EnginePool:
         while True:
             index, got = item
             if isinstance(got, DeviceFault):
-                self.breakers[index].failure(got.text)
+                self.breakers[index].failure(got.error)
                 self._move(index, got.dropped)
             elif isinstance(got, BaseException):
                 if isinstance(got, HpcinferError):

@@ -28,17 +28,18 @@ from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...job.windows import WindowBook
-from ...models.decoder_checkpoint import load_decoder
+from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...parallel.tp import TensorParallel
+from ...place.faults import DeviceFault
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Unit
 from ...types import Reject
 from .admission import Admission
 from .answers import answer_row
-from .devices import DeviceFault, step_fault
+from .devices import step_fault
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader
-from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
+from .setup import engine_config, first_device, request_reader, run_decoder_info
 from .tp_groups import replica_engine
 
 
@@ -68,7 +69,7 @@ class StepFailed(Exception):
     """An engine step failed for its device's reason (devices.step_fault): the unit is not done."""
 
     def __init__(self, fault: DeviceFault) -> None:
-        super().__init__(fault.text)
+        super().__init__(fault.error)
 
 
 class ReplicaSink(EngineSink):

@@ -21,7 +21,6 @@ from ...engine.structured import Grammars, GrammarSpec
 from ...errors import ConfigError
 from ...files.parts import fingerprint
 from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
-from ...models.decoder_checkpoint import load_tokenizer as checkpoint_tokenizer
 from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
@@ -142,14 +141,6 @@ def generation_fingerprint(
     if config.backend != "native":
         options["backend"] = config.backend
     return fingerprint(files, info.path, options)
-
-
-def load_tokenizer(info: DecoderInfo) -> Tokenizer:
-    """The checkpoint's tokenizer, with no truncation or padding (prompts are checked, not cut)."""
-    tokenizer = checkpoint_tokenizer(info)
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
 
 
 def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -> RequestReader:

@@ -14,10 +14,10 @@ from ...device.threads import set_torch_threads
 from ...engine.engine import pool_reserve
 from ...engine.kv_cache import KVLayout, size_pool
 from ...errors import ConfigError
-from ...models.decoder_checkpoint import load_decoder
+from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
 from . import tune_view
-from .setup import engine_config, first_device, load_tokenizer, request_reader, run_decoder_info
+from .setup import engine_config, first_device, request_reader, run_decoder_info
 from .tune_search import GenerationSearch, NoisyGoal, generation_space, prefix_line
 from .tune_trial import GenerationTrialRunner, RequestSample, draw_requests
 
