@@ -232,27 +232,27 @@ echo "gpu_check $([ "$DRY" = 1 ] && echo '--dry-run (CPU) ')$(date -u +%FT%TZ) i
 ENV_FLAGS=(--json "$OUT_DIR/env.json")
 [ "$DRY" = 1 ] && ENV_FLAGS+=(--dry-run)
 #    name              estimate limit deadline command
-step environment             10    60 -  "$PY" benchmarks/gpu_env_check.py "${ENV_FLAGS[@]}" || exit 1
-step checkpoint              15    60 -  "$PY" benchmarks/gpu_models.py "$WORK" "${MODELS[@]}" || exit 1
+step environment             10    60 -  "$PY" benchmarks/gpu_check/gpu_env_check.py "${ENV_FLAGS[@]}" || exit 1
+step checkpoint              15    60 -  "$PY" benchmarks/gpu_check/gpu_models.py "$WORK" "${MODELS[@]}" || exit 1
 step checks                  60   120 90 "$PY" -m tests.gpu_checks --device "$DEVICE" --model "$WORK/minilm" "${CHECKS[@]}"
-step collectives             10    45 30 "$PY" benchmarks/gpu_collectives.py "${COLLECTIVES[@]}" \
+step collectives             10    45 30 "$PY" benchmarks/gpu_check/gpu_collectives.py "${COLLECTIVES[@]}" \
   --json "$OUT_DIR/collectives.json"
-step multi-device             3 "$MULTI_LIMIT" - "$PY" benchmarks/multi_device_check.py --model "$WORK/minilm" "${MULTI[@]}"
-step tensor-parallel          3 "$TP_LIMIT" - "$PY" benchmarks/tp_check.py "${TP[@]}" --work "$WORK/tp" \
+step multi-device             3 "$MULTI_LIMIT" - "$PY" benchmarks/gpu_check/multi_device_check.py --model "$WORK/minilm" "${MULTI[@]}"
+step tensor-parallel          3 "$TP_LIMIT" - "$PY" benchmarks/gpu_check/tp_check.py "${TP[@]}" --work "$WORK/tp" \
   --json "$OUT_DIR/tp.json"
-step paged-attention         15    45 30 "$PY" benchmarks/gpu_paged_attention.py "${PAGED[@]}" \
+step paged-attention         15    45 30 "$PY" benchmarks/gpu_check/gpu_paged_attention.py "${PAGED[@]}" \
   --json "$OUT_DIR/paged_attention.json"
-step generation             150   200 150 "$PY" benchmarks/bench_generate.py "${GEN[@]}" --json "$OUT_DIR/generate.json"
-step benchmark               55    90 60 "$PY" benchmarks/bench_embed.py --device "$BENCH_DEVICE" --model "$WORK/$BERT" \
+step generation             150   200 150 "$PY" benchmarks/speed/bench_generate.py "${GEN[@]}" --json "$OUT_DIR/generate.json"
+step benchmark               55    90 60 "$PY" benchmarks/speed/bench_embed.py --device "$BENCH_DEVICE" --model "$WORK/$BERT" \
   "${EMBED[@]}" --variants "streams=1,graphs=0;streams=2,graphs=0" --skip naive --min-cosine 0.999 \
   --json "$OUT_DIR/bench.json"
-step benchmark-decoder       55    90 60 "$PY" benchmarks/bench_embed.py --device "$BENCH_DEVICE" \
+step benchmark-decoder       55    90 60 "$PY" benchmarks/speed/bench_embed.py --device "$BENCH_DEVICE" \
   --model "$WORK/$DECODER" "${EMBED[@]}" --variants "streams=1,graphs=0;streams=2,graphs=0" --skip naive \
   --min-cosine "$DECODER_COSINE" --json "$OUT_DIR/bench_decoder.json"
 
 write_steps true
 # the verdict: every step ran and passed (the dry run: every GPU step has a CPU twin that ran)
-"$PY" benchmarks/gpu_steps.py "$OUT_DIR/steps.json"
+"$PY" benchmarks/gpu_check/gpu_steps.py "$OUT_DIR/steps.json"
 status=$?
 echo "gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $((SECONDS - T0)) s; results in $OUT_DIR, log $LOG"
 exit $status

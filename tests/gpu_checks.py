@@ -394,7 +394,7 @@ CHECKS = [
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N, or simulated (the dry run)")
-    p.add_argument("--model", type=Path, required=True, help="checkpoint directory (benchmarks/random_minilm.py)")
+    p.add_argument("--model", type=Path, required=True, help="checkpoint directory (benchmarks/speed/random_minilm.py)")
     p.add_argument("--rows", type=int, default=300, help="rows of sample_data each check embeds")
     p.add_argument("--max-length", type=int, default=128, help="truncate rows to this many tokens")
     p.add_argument("--deadline", type=float, default=None, metavar="S", help="start no check S s after the start")

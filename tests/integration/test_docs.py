@@ -41,7 +41,7 @@ README_SECTIONS = [
     "Int8 weights on the CPU: `--quantize int8|auto`",
     "Tensor parallelism: `--tp N`",
     "Correctness checks (the tests)",
-    "Generation speed: `benchmarks/bench_generate.py`",
+    "Generation speed: `benchmarks/speed/bench_generate.py`",
     "Prefix caching, prefix-aware ordering, priorities",
     "`hpcinfer tune`",
     "`hpcinfer tune` on a causal LM",

@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
+GPU_CHECK = BENCH / "gpu_check"  # the GPU check's Python steps; gpu_check.sh itself stays in BENCH
 
 
 def test_the_environment_step_names_a_missing_module_before_any_work(tmp_path):
@@ -23,23 +24,25 @@ def test_the_environment_step_names_a_missing_module_before_any_work(tmp_path):
     (shim / "__init__.py").write_text("raise ImportError('not installed on this machine')\n")
     env = {"PYTHONPATH": str(tmp_path / "shim"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_env_check.py"), "--dry-run"], capture_output=True, text=True, env=env
+        [sys.executable, str(GPU_CHECK / "gpu_env_check.py"), "--dry-run"], capture_output=True, text=True, env=env
     )
     assert done.returncode == 1
     assert "missing: rich" in done.stdout
-    ok = subprocess.run([sys.executable, str(BENCH / "gpu_env_check.py"), "--dry-run"], capture_output=True, text=True)
+    env_check = [sys.executable, str(GPU_CHECK / "gpu_env_check.py"), "--dry-run"]
+    ok = subprocess.run(env_check, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     for name in ("click", "tqdm", "safetensors", "sentence_transformers"):
         assert name in ok.stdout
 
 
 def _bench(monkeypatch: pytest.MonkeyPatch, name: str):  # noqa: ANN202
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module(name)
+    # NOTE: benchmarks/ is a package under the repository's root, which pytest puts on sys.path
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_the_verdict_fails_a_run_where_a_step_did_not_run_and_pass(tmp_path, monkeypatch):
-    gpu_steps = _bench(monkeypatch, "gpu_steps")
+    gpu_steps = _bench(monkeypatch, "gpu_check.gpu_steps")
     out = tmp_path / "steps.json"
 
     def verdict(steps: list[tuple[str, str]]) -> int:
@@ -104,7 +107,7 @@ def test_a_run_stopped_mid_step_leaves_steps_json_and_ends_the_step(tmp_path):
 
 
 def test_results_are_written_whole_and_a_failure_is_recorded_while_the_rest_go_on(tmp_path, monkeypatch):
-    results = _bench(monkeypatch, "gpu_results")
+    results = _bench(monkeypatch, "gpu_check.gpu_results")
     path = tmp_path / "r.json"
     results.write_json(path, {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
@@ -117,7 +120,7 @@ def test_results_are_written_whole_and_a_failure_is_recorded_while_the_rest_go_o
 
 
 def test_a_generation_engine_that_fails_is_recorded_and_the_others_are_measured(tmp_path, monkeypatch):
-    bench = _bench(monkeypatch, "bench_generate")
+    bench = _bench(monkeypatch, "speed.bench_generate")
     real = bench.run_hpcinfer
 
     def broken_on_fp8(model, prompts, max_tokens, args, variant):  # noqa: ANN001, ANN202
@@ -146,7 +149,7 @@ def test_flops_match_torchs_flop_counter(monkeypatch):
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
-    models = _bench(monkeypatch, "gpu_models")
+    models = _bench(monkeypatch, "gpu_check.gpu_models")
     n, layers = 37, 2
     bert = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": layers, "num_attention_heads": 4}
     bert |= {"intermediate_size": 64}
@@ -166,7 +169,7 @@ def test_flops_match_torchs_flop_counter(monkeypatch):
 
 
 def test_the_collectives_step_runs_the_groups_path_at_world_size_one(tmp_path, monkeypatch):
-    collectives = _bench(monkeypatch, "gpu_collectives")
+    collectives = _bench(monkeypatch, "gpu_check.gpu_collectives")
     out = tmp_path / "collectives.json"
     assert collectives.main(["--device", "cpu", "--mib", "0.25", "--repeats", "2", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -178,7 +181,7 @@ def test_the_collectives_step_runs_the_groups_path_at_world_size_one(tmp_path, m
 def test_with_one_gpu_the_tensor_parallel_step_says_skipped_at_once(tmp_path, monkeypatch):
     import torch
 
-    tp_check = _bench(monkeypatch, "tp_check")
+    tp_check = _bench(monkeypatch, "gpu_check.tp_check")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     out = tmp_path / "tp.json"
     assert tp_check.main(["--device", "cuda", "--json", str(out)]) == 0
@@ -197,11 +200,7 @@ def test_the_tiny_decoder_builds_without_the_packaged_model(tmp_path, monkeypatc
 
 
 def test_the_multi_device_generation_check_sizes_its_kv_pool(tmp_path, monkeypatch):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import multi_device_check
-    finally:
-        sys.path.remove(str(BENCH))
+    multi_device_check = _bench(monkeypatch, "gpu_check.multi_device_check")
     import hpcinfer.api
 
     seen = []
@@ -216,7 +215,7 @@ def test_the_multi_device_generation_check_sizes_its_kv_pool(tmp_path, monkeypat
 
 
 def test_with_one_gpu_the_multi_device_step_says_skipped_at_once(monkeypatch, capsys):
-    multi_device_check = _bench(monkeypatch, "multi_device_check")
+    multi_device_check = _bench(monkeypatch, "gpu_check.multi_device_check")
 
     def no_run(*args: str) -> None:
         raise AssertionError("nothing multi-device to measure on one GPU")
@@ -229,8 +228,8 @@ def test_with_one_gpu_the_multi_device_step_says_skipped_at_once(monkeypatch, ca
 
 def test_the_gpu_embedding_benchmark_runs_steady_work_for_every_setting(monkeypatch):
     # the sample corpus is 3,000 rows: on a GPU one pass is mostly start-up and drain
-    monkeypatch.syspath_prepend(str(BENCH))
-    from bench_embed import Corpus, parse_variants, tiled
+    bench_embed = _bench(monkeypatch, "speed.bench_embed")
+    Corpus, parse_variants, tiled = bench_embed.Corpus, bench_embed.parse_variants, bench_embed.tiled
 
     corpus = tiled(Corpus(["a", "b", "c"], ["x", "y", "z"], True, BENCH), 4)
     assert corpus.texts == ["a", "b", "c"] * 4 and corpus.ids == list(range(12)) and not corpus.has_ids

@@ -109,7 +109,7 @@ def test_the_fp8_kv_pool_holds_twice_the_blocks_and_answers_agree(smollm2):
     same = sum(a == b for a, b in pairs)
     first = sum(a[:4] == b[:4] for a, b in pairs)
     print(f"fp8 KV: {same}/{len(CHATS)} answers equal to bfloat16 KV, {first} in their first 4 tokens")
-    # FP8 KV changes this small model's answers (measured on 100 chats: benchmarks/fp8_agreement.py);
+    # FP8 KV changes this small model's answers (measured on 100 chats: benchmarks/agreement/fp8_agreement.py);
     # the check here is that they start the same and are answers, not noise
     assert first >= len(CHATS) - 1
     assert all(len(a) > 4 for a, _ in pairs)

@@ -1,0 +1,1 @@
+"""Benchmarks, agreement checks and the GPU check; each script runs by its path (see docs/performance)."""

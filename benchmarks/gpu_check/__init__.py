@@ -1,0 +1,1 @@
+"""The GPU check's Python steps and what they share; benchmarks/gpu_check.sh runs them."""

@@ -1,0 +1,1 @@
+"""Speed benchmarks: hpcinfer against the tools people would use instead, and its own settings side by side."""
