@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..device import accelerators
 from ..device.base import is_out_of_memory
 from ..device.readback import Readback, readback
 from ..device.step_timer import step_timer
@@ -232,8 +233,7 @@ class Engine:
         if len(seqs) == 1 and budget <= self.config.block_size:
             return False
         self.blocks.abort(seqs)
-        if self.sampler.device.type == "cuda":
-            torch.cuda.empty_cache()  # NOTE: the failed step's blocks of the caching allocator
+        accelerators.release_cached(self.sampler.device)  # NOTE: the failed step's blocks of the caching allocator
         newest = sorted(seqs, key=self.scheduler.running.index)[len(seqs) // 2 :] if len(seqs) > 1 else []
         for seq in reversed(newest):
             self.scheduler.preempt(seq)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..device import accelerators
 from ..errors import ConfigError
 from ..models.llama import DecoderConfig
 
@@ -93,8 +94,7 @@ def size_pool(
     if budgeted:
         if device.type != "cuda":
             raise ConfigError("--kv-cache-memory as a fraction needs a CUDA device; give bytes (e.g. 2GiB)")
-        free, _total = torch.cuda.mem_get_info(device)
-        memory = int(free * (memory if isinstance(memory, float) else CUDA_DEFAULT_FRACTION))
+        memory = int(accelerators.free_bytes(device) * (memory if isinstance(memory, float) else CUDA_DEFAULT_FRACTION))
     budget = CPU_DEFAULT_BYTES if memory is None else memory
     blocks = budget // layout.bytes_per_block
     if budgeted and reserve is not None:

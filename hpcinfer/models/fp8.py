@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import accelerators
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 QUANTIZED = ("qkv", "o_proj", "gate_up", "down")  # a decoder layer's linear layers
@@ -28,7 +30,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def scaled_mm_problem(device: torch.device) -> str | None:
     """Why FP8 matmuls cannot run on `device` (weights are then dequantized), or None."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+    if device.type == "cuda" and accelerators.capability(device) < (8, 9):
         return "FP8 matmuls need CUDA compute capability 8.9 or newer"
     return None
 

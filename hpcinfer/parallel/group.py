@@ -17,11 +17,13 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend  # a group's gloo or NCCL backend, usable without the default group
 
+from ..device.cuda import new_event
 from ..errors import HpcinferError
 
 FOLD_EVENTS = 512  # CUDA event pairs kept before their times are read (one sync of the last)
@@ -59,7 +61,7 @@ class Collectives:
         self.calls = 0
         self.bytes = 0
         self._seconds = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._events: list[tuple[Any, Any]] = []  # (start, end) CUDA events of collectives not yet summed
 
     @property
     def seconds(self) -> float:
@@ -106,7 +108,7 @@ class Collectives:
         self.calls += 1
         self.bytes += nbytes
         cuda = self.device.type == "cuda"
-        start = torch.cuda.Event(enable_timing=True) if cuda else None
+        start = new_event() if cuda else None
         if start is not None:
             start.record()
         t0 = time.perf_counter()
@@ -117,7 +119,7 @@ class Collectives:
         if start is None:
             self._seconds += time.perf_counter() - t0
             return
-        end = torch.cuda.Event(enable_timing=True)
+        end = new_event()
         end.record()
         self._events.append((start, end))
         if len(self._events) >= FOLD_EVENTS:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import accelerators
 from ..device.threads import set_torch_threads
 from ..engine.kv_cache import KVCache
 from ..engine.runner import ModelRunner
@@ -30,7 +31,7 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
     """Joins the group, loads the shard, then replays rank 0's steps until it ends the run."""
     device = torch.device(setup.devices[rank])
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        accelerators.make_current(device)
     elif setup.threads:
         set_torch_threads(setup.threads)
     rdv = Rendezvous(rank, setup.world, setup.port, setup.timeout_s)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import accelerators
 from ..device.threads import set_torch_threads
 from ..errors import ConfigError
 
@@ -151,9 +152,9 @@ def numa_nodes(sys_root: Path = SYS) -> list[tuple[int, ...]]:
 
 def gpu_local_cores(device: str, sys_root: Path = SYS) -> tuple[int, ...]:
     """The cores nearest a CUDA device (its PCI slot's `local_cpulist`); () when unknown."""
-    if not device.startswith("cuda") or not torch.cuda.is_available():
+    if not device.startswith("cuda") or not accelerators.cuda_available():
         return ()
-    props = torch.cuda.get_device_properties(int(device.partition(":")[2] or 0))
+    props = accelerators.cuda_properties(int(device.partition(":")[2] or 0))
     if not hasattr(props, "pci_bus_id"):
         return ()
     # NOTE: sysfs names a PCI slot domain:bus:device.function, in lower-case hex
@@ -180,10 +181,8 @@ def pin_near_gpus(sys_root: Path = SYS) -> tuple[int, ...]:
     """`--cpu-affinity auto` in a replica's own process (Ray): the whole process on the cores nearest
     the GPUs it sees; returns them, or () where it sees none or the machine does not say (nothing
     is pinned then)."""
-    if not torch.cuda.is_available():
-        return ()
     near: set[int] = set()
-    for index in range(torch.cuda.device_count()):
+    for index in range(accelerators.cuda_count()):
         near.update(gpu_local_cores(f"cuda:{index}", sys_root))
     cores = tuple(sorted(near & os.sched_getaffinity(0)))
     if cores:

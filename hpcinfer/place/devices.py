@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import DeviceConfig
-from ..device import Device, make_device
+from ..device import Device, accelerators, make_device
 from ..errors import ConfigError
 
 
@@ -15,7 +15,7 @@ def parse_devices(spec: str, cuda_count: int | None = None) -> list[str]:
     A CUDA device may appear once (two replicas on one GPU would only compete for it); CPU
     replicas may repeat: they split the CPU's threads between them.
     """
-    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    count = accelerators.cuda_count() if cuda_count is None else cuda_count
     if spec.strip() == "all":
         if not count:
             raise ConfigError("--devices all: no CUDA device is available (try --devices cpu)")

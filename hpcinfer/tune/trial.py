@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
+from ..device import accelerators
 from ..device.base import is_out_of_memory
 from ..errors import StageError
 from .search import Trial
@@ -121,8 +122,8 @@ class TrialRunner:
                 if self.on_repeat is not None:
                     self.on_repeat(params, i)
                 release_memory()
-                if config.device.device.startswith("cuda") and torch.cuda.is_available():
-                    torch.cuda.reset_peak_memory_stats()
+                if config.device.device.startswith("cuda") and accelerators.cuda_available():
+                    accelerators.start_peak(torch.device(config.device.device))
                 with PeakRss() as rss:
                     report = self._run(config)
                 reports.append(report)

@@ -148,3 +148,38 @@ def test_the_folder_check_sees_a_back_edge():
     graph = import_graph(PACKAGE)
     graph["hpcinfer.files.parts"] = graph["hpcinfer.files.parts"] | {"hpcinfer.job.claim"}  # files -> job
     assert ("files", "job") in folder_cycles(graph) - KNOWN_FOLDER_CYCLES
+
+
+def cuda_calls(package: Path) -> dict[str, int]:
+    """Module file -> how many `torch.cuda.<name>` references it holds outside hpcinfer/device/."""
+    found: dict[str, int] = {}
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] == "device":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        hits = sum(
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "cuda"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "torch"
+            for node in ast.walk(tree)
+        )
+        if hits:
+            found[str(path.relative_to(package))] = hits
+    return found
+
+
+# NOTE: the profiler's CUDA ranges, Triton's interpreter switch (read when Triton is first imported)
+# and the engine's CUDA graph capture; everything else asks device/ (accelerators.py, cuda.py).
+CUDA_OUTSIDE_DEVICE = {"obs/profile.py", "engine/paged_kernel.py", "engine/decode_graphs.py"}
+
+
+def test_torch_cuda_is_asked_through_the_device_layer():
+    assert set(cuda_calls(PACKAGE)) <= CUDA_OUTSIDE_DEVICE
+
+
+def test_the_cuda_check_sees_a_call_outside_the_device_layer(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "job.py").write_text("import torch\nfree = torch.cuda.mem_get_info(0)\n")
+    assert cuda_calls(tmp_path) == {"tasks/job.py": 1}

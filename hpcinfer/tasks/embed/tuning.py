@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
-from ...device import dtype_for
+from ...device import accelerators, dtype_for
 from ...models.registry import LoadedModel
 from ...tune.options import TuneOptions
 from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
@@ -136,7 +136,7 @@ class EmbedTuning:
 
 def device_kind(spec: str) -> str:
     if spec in ("auto", "all"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return accelerators.default_kind()
     return "cuda" if spec.startswith("cuda") else spec
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ...device import accelerators
 from ...device.threads import set_torch_threads
 from ...engine.engine import Engine
 from ...engine.engine_stats import EngineStats
@@ -174,7 +175,7 @@ class EngineWorker:
             if self.cores is not None:
                 pin_thread(self.cores)  # NOTE: before torch's first parallel region, so its threads inherit
             if self.engine.cache.k.device.type == "cuda":
-                torch.cuda.set_device(self.engine.cache.k.device)
+                accelerators.make_current(self.engine.cache.k.device)
             elif self.threads:  # NOTE: the intra-op thread count is per calling thread: each engine keeps its share
                 set_torch_threads(self.threads)
             with torch.inference_mode():  # NOTE: thread-local; the job's own does not reach this thread

@@ -17,7 +17,6 @@ One device keeps the plain loop: no threads.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 
 from ...config import RunConfig
+from ...device import accelerators
 from ...device.threads import PROCESS, ThreadGovernor, set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.hf_engine import WHAT_IS_LOST, transformers_engine
@@ -295,7 +295,7 @@ class GenerationJob:
             self.progress.note(f"hpcinfer: --backend transformers generates in {WHAT_IS_LOST}")
             return transformers_engine(self.info, device, self.dtype, self.engine_config, self.tokenizer)
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        with accelerators.current(device):
             if model is None:
                 model = load_decoder(
                     self.info, device, self.dtype, self.config.device.quantize, self.config.device.int8_kernel

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ...config import GenerateConfig, RunConfig
-from ...device import dtype_for
+from ...device import accelerators, dtype_for
 from ...engine.engine import EngineConfig
 from ...engine.hf_engine import row_problem
 from ...engine.kv_cache import kv_storage, parse_kv_memory
@@ -33,7 +33,7 @@ def generation_devices(config: RunConfig) -> tuple[list[torch.device], torch.dty
         names = parse_devices(config.device.devices)
     else:
         name = config.device.device
-        names = ["cuda" if torch.cuda.is_available() else "cpu"] if name == "auto" else [name]
+        names = [accelerators.default_kind()] if name == "auto" else [name]
     for name in names:
         if not (name == "cpu" or name.startswith("cuda")):
             raise ConfigError(f"generation runs on cpu or cuda, not {name!r}")

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from ...config import RunConfig
+from ...device import accelerators
 from ...device.threads import set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.runner import StepInputs
@@ -53,7 +54,7 @@ def tensor_groups(config: RunConfig, info: DecoderInfo, devices: list[torch.devi
         return [devices[i : i + n] for i in range(0, len(devices), n)]
     if devices[0].type == "cpu":
         return [[devices[0]] * n]
-    visible = torch.cuda.device_count()
+    visible = accelerators.cuda_count()
     if visible < n:
         raise ConfigError(f"--tp {n} needs {n} GPUs; {visible} visible")
     return [[torch.device("cuda", i) for i in range(n)]]

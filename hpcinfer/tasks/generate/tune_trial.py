@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...device import accelerators
 from ...device.base import is_out_of_memory
 from ...engine.engine import Engine, EngineConfig
 from ...engine.sequence import Sequence
@@ -201,24 +202,20 @@ class GenerationTrialRunner:
     ) -> Pass:
         """The requests through a fresh engine, admitted as `run` admits them; the engine goes at the end."""
         release_memory()
-        cuda = self.model.norm.device.type == "cuda"
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        device = self.model.norm.device
+        accelerators.release_cached(device)
+        accelerators.start_peak(device)
         result = Pass()
         engine: Engine | None = None
         try:
             with PeakRss() as rss, torch.inference_mode():
                 engine = Engine(self.model, config, self.eos, decode=self.decode)
                 self._drive(engine, requests, result, on_rows)
-                if cuda:
-                    torch.cuda.synchronize()
-            result.peak_bytes = torch.cuda.max_memory_allocated() if cuda else rss.peak
+            result.peak_bytes = accelerators.peak_bytes(device) if device.type == "cuda" else rss.peak
         finally:
             del engine  # NOTE: before the next engine is sized, its pool must be free again
             gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
+            accelerators.release_cached(device)
         return result
 
     def _drive(self, engine: Engine, requests: list[Request], out: Pass, on_rows: Callable[[int], None] | None) -> None:
