@@ -117,7 +117,7 @@ def load_object(path: str) -> Any:
 
 def read_checkpoint(config: RunConfig) -> Checkpoint:
     from .models.checkpoint import read_model_json
-    from .models.decoder_checkpoint import is_causal_lm
+    from .models.decoder_inspect import is_causal_lm
     from .models.registry import resolve_model_path
 
     path = resolve_model_path(config.model)

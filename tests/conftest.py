@@ -148,7 +148,8 @@ def generate_config(
 
 def tiny_llama(folder: Path, seed: int, prompts: int, max_length: int, text_seed: int):  # noqa: ANN201
     """(path, info, float32 model, prompt token ids) of a tiny random Llama and some of make_texts' texts."""
-    from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+    from hpcinfer.models.decoder_checkpoint import load_decoder
+    from hpcinfer.models.decoder_inspect import inspect_decoder
     from hpcinfer.models.registry import load_tokenizer
     from hpcinfer.models.tiny_decoder import build_tiny_decoder
 

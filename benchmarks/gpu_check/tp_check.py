@@ -34,7 +34,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
 
 from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, write_json  # noqa: E402
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
+from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
+from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
 from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
 from hpcinfer.models.tiny_decoder import build_tiny_decoder  # noqa: E402
 from hpcinfer.parallel.group import Collectives, Rendezvous, end_group, free_port  # noqa: E402

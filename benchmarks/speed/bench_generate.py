@@ -62,7 +62,8 @@ from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, attempt, fr
 from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
 from hpcinfer.engine.kv_cache import kv_storage, parse_kv_memory  # noqa: E402
 from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder  # noqa: E402
+from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
+from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
 from hpcinfer.models.fp8 import quantize_decoder_fp8  # noqa: E402
 from hpcinfer.models.tiny_decoder import build_tiny_decoder  # noqa: E402
 

@@ -70,7 +70,8 @@ from tokenizers import Tokenizer
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from hpcinfer.models.decoder_checkpoint import inspect_gguf, load_tokenizer  # noqa: E402
+from hpcinfer.models.decoder_checkpoint import load_tokenizer  # noqa: E402
+from hpcinfer.models.decoder_inspect import inspect_gguf  # noqa: E402
 from hpcinfer.models.registry import packaged_gguf  # noqa: E402
 
 # xgrammar is imported late (in main and in the functions that use it): it imports transformers,

@@ -16,7 +16,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from hpcinfer.models.decoder_checkpoint import DecoderInfo, inspect_decoder, load_decoder, load_tokenizer  # noqa: E402
+from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer  # noqa: E402
+from hpcinfer.models.decoder_inspect import DecoderInfo, inspect_decoder  # noqa: E402
 from hpcinfer.models.registry import resolve_model_path  # noqa: E402
 from hpcinfer.tasks.generate.chat import ChatRenderer  # noqa: E402
 

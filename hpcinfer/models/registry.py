@@ -22,8 +22,9 @@ from .checkpoint import (
     read_model_json,
 )
 from .classifier import SequenceClassifier
-from .decoder_checkpoint import inspect_decoder_embedder, load_decoder
+from .decoder_checkpoint import load_decoder
 from .decoder_embedder import DecoderEmbedder, pack_decoder_for_cpu
+from .decoder_inspect import inspect_decoder_embedder
 from .st_files import lowercases
 
 # `--model NAME` for a model that a package on the index ships as a GGUF file: NAME -> the package.

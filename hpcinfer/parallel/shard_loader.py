@@ -17,7 +17,8 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ConfigError, ModelError
-from ..models.decoder_checkpoint import DecoderInfo, assign_weights
+from ..models.decoder_checkpoint import assign_weights
+from ..models.decoder_inspect import DecoderInfo
 from ..models.meta import empty_modules
 from .decoder import ShardedDecoder, rank_config, vocab_rows
 from .group import Collectives

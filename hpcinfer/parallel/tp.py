@@ -36,7 +36,7 @@ import torch
 
 from ..engine.kv_cache import KVLayout, size_pool
 from ..engine.runner import StepInputs
-from ..models.decoder_checkpoint import DecoderInfo
+from ..models.decoder_inspect import DecoderInfo
 from .decoder import ShardedDecoder
 from .group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
 from .shard_loader import load_shard

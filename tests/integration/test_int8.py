@@ -11,18 +11,12 @@ from torch import nn
 from hpcinfer.api import run
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.models import int8 as int8_module
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
-from hpcinfer.models.int8 import (
-    ROUNDING_SLACK,
-    Int8Kernel,
-    Int8Linear,
-    accurate_kernels,
-    probe_kernels,
-    quantize_int8,
-    rounding_error,
-    smoothing,
-)
+from hpcinfer.models import int8_kernels
+from hpcinfer.models.decoder_checkpoint import load_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
+from hpcinfer.models.int8 import Int8Kernel, Int8Linear
+from hpcinfer.models.int8_kernels import ROUNDING_SLACK, accurate_kernels, probe_kernels, rounding_error
+from hpcinfer.models.int8_quantize import quantize_int8, smoothing
 from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
@@ -99,14 +93,14 @@ def test_the_rounding_model_predicts_an_exact_int8_product():
 
 AVX2_CHILD = """
 import json, torch
-from hpcinfer.models.int8 import probe_kernels, accurate_kernels
+from hpcinfer.models.int8_kernels import probe_kernels, accurate_kernels
 print(json.dumps({p.kernel.name: [p.error, p.bound, p.accurate] for p in probe_kernels()}))
 print(json.dumps([k.name for k in accurate_kernels()]))
 """
 
 
 @pytest.mark.skipif(
-    "avx2" not in int8_module.cpu_flags() or "onednn" not in int8_module.available_engines(),
+    "avx2" not in int8_kernels.cpu_flags() or "onednn" not in int8_kernels.available_engines(),
     reason="oneDNN's AVX2 int8 path needs an x86-64 CPU with AVX2",
 )
 def test_onednn_on_avx2_saturates_and_is_never_chosen():
@@ -146,13 +140,13 @@ def fbgemm_saturates(monkeypatch):
 
 
 def test_an_inaccurate_kernel_is_never_chosen_whatever_its_speed(fbgemm_saturates, monkeypatch, tmp_path):
-    if "fbgemm" not in int8_module.available_engines():
+    if "fbgemm" not in int8_kernels.available_engines():
         pytest.skip("this torch build has no FBGEMM")
     assert Int8Kernel("fbgemm") not in accurate_kernels()
     # timed as the fastest: still not a candidate
     clock = iter(range(10**6))
-    monkeypatch.setattr(int8_module.time, "perf_counter", lambda: float(next(clock)))
-    picked = int8_module.pick_kernel(torch.randn(256, 128), 64)
+    monkeypatch.setattr(int8_kernels.time, "perf_counter", lambda: float(next(clock)))
+    picked = int8_kernels.pick_kernel(torch.randn(256, 128), 64)
     assert picked != Int8Kernel("fbgemm")
     rows = [{"id": i, "text": t} for i, t in enumerate(make_texts(40, seed=4))]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -310,10 +304,10 @@ def test_an_int8_decoder_gives_the_float32_logits_within_int8_rounding(tiny, ker
 
 
 def test_an_int8_decoder_that_loses_the_reference_texts_tokens_is_refused(tiny, monkeypatch):
-    from hpcinfer.models import decoder_checkpoint
+    from hpcinfer.models import decoder_int8
 
     _, info = tiny
-    monkeypatch.setattr(decoder_checkpoint, "TOKEN_AGREEMENT_FLOOR", 1.01)  # no int8 model can keep every token
+    monkeypatch.setattr(decoder_int8, "TOKEN_AGREEMENT_FLOOR", 1.01)  # no int8 model can keep every token
     with pytest.raises(ConfigError, match="int8 keeps under 101% of float32's next tokens"):
         load_decoder(info, torch.device("cpu"), torch.float32, "int8")
 
@@ -334,7 +328,7 @@ def test_a_generation_run_with_int8_weights(tiny, tmp_path):
 
 
 def test_quantize_int8_reaches_a_cross_encoders_layers(tmp_path):
-    from hpcinfer.models.int8 import linear_layers
+    from hpcinfer.models.int8_quantize import linear_layers
     from hpcinfer.models.registry import inspect_embedder, load_model
     from hpcinfer.models.tiny_classifier import build_tiny_classifier
 

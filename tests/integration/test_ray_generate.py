@@ -32,7 +32,8 @@ from hpcinfer.config import (
     RunConfig,
 )
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_tokenizer
+from hpcinfer.models.decoder_checkpoint import load_tokenizer
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.obs.render import render

@@ -10,7 +10,8 @@ import torch
 import torch.multiprocessing as mp
 
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.decoder_checkpoint import load_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.parallel.decoder import rank_config, vocab_rows

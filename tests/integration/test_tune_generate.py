@@ -15,7 +15,8 @@ from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
 from hpcinfer.engine.engine import EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder, load_tokenizer
+from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tasks.generate.requests import RequestReader

@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from hpcinfer.models.decoder_checkpoint import inspect_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.chat import ChatError, ChatRenderer
 

@@ -19,7 +19,8 @@ from hpcinfer.engine.engine import Engine, EngineConfig, pool_reserve
 from hpcinfer.engine.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.decoder_checkpoint import load_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 

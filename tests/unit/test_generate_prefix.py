@@ -14,7 +14,8 @@ from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kv_cache import KVLayout
 from hpcinfer.engine.scheduler import Scheduler
 from hpcinfer.engine.sequence import SamplingParams, Sequence
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.decoder_checkpoint import load_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 
 BS = 4

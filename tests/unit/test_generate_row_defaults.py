@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
-from hpcinfer.models.decoder_checkpoint import inspect_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.setup import ROW_DEFAULTS, generation_fingerprint, sampling_defaults
 

@@ -14,7 +14,8 @@ from transformers.generation.logits_process import (
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sampling import Sampler, candidates, filtered_probs
 from hpcinfer.engine.sequence import SamplingParams, Sequence
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder
+from hpcinfer.models.decoder_checkpoint import load_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 

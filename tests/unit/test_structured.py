@@ -25,7 +25,8 @@ from hpcinfer.engine.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIG
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.engine.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.decoder_checkpoint import inspect_decoder, load_decoder, load_tokenizer
+from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
+from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.gguf_tokenizer import byte_alphabet
 from hpcinfer.models.tiny_gguf import build_tiny_gguf
 

@@ -18,7 +18,7 @@ from ...files.parts import PartStore
 from ...files.read import Reader
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
-from ...models.int8 import settled_int8
+from ...models.int8_kernels import settled_int8
 from ...obs.timing import bottleneck
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects

@@ -21,18 +21,17 @@ from ...config import RunConfig
 from ...errors import ConfigError
 from ...files.read import Reader
 from ...models.checkpoint import CheckpointInfo
-from ...models.int8 import (
-    Int8Kernel,
+from ...models.int8 import Int8Kernel
+from ...models.int8_kernels import (
     accurate_kernels,
     available_engines,
     candidate_kernels,
     int8_problem,
-    largest_weight,
     missing_int8_instructions,
     no_accurate_kernel,
     pick_kernel,
-    quantize_int8,
 )
+from ...models.int8_quantize import largest_weight, quantize_int8
 from ...models.registry import LoadedModel, load_model, load_tokenizer
 from .tokenize import TokenizeStage
 

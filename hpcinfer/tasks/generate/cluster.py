@@ -23,8 +23,10 @@ from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...job.accounting import AccountingError
-from ...models.decoder_checkpoint import INT8_ROWS, DecoderInfo, load_tokenizer
-from ...models.int8 import settled_int8
+from ...models.decoder_checkpoint import load_tokenizer
+from ...models.decoder_inspect import DecoderInfo
+from ...models.decoder_int8 import INT8_ROWS
+from ...models.int8_kernels import settled_int8
 from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects

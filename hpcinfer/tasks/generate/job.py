@@ -41,8 +41,9 @@ from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
 from ...job.signals import signals_stop
 from ...job.windows import OpenWindow, WindowBook
-from ...models.decoder_checkpoint import INT8_ROWS, load_decoder, load_tokenizer
-from ...models.int8 import settled_int8
+from ...models.decoder_checkpoint import load_decoder, load_tokenizer
+from ...models.decoder_int8 import INT8_ROWS
+from ...models.int8_kernels import settled_int8
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel

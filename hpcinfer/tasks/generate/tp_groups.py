@@ -23,7 +23,7 @@ from ...device.threads import set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.runner import StepInputs
 from ...errors import ConfigError
-from ...models.decoder_checkpoint import DecoderInfo
+from ...models.decoder_inspect import DecoderInfo
 from ...parallel.decoder import ShardedDecoder, rank_config
 from ...parallel.tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 from .setup import engine_config
