@@ -6,9 +6,10 @@ Layout next to the output `OUT`:
   OUT.parts/chunk-000043-000.parquet  a checkpoint: rows of window 43 finished so far (--commit-every)
   OUT.parts/manifest.json         fingerprint + the windows committed so far, in order, and the
                                   checkpoints of windows not yet committed (`partial`)
-Every file is written under a temporary name, fsynced and renamed, and the manifest is rewritten
-the same way after each part, so a kill between any two instructions leaves a consistent prefix.
-At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomically.
+Every file is written under a temporary name, fsynced and renamed (atomic.py), and the manifest is
+rewritten the same way after each part, so a kill between any two instructions leaves a consistent
+prefix. At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomically; what
+a part holds and how parts join is part_format.py's, the resume fingerprint fingerprint.py's.
 
 A checkpoint holds a task's own table of finished rows of an open window; windows themselves stay
 what they are (their rows, their sorting), so a resumed run re-reads a checkpointed window and
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +31,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import OutputError
-from ..models.checkpoint import weights_file
+from .atomic import atomic_write
+from .fingerprint import fingerprint_difference
 from .lock import LOCK_NAME
+from .part_format import RAW_LINE, concat_bytes, concat_parquet, results_table, write_jsonl_rows
 
 MANIFEST_VERSION = 1
-_ASSEMBLE_BATCH_ROWS = 16_384  # rows per record batch when the parts are assembled
 
 
 def parts_dir(output: str) -> Path:
@@ -54,68 +54,6 @@ def has_commits(output: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and bool(data.get("windows") or data.get("partial"))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """write(tmp_path) then fsync and rename over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(path)) from None
-
-
-def _file_digest(path: str) -> str:
-    """Size + the first and last MiB: cheap, and catches a changed or different file."""
-    size = os.path.getsize(path)
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as fh:
-        h.update(fh.read(1 << 20))
-        if size > 1 << 20:
-            fh.seek(max(size - (1 << 20), 1 << 20))
-            h.update(fh.read())
-    return h.hexdigest()[:16]
-
-
-RAW_LINE = "_json_line"  # a table column of finished JSON lines: a JSONL part writes them as they are
-
-
-def fingerprint(files: list[str], model_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """What must not change between a run and its resume."""
-    weights = weights_file(model_dir)
-    return {
-        "inputs": [{"path": f, "digest": _file_digest(f)} for f in files],
-        "model": {"path": str(model_dir), "weights": _file_digest(str(weights)) if weights else None},
-        **options,
-    }
-
-
-def fingerprint_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            if key == "inputs":
-                return "the input files differ from the interrupted run's"
-            if key == "model":
-                return f"the model differs (was {old.get(key, {}).get('path')}, now {new.get(key, {}).get('path')})"
-            return f"option {key} differs (was {old.get(key)!r}, now {new.get(key)!r})"
-    return None
 
 
 class PartStore:
@@ -335,7 +273,7 @@ class PartStore:
         atomic_write(Path(self.output), self._concat_parts)
         rejects = [self.dir / w["rejects_part"] for w in self.windows if "rejects_part" in w]
         if rejects:
-            atomic_write(rejects_path(self.output), lambda tmp: _concat_bytes(tmp, rejects))
+            atomic_write(rejects_path(self.output), lambda tmp: concat_bytes(tmp, rejects))
         with contextlib.suppress(OSError):
             (self.dir / "manifest.json").unlink()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -347,59 +285,6 @@ class PartStore:
     def _concat_parts(self, tmp: Path) -> None:
         parts = [self.dir / w["part"] for w in self.windows]
         if self.fmt != "parquet":
-            _concat_bytes(tmp, parts)
+            concat_bytes(tmp, parts)
             return
-        schema = _unified_schema(parts, self.empty_schema())
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for part in parts:
-                # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
-                # (multi-threaded decode) costs a transient RSS spike of several times its size at
-                # the very end of the run, which is where the run's peak would otherwise be.
-                source = pq.ParquetFile(part)
-                try:
-                    for batch in source.iter_batches(batch_size=_ASSEMBLE_BATCH_ROWS, use_threads=False):
-                        writer.write_table(pa.Table.from_batches([batch]).cast(schema))
-                finally:
-                    source.close()
-
-
-def _unified_schema(parts: list[Path], schema: pa.Schema) -> pa.Schema:
-    """One schema for every part: ids are integers where every part's are, else text.
-
-    A part's id type follows its own rows (integers, strings, all-null, or an empty part), so
-    parts of one run can differ; their footers say how, without reading the data.
-    """
-    kinds = set()
-    for part in parts:
-        meta = pq.read_metadata(part)
-        if meta.num_rows:
-            kinds.add(meta.schema.to_arrow_schema().field("id").type)
-    kinds.discard(pa.null())
-    id_type = kinds.pop() if len(kinds) == 1 else pa.string()
-    return schema.set(schema.get_field_index("id"), pa.field("id", id_type))
-
-
-def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
-    flat = pa.array(values.reshape(-1), type=pa.float32())
-    return pa.table({"id": id_array(ids), "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
-
-
-def id_array(ids: list[Any]) -> pa.Array:
-    """Ids as one Arrow column: integers or strings, nulls kept as nulls."""
-    try:
-        return pa.array(ids) if ids else pa.array([], pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed types, or beyond 64 bits: as text
-        return pa.array([None if i is None else str(i) for i in ids], pa.string())
-
-
-def write_jsonl_rows(path: Path, rows: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, default=str) + "\n")
-
-
-def _concat_bytes(tmp: Path, parts: list[Path]) -> None:
-    with open(tmp, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as fh:
-                shutil.copyfileobj(fh, out, 1 << 20)
+        concat_parquet(tmp, parts, self.empty_schema())

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...files.parts import PartStore, id_array, write_jsonl_rows
+from ...files.part_format import id_array, write_jsonl_rows
+from ...files.parts import PartStore
 from ...models.checkpoint import CheckpointInfo
 
 

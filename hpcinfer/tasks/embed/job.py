@@ -16,7 +16,8 @@ from ...config import RunConfig, resolve_plan
 from ...device import Device, resolve_dtype
 from ...errors import ConfigError, Interrupted
 from ...files.arrivals import ArrivalReplay
-from ...files.parts import PartStore, fingerprint
+from ...files.fingerprint import fingerprint
+from ...files.parts import PartStore
 from ...files.read import Reader
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store

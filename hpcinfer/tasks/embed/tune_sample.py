@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from ...config import RunConfig
 from ...errors import InputError
-from ...files.parts import id_array
+from ...files.part_format import id_array
 from ...files.read import Reader
 from ...models.registry import load_tokenizer
 from ...tune.sample import Sample, stratified_indices

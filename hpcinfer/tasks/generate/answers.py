@@ -14,7 +14,8 @@ from tokenizers import Tokenizer
 
 from ...engine.sequence import Sequence
 from ...errors import ConfigError
-from ...files.parts import RAW_LINE, PartStore, id_array
+from ...files.part_format import RAW_LINE, id_array
+from ...files.parts import PartStore
 from .requests import Request
 
 

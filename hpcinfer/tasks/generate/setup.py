@@ -19,8 +19,8 @@ from ...engine.kv_cache import kv_storage, parse_kv_memory
 from ...engine.sequence import SamplingParams
 from ...engine.structured import Grammars, GrammarSpec
 from ...errors import ConfigError
-from ...files.parts import fingerprint
-from ...models.decoder_checkpoint import DecoderInfo, inspect_decoder
+from ...files.fingerprint import fingerprint
+from ...models.decoder_inspect import DecoderInfo, inspect_decoder
 from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer

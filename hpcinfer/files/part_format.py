@@ -1,0 +1,92 @@
+"""What a part file holds, and how parts join into one output: the rows' columns and lines.
+
+An embedding part is a table of ids and fixed-size float32 vectors (`results_table`); ids of any
+part are one Arrow column (`id_array`); a JSONL part is one JSON object a line (`write_jsonl_rows`),
+or lines a task already wrote (`RAW_LINE`). At the end Parquet parts are streamed into one file
+under one schema (`concat_parquet`, `unified_schema`) and JSONL parts are concatenated as bytes
+(`concat_bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ASSEMBLE_BATCH_ROWS = 16_384  # rows per record batch when the parts are assembled
+RAW_LINE = "_json_line"  # a table column of finished JSON lines: a JSONL part writes them as they are
+
+
+def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
+    flat = pa.array(values.reshape(-1), type=pa.float32())
+    return pa.table({"id": id_array(ids), "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
+
+
+def id_array(ids: list[Any]) -> pa.Array:
+    """Ids as one Arrow column: integers or strings, nulls kept as nulls."""
+    try:
+        return pa.array(ids) if ids else pa.array([], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed types, or beyond 64 bits: as text
+        return pa.array([None if i is None else str(i) for i in ids], pa.string())
+
+
+def write_jsonl_rows(path: Path, rows: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, default=str) + "\n")
+
+
+def concat_parquet(tmp: Path, parts: list[Path], empty_schema: pa.Schema) -> None:
+    """Every Parquet part into one file at `tmp`, in order, under `unified_schema`."""
+    schema = unified_schema(parts, empty_schema)
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for part in parts:
+            # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
+            # (multi-threaded decode) costs a transient RSS spike of several times its size at
+            # the very end of the run, which is where the run's peak would otherwise be.
+            source = pq.ParquetFile(part)
+            try:
+                for batch in source.iter_batches(batch_size=ASSEMBLE_BATCH_ROWS, use_threads=False):
+                    writer.write_table(pa.Table.from_batches([batch]).cast(schema))
+            finally:
+                source.close()
+
+
+def unified_schema(parts: list[Path], schema: pa.Schema) -> pa.Schema:
+    """One schema for every part: ids are integers where every part's are, else text.
+
+    A part's id type follows its own rows (integers, strings, all-null, or an empty part), so
+    parts of one run can differ; their footers say how, without reading the data.
+    """
+    kinds = set()
+    for part in parts:
+        meta = pq.read_metadata(part)
+        if meta.num_rows:
+            kinds.add(meta.schema.to_arrow_schema().field("id").type)
+    kinds.discard(pa.null())
+    id_type = kinds.pop() if len(kinds) == 1 else pa.string()
+    return schema.set(schema.get_field_index("id"), pa.field("id", id_type))
+
+
+def concat_bytes(tmp: Path, parts: list[Path]) -> None:
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
+
+
+__all__ = [
+    "ASSEMBLE_BATCH_ROWS",
+    "RAW_LINE",
+    "concat_bytes",
+    "concat_parquet",
+    "id_array",
+    "results_table",
+    "unified_schema",
+    "write_jsonl_rows",
+]
