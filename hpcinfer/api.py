@@ -7,6 +7,7 @@ task by name. Nothing below this module imports it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -33,6 +34,7 @@ def run(
     ranges: RangeBackend | None = None,
     batch_profiler: Any = None,
     model: LoadedModel | None = None,
+    stop: threading.Event | None = None,
 ) -> JsonReport:
     """Runs the job: one output row per valid input row, in input order; rejects to OUTPUT.rejects.jsonl.
     Returns the task's own report (embed's `RunReport`, generate's `GenerateReport`, ...).
@@ -41,7 +43,9 @@ def run(
     tests pass simulated or fault-injecting devices. `hooks` maps a stage name to a callable run before
     each item of that stage (fault injection in tests). `model`, already loaded for the (first) device
     and dtype, saves loading it again (tune's trials share one). `ranges` gets a range per work item
-    (hpcinfer profile), `batch_profiler` drives torch.profiler over a few embedding batches.
+    (hpcinfer profile), `batch_profiler` drives torch.profiler over a few embedding batches. Setting
+    `stop` (from another thread) ends the run between work items as Ctrl-C does: what is committed
+    stays, `Interrupted` is raised, and the same run with --resume finishes it.
     """
     config.validate()
     task = task_named(pick_task(config))
@@ -60,4 +64,4 @@ def run(
         from .ray_engine.driver import run_on_ray
 
         return run_on_ray(config, task.cluster(), progress=progress)
-    return task.run(config, RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model))
+    return task.run(config, RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop))

@@ -33,10 +33,10 @@ class Interrupted(HpcinferError):
     """SIGINT/SIGTERM: committed windows are kept; the run can be resumed."""
 
     def __init__(self, signum: int, rows_done: int, output: str) -> None:
-        self.signum = signum
+        self.signum = signum  # 0: stopped by its caller (api.run's `stop`)
         self.rows_done = rows_done
         self.exit_code = 128 + signum
-        super().__init__(f"interrupted: {rows_done:,} rows are committed", path=output)
+        super().__init__(f"{'interrupted' if signum else 'stopped'}: {rows_done:,} rows are committed", path=output)
 
 
 class StageError(Exception):

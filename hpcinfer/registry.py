@@ -73,12 +73,14 @@ class RunGiven:
     ranges: Any = None  # a profiler range per work item (hpcinfer profile)
     batch_profiler: Any = None  # torch.profiler over a few batches
     model: Any = None  # a LoadedModel already loaded for the (first) device and dtype
+    stop: Any = None  # a threading.Event: set, the run stops between work items as on Ctrl-C (Interrupted)
 
 
 class Task(Protocol):
     """One task: a folder under tasks/ and a line in `TASKS`."""
 
     name: str
+    endpoints: tuple[str, ...]  # the OpenAI batch endpoints it answers (`hpcinfer serve` accepts these)
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         """Why `--task auto` runs this checkpoint as this task, or None when it does not."""

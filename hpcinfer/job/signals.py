@@ -14,12 +14,15 @@ from typing import Any
 def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
     """First SIGINT/SIGTERM sets `stop` (committed windows stay); a second one exits at once.
 
-    Yields the list of signals received, empty when the run was not interrupted. Off the main thread
-    (a Ray actor, a test's worker) signals cannot be caught, and nothing is installed.
+    Yields the list of signals received, empty when the run was not interrupted; 0 in it when its
+    caller set `stop` (a server cancelling a batch). Off the main thread (a Ray actor, a test's
+    worker, a server's batch runner) signals cannot be caught, and nothing is installed.
     """
     got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield got
+        if stop.is_set():  # NOTE: a failure raises before this; a stop without one is the caller's
+            got.append(0)
         return
 
     def handler(signum: int, _frame: Any) -> None:
@@ -31,6 +34,8 @@ def signals_stop(stop: threading.Event) -> Iterator[list[int]]:
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield got
+        if stop.is_set() and not got:
+            got.append(0)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

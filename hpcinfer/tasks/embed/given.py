@@ -32,6 +32,7 @@ class RunExtras:
     model: LoadedModel | None = None  # loaded already for the (first) device and dtype
     trace_marks: list[Span] = field(default_factory=list)  # instants the trace shows besides the stages (breakers)
     quantize: dict[str, Any] = field(default_factory=dict)  # --quantize int8|auto: the check that chose the model
+    stop: Any = None  # a threading.Event the caller may set to stop the run (api.run's `stop`)
 
 
 @dataclass(frozen=True, slots=True)

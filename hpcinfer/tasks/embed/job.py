@@ -108,7 +108,7 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
     """Runs the stage pipeline over the job's input (from its first uncommitted window) and reports."""
     store, reader, config = job.store, job.reader, job.config
     first_window = open_store(store, reader, config.output) if job.first_window is None else job.first_window
-    run = EmbedRun(job, extras.progress or Progress(config.pipeline.progress))
+    run = EmbedRun(job, extras.progress or Progress(config.pipeline.progress), extras.stop)
     run.report.quantize = dict(extras.quantize)
     try:
         stages, thread_init, planner, writer, budget = run.stages(first_window, extras.batch_profiler, extras.model)

@@ -38,13 +38,13 @@ class EmbedRun:
     """One embedding run's moving parts: its devices' replicas, the report it fills as batches land,
     the dispatcher and the per-device log."""
 
-    def __init__(self, job: EmbedJob, progress: Progress) -> None:
+    def __init__(self, job: EmbedJob, progress: Progress, stop: threading.Event | None = None) -> None:
         self.job, self.config, self.progress = job, job.config, progress
         devices = job.devices
         self.labels = device_labels([str(d.torch_device) if d.kind == "cuda" else d.kind for d in devices])
         shown = devices[0].kind if len(devices) == 1 else ", ".join(self.labels)
         self.report = RunReport(device=shown, dtype=str(job.dtype).removeprefix("torch."), model=str(job.info.path))
-        self.stop = threading.Event()
+        self.stop = stop or threading.Event()
         self.timings = Timings(keep_spans=self.config.trace_path is not None)
         self.commit_every_s, self.held = self.checkpoints()
         held = sum(len(h.rows) for h in self.held.values())  # NOTE: rows this run takes back, not computes

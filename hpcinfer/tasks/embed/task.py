@@ -37,6 +37,7 @@ class EncoderTask:
 
     name = ""
     own: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = ()
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         return None
@@ -91,7 +92,8 @@ class EncoderTask:
         from .given import RunExtras
         from .job import run_embed
 
-        extras = RunExtras(given.progress, given.hooks, given.ranges, given.batch_profiler, given.model)
+        g = given
+        extras = RunExtras(g.progress, g.hooks, g.ranges, g.batch_profiler, g.model, stop=g.stop)
         return run_embed(config, extras, device=given.device, devices=given.devices)
 
     def cluster(self) -> Any:
@@ -122,6 +124,7 @@ class EmbedTask(EncoderTask):
 
     name = "embed"
     own = ("embed.pooling", "embed.normalize", "embed.dimensions")
+    endpoints = ("/v1/embeddings",)
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.causal_lm:

@@ -349,10 +349,12 @@ def run_generate(
     progress: Progress | None = None,
     ranges: RangeBackend | None = None,
     step_hooks: dict[str, Callable[[], None]] | None = None,
+    stop: threading.Event | None = None,
 ) -> GenerateReport:
-    """Generates an answer for every valid input row; see the module docstring and GenerationJob."""
+    """Generates an answer for every valid input row; see the module docstring and GenerationJob.
+    `stop`, set by the caller, ends the run between steps as Ctrl-C does."""
     job = GenerationJob(config, progress, step_hooks)
-    stop = threading.Event()
+    stop = stop or threading.Event()
     try:
         with claimed(job.store, config.output.path), signals_stop(stop) as interrupted, torch.inference_mode():
             report = job.run(stop, ranges)

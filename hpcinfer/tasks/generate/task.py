@@ -15,6 +15,7 @@ _ROWS = "its rows give prompt, messages or prompt_token_ids (an OpenAI batch lin
 
 class GenerateTask:
     name = "generate"
+    endpoints = ("/v1/chat/completions", "/v1/completions")
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.causal_lm and not checkpoint.sentence_transformers:
@@ -50,7 +51,7 @@ class GenerateTask:
             raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
         from .job import run_generate
 
-        return run_generate(config, progress=given.progress, ranges=given.ranges)
+        return run_generate(config, progress=given.progress, ranges=given.ranges, stop=given.stop)
 
     def cluster(self) -> Any:
         from .cluster import GenerateCluster

@@ -20,6 +20,7 @@ from .pairs import with_pair_columns
 class ScoreTask(EncoderTask):
     name = "score"
     own = ("input.pair_columns",)
+    endpoints = ("/v1/score", "/v1/rerank")
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         arch = checkpoint.architecture
