@@ -163,3 +163,54 @@ def tune(**opts: Any) -> None:
 
     PROCESS.settle(base.device.threads)
     show_tuning(base.validate(), build_tune_options(opts), opts)
+
+
+@main.command()
+@click.option("--model", default="default", show_default=True, metavar="default|smollm2|DIR|FILE.gguf",
+              help="The model every batch runs (its task decides the endpoints served: /v1/chat/completions and "
+              "/v1/completions for a causal LM, /v1/embeddings for an embedder, /v1/score and /v1/rerank for a "
+              "cross-encoder).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; one other machines can reach needs --api-key.")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--data-dir", default="hpcinfer-serve", show_default=True, type=click.Path(file_okay=False),
+              help="Where the state (SQLite), uploaded and produced files and running batches live; a restart "
+              "with the same folder resumes every batch that was running.")
+@click.option("--api-key", envvar="HPCINFER_API_KEY", default=None, metavar="KEY",
+              help="Required as `Authorization: Bearer KEY` on every route when set [env: HPCINFER_API_KEY]; "
+              "files and batches belong to the key that made them.")
+@click.option("--max-file-bytes", default=200_000_000, show_default=True, type=int,
+              help="Largest upload accepted (413 beyond).")
+@click.option("--max-requests", default=50_000, show_default=True, type=int,
+              help="Most requests in one batch file (the batch fails validation beyond).")
+@click.option("--config", "recipe", default=None, metavar="RECIPE.toml",
+              help="`run` options every batch runs with (device, dtype, --max-num-seqs, ...), as a recipe file.")
+@user_errors
+def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, max_file_bytes: int,
+          max_requests: int, recipe: str | None) -> None:  # fmt: skip
+    """Serve OpenAI's Batch API (files and batches) on this machine: upload a JSONL batch file, create a
+    batch, poll it, download its output and error files, with the official `openai` client. Batches run
+    one at a time through the same job as `hpcinfer run` (windows committed as they finish), and a
+    server killed mid-batch resumes it on restart: every request answered exactly once.
+
+    \b
+    Example:
+      hpcinfer serve --model smollm2 --data-dir ./batches
+      python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); ..."
+    """
+    from pathlib import Path
+
+    from ..device.threads import PROCESS
+    from ..recipes import load_recipe
+    from ..serve.command import serve as run_server
+    from .options import declared
+
+    names = {o.name for o in declared("run")}
+    values: dict[str, Any] = {name: None for name in names} | {"inputs": ("-",), "strict": False}
+    if recipe:
+        values.update(load_recipe(recipe, names))
+    values["model"] = model
+    base = build_run_config(values, "run")
+    base = replace(base, pipeline=replace(base.pipeline, progress="off"))
+    PROCESS.settle(base.device.threads)
+    run_server(base, host, port, Path(data_dir), api_key, (max_file_bytes, max_requests))

@@ -1,0 +1,262 @@
+"""The HTTP side of `hpcinfer serve`: OpenAI's Files and Batches routes, on Starlette.
+
+Routes answer in the shapes of the `openai` package's types (`FileObject`, `FileDeleted`, `Batch`,
+their pages) and fail in OpenAI's error shape (`{"error": {"message", "type", "param", "code"}}`)
+with its status codes. With an API key set, every route needs it as a Bearer token; what a key
+uploads or creates belongs to it (another key sees 404). Ids are opaque and checked against their
+pattern before anything else: an id never becomes a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from .runner import BatchRunner
+from .state import FINAL, BatchRow, FileRow, State
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
+WINDOW = re.compile(r"^(\d+)([smhd])$")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    data_dir: Path
+    model: str  # as answers and batches name it
+    endpoints: tuple[str, ...]  # what the model's task answers
+    api_key: str | None
+    max_file_bytes: int
+    max_requests: int
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def response(self) -> JSONResponse:
+        kind = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error"}
+        body = {"message": self.message, "type": kind.get(self.status, "invalid_request_error")}
+        return JSONResponse({"error": {**body, "param": self.param, "code": self.code}}, status_code=self.status)
+
+
+def file_object(row: FileRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": row.created_at,
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": "processed",
+    }
+
+
+def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -> dict[str, Any]:
+    at = {f"{status}_at": row.times.get(status) for status in ("in_progress", "finalizing", "completed")}
+    at |= {f"{status}_at": row.times.get(status) for status in ("failed", "expired", "cancelling", "cancelled")}
+    completed = row.completed if live_completed is None else live_completed
+    return {
+        "id": row.id,
+        "object": "batch",
+        "endpoint": row.endpoint,
+        "model": model,
+        "errors": {"object": "list", "data": row.errors} if row.errors else None,
+        "input_file_id": row.input_file_id,
+        "completion_window": row.completion_window,
+        "status": row.status,
+        "output_file_id": row.output_file_id,
+        "error_file_id": row.error_file_id,
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        **at,
+        "request_counts": {"total": row.total, "completed": completed, "failed": row.failed},
+        "metadata": row.metadata,
+    }
+
+
+def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Starlette:
+    files_dir = settings.data_dir / "files"
+    files_dir.mkdir(parents=True, exist_ok=True)
+
+    def owner_of(request: Request) -> str:
+        if settings.api_key is None:
+            return ""
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
+            raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    def own_file(request: Request, owner: str) -> FileRow:
+        file_id = request.path_params["file_id"]
+        row = state.file(file_id) if FILE_ID.match(file_id) else None
+        if row is None or row.owner != owner:
+            raise ApiError(404, f"No such File object: {file_id}", param="id")
+        return row
+
+    def own_batch(request: Request, owner: str) -> BatchRow:
+        batch_id = request.path_params["batch_id"]
+        row = state.batch(batch_id) if BATCH_ID.match(batch_id) else None
+        if row is None or row.owner != owner:
+            raise ApiError(404, f"No such Batch object: {batch_id}", param="id")
+        return row
+
+    def shown(row: BatchRow) -> JSONResponse:
+        return JSONResponse(batch_object(row, settings.model, runner.live_completed(row.id)))
+
+    def too_large() -> ApiError:
+        return ApiError(413, f"the file is larger than this server takes ({settings.max_file_bytes:,} bytes)")
+
+    async def upload(request: Request, owner: str) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_file_bytes + 64 * 1024:
+            raise too_large()
+        form = await request.form(max_files=1, max_fields=8)
+        upload_file, purpose = form.get("file"), form.get("purpose")
+        if purpose != "batch":
+            raise ApiError(400, f"purpose must be 'batch' (got {purpose!r})", "invalid_value", "purpose")
+        if upload_file is None or isinstance(upload_file, str):
+            raise ApiError(400, "a file is required (multipart field 'file')", "missing_required_parameter", "file")
+        file_id = f"file-{secrets.token_hex(12)}"
+        path = files_dir / f"{file_id}.jsonl"
+        tmp, size = path.with_suffix(".upload"), 0
+        with open(tmp, "wb") as fh:
+            while chunk := await upload_file.read(1 << 20):
+                size += len(chunk)
+                if size > settings.max_file_bytes:
+                    fh.close()
+                    tmp.unlink()
+                    raise ApiError(
+                        413, f"the file is larger than this server takes ({settings.max_file_bytes:,} bytes)"
+                    )
+                fh.write(chunk)
+        tmp.replace(path)
+        name = Path(upload_file.filename or "upload.jsonl").name  # NOTE: a name to show, never a path to use
+        row = FileRow(file_id, owner, name, "batch", size, int(time.time()), str(path))
+        state.add_file(row)
+        return JSONResponse(file_object(row))
+
+    async def list_files(request: Request, owner: str) -> Response:
+        rows = state.files(owner, request.query_params.get("purpose"))
+        return JSONResponse({"object": "list", "data": [file_object(r) for r in rows], "has_more": False})
+
+    async def get_file(request: Request, owner: str) -> Response:
+        return JSONResponse(file_object(own_file(request, owner)))
+
+    async def file_content(request: Request, owner: str) -> Response:
+        row = own_file(request, owner)
+        return FileResponse(row.path, media_type="application/jsonl", filename=row.filename)
+
+    async def delete_file(request: Request, owner: str) -> Response:
+        row = own_file(request, owner)
+        waiting = [b for b in state.batches(owner, None, 1 << 30)[0] if b.status not in FINAL]
+        if any(b.input_file_id == row.id for b in waiting):
+            raise ApiError(409, f"{row.id} is the input of a batch that has not ended; cancel it first", "file_in_use")
+        state.delete_file(row.id)
+        Path(row.path).unlink(missing_ok=True)
+        return JSONResponse({"id": row.id, "object": "file", "deleted": True})
+
+    async def create_batch(request: Request, owner: str) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the request body is not JSON", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+        file_id = body.get("input_file_id")
+        file = state.file(file_id) if isinstance(file_id, str) and FILE_ID.match(file_id) else None
+        if file is None or file.owner != owner:
+            raise ApiError(404, f"No such File object: {file_id}", param="input_file_id")
+        if file.purpose != "batch":
+            raise ApiError(400, f"{file_id} was not uploaded with purpose 'batch'", "invalid_value", "input_file_id")
+        endpoint = body.get("endpoint")
+        if endpoint not in settings.endpoints:
+            served = ", ".join(settings.endpoints) or "none"
+            message = f"endpoint {endpoint!r} is not served by this model (it serves {served})"
+            raise ApiError(400, message, "invalid_value", "endpoint")
+        window = str(body.get("completion_window", "24h"))
+        matched = WINDOW.match(window)
+        if matched is None or int(matched.group(1)) == 0:
+            raise ApiError(400, f"completion_window {window!r}: give a duration such as 24h", "invalid_value")
+        metadata = body.get("metadata")
+        if metadata is not None and (
+            not isinstance(metadata, dict)
+            or len(metadata) > 16
+            or not all(isinstance(v, str) for v in metadata.values())
+        ):
+            raise ApiError(400, "metadata is at most 16 string values", "invalid_value", "metadata")
+        priority = (metadata or {}).get("priority", "0")
+        if not re.fullmatch(r"-?\d{1,6}", priority):
+            raise ApiError(400, "metadata.priority must be an integer", "invalid_value", "metadata")
+        now = int(time.time())
+        expires = now + int(matched.group(1)) * SECONDS[matched.group(2)]
+        row = BatchRow(
+            f"batch_{secrets.token_hex(12)}", owner, 0, file.id, endpoint, window, metadata, int(priority),
+            "validating", now, expires,
+        )  # fmt: skip
+        state.add_batch(row)
+        runner.wake()
+        return shown(row)
+
+    async def get_batch(request: Request, owner: str) -> Response:
+        return shown(own_batch(request, owner))
+
+    async def list_batches(request: Request, owner: str) -> Response:
+        limit_text = request.query_params.get("limit", "20")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+            raise ApiError(400, "limit must be between 1 and 100", "invalid_value", "limit")
+        rows, more = state.batches(owner, request.query_params.get("after"), int(limit_text))
+        data = [batch_object(r, settings.model, runner.live_completed(r.id)) for r in rows]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more})
+
+    async def cancel_batch(request: Request, owner: str) -> Response:
+        row = own_batch(request, owner)
+        if row.status not in FINAL:
+            row = state.request_cancel(row.id)
+            runner.cancel(row.id)
+        return shown(row)
+
+    def route(path: str, handler: Callable[[Request, str], Awaitable[Response]], method: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request, owner_of(request))
+            except ApiError as exc:
+                return exc.response()
+
+        return Route(path, endpoint, methods=[method])
+
+    routes = [
+        route("/v1/files", upload, "POST"),
+        route("/v1/files", list_files, "GET"),
+        route("/v1/files/{file_id}", get_file, "GET"),
+        route("/v1/files/{file_id}/content", file_content, "GET"),
+        route("/v1/files/{file_id}", delete_file, "DELETE"),
+        route("/v1/batches", create_batch, "POST"),
+        route("/v1/batches", list_batches, "GET"),
+        route("/v1/batches/{batch_id}", get_batch, "GET"),
+        route("/v1/batches/{batch_id}/cancel", cancel_batch, "POST"),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return ApiError(404, f"no route {request.method} {request.url.path}").response()
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return ApiError(405, f"{request.method} is not allowed on {request.url.path}").response()
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})

@@ -1,0 +1,51 @@
+"""Starts the server: checks what it is asked to bind and serve, opens the state, starts the batch
+queue and uvicorn, and on Ctrl-C stops the running batch between work items (it is resumed by the
+next start)."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..registry import pick_task, task_named
+from .app import ServeSettings, build_app
+from .runner import BatchRunner
+from .state import State
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(base: RunConfig, host: str, port: int, data_dir: Path, api_key: str | None, limits: tuple[int, int]) -> None:
+    """Serves until interrupted; `limits`: (most bytes per uploaded file, most requests per batch)."""
+    if not is_loopback(host) and not api_key:
+        raise ConfigError(f"--host {host} is reachable from other machines: set --api-key (or HPCINFER_API_KEY)")
+    task = task_named(pick_task(base))
+    if not getattr(task, "endpoints", ()):
+        raise ConfigError(
+            f"--task {task.name} answers no OpenAI batch endpoint; serve a model that embeds, scores or generates"
+        )
+    import uvicorn  # NOTE: the serve extra: imported only here
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    state = State(data_dir)
+    settings = ServeSettings(data_dir, base.model, task.endpoints, api_key or None, *limits)
+    runner = BatchRunner(state, data_dir, base, limits[1])
+    app = build_app(settings, state, runner)
+    runner.start()
+    served = ", ".join(task.endpoints)
+    print(f"hpcinfer serve: {task.name} ({served}) on http://{host}:{port}/v1, state in {data_dir}", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        runner.close()
+        state.close()
