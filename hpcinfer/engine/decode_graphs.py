@@ -48,7 +48,7 @@ def graph_peak(
     pool blocks). The bound assumes SDPA's math kernel (what a mask with GQA gets on CUDA): the
     gathered K/V, repeated to every query head in float32, float32 scores and their softmax, the
     mask; then one step's activations and the logits (static, LM head output, float32 copy).
-    Per key, as the CPU allocator measures the math kernel (tests/test_generate_graphs.py): a half
+    Per key, as the CPU allocator measures the math kernel (tests/unit/test_generate_graphs.py): a half
     K/V upcast to float32, K and V repeated to every query head and K scaled once more, float32
     scores and their softmax.
     """

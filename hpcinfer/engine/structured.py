@@ -9,7 +9,7 @@ or a Lark / GBNF grammar, with llguidance as the grammar engine.
                consume(seq, token)          -> the matcher advances; a grammar that is complete ends
                                                the answer with finish_reason "stop"
 
-NOTE: llguidance over xgrammar, both measured by benchmarks/grammar_engines.py on SmolLM2's
+NOTE: llguidance over xgrammar, both measured by benchmarks/speed/grammar_engines.py on SmolLM2's
 49k vocabulary. xgrammar fills a mask about 10x faster (7 against 75 us a token; 0.4 against
 3-5 ms for 64 rows), but llguidance's answers are the ones that hold: xgrammar 0.2.9 lets raw
 control bytes into a JSON string with maxLength (invalid JSON) and, built from a `tokenizers`

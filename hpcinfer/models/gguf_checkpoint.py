@@ -187,7 +187,7 @@ _TORCH_TYPES = {"Q4_0": (18, 2), "Q4_1": (20, 4), "Q8_0": (34, 2)}
 
 def torch_dequantize(raw: np.ndarray, kind: str) -> torch.Tensor | None:
     """The commonest block types dequantized with torch ops (multithreaded, ~10x gguf's numpy on
-    SmolLM2's Q4_1 file), the same values as `gguf.quants.dequantize` (tests/test_gguf.py checks);
+    SmolLM2's Q4_1 file), the same values as `gguf.quants.dequantize` (tests/integration/test_gguf.py checks);
     None for every other type, which `gguf` dequantizes. Blocks of 32: an fp16 scale d (and for
     Q4_1 an fp16 minimum m), then 32 values: Q4_0 d * (q - 8), Q4_1 d * q + m with q the low nibbles
     then the high ones, Q8_0 d * q."""

@@ -183,25 +183,13 @@ class State:
         """Sets the named columns of a batch; `when`: a status entered now (its `<status>_at` time)."""
         with self._tx() as db:
             row = _batch(db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone())
+            if row.status == "cancelling" and values.get("status") in ("in_progress", "finalizing"):
+                return row  # NOTE: a cancel asked for meanwhile wins over the runner's next step
             if when is not None:
                 row.times[when] = int(time.time())
             for name, value in values.items():
                 setattr(row, name, value)
-            db.execute(
-                "UPDATE batches SET status = ?, times = ?, output_file_id = ?, error_file_id = ?, errors = ?, "
-                "total = ?, completed = ?, failed = ? WHERE id = ?",
-                (
-                    row.status,
-                    json.dumps(row.times),
-                    row.output_file_id,
-                    row.error_file_id,
-                    json.dumps(row.errors) if row.errors is not None else None,
-                    row.total,
-                    row.completed,
-                    row.failed,
-                    batch_id,
-                ),
-            )
+            db.execute(f"REPLACE INTO batches VALUES ({', '.join('?' * 18)})", _batch_values(row))
         return row
 
     def request_cancel(self, batch_id: str) -> BatchRow:
