@@ -4,6 +4,7 @@ resumes it exactly once; cancel; bad input answered in OpenAI's error shape whil
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from openai.types import Batch, Completion, CreateEmbeddingResponse, FileObject
 from openai.types.chat import ChatCompletion
 
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from hpcinfer.serve.state import BatchRow, State
 
 KEY = "sk-test-serve"
 
@@ -313,3 +315,29 @@ def test_embeddings_expiry_live_counts_and_pages(tiny_model, tmp_path):
         assert 0 < len(kept) < 12000 and done.request_counts.completed == len(kept)
     finally:
         server.stop()
+
+
+def test_a_201_mb_upload_is_refused_at_once(server):
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    data = line * (201_000_000 // len(line) + 1)
+    start = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as raised:
+        server.client().files.create(file=("big.jsonl", io.BytesIO(data)), purpose="batch")
+    assert raised.value.status_code == 413 and "200,000,000 bytes" in raised.value.body["message"]
+    assert time.monotonic() - start < 30  # refused by its length, not read first
+    assert server.client().files.list().data == []  # nothing kept
+
+
+def test_the_queue_takes_a_running_batch_first_then_priority_then_age(tmp_path):
+    state = State(tmp_path)
+    for name, priority, status in [("old", 0, "validating"), ("urgent", 5, "validating"), ("young", 0, "validating")]:
+        state.add_batch(BatchRow(f"batch_{name}", "", 0, "file-x", "/v1/embeddings", "24h", None, priority, status,
+                                 0, 0))  # fmt: skip
+    assert state.next_batch().id == "batch_urgent"
+    state.update("batch_young", status="in_progress")
+    assert state.next_batch().id == "batch_young"  # one left running by a killed server comes first
+    state.update("batch_young", status="completed")
+    state.update("batch_urgent", status="failed")
+    assert state.next_batch().id == "batch_old"
+    state.request_cancel("batch_old")
+    assert state.update("batch_old", status="in_progress").status == "cancelling"  # a cancel asked for wins
