@@ -177,8 +177,8 @@ def tune(**opts: Any) -> None:
               help="Where the state (SQLite), uploaded and produced files and running batches live; a restart "
               "with the same folder resumes every batch that was running.")
 @click.option("--api-key", envvar="HPCINFER_API_KEY", default=None, metavar="KEY",
-              help="Required as `Authorization: Bearer KEY` on every route when set [env: HPCINFER_API_KEY]; "
-              "files and batches belong to the key that made them.")
+              help="Required as `Authorization: Bearer KEY` on every route when set; several keys separated by "
+              "commas, each seeing only the files and batches it made [env: HPCINFER_API_KEY].")
 @click.option("--max-file-bytes", default=200_000_000, show_default=True, type=int,
               help="Largest upload accepted (413 beyond).")
 @click.option("--max-requests", default=50_000, show_default=True, type=int,
@@ -213,4 +213,5 @@ def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, 
     base = build_run_config(values, "run")
     base = replace(base, pipeline=replace(base.pipeline, progress="off"))
     PROCESS.settle(base.device.threads)
-    run_server(base, host, port, Path(data_dir), api_key, (max_file_bytes, max_requests))
+    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
+    run_server(base, host, port, Path(data_dir), keys, (max_file_bytes, max_requests))

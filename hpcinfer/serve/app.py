@@ -38,7 +38,7 @@ class ServeSettings:
     data_dir: Path
     model: str  # as answers and batches name it
     endpoints: tuple[str, ...]  # what the model's task answers
-    api_key: str | None
+    api_keys: tuple[str, ...]  # none: open (loopback only); else every route needs one of them
     max_file_bytes: int
     max_requests: int
 
@@ -94,11 +94,13 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
     files_dir.mkdir(parents=True, exist_ok=True)
 
     def owner_of(request: Request) -> str:
-        if settings.api_key is None:
+        if not settings.api_keys:
             return ""
         given = request.headers.get("authorization", "")
         token = given[7:] if given.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
+        # NOTE: every key compared, in constant time each: which one matched takes no longer to find
+        matched = [hmac.compare_digest(token.encode(), key.encode()) for key in settings.api_keys]
+        if not any(matched):
             raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
         return hashlib.sha256(token.encode()).hexdigest()
 

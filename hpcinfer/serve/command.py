@@ -25,9 +25,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(base: RunConfig, host: str, port: int, data_dir: Path, api_key: str | None, limits: tuple[int, int]) -> None:
-    """Serves until interrupted; `limits`: (most bytes per uploaded file, most requests per batch)."""
-    if not is_loopback(host) and not api_key:
+def serve(
+    base: RunConfig, host: str, port: int, data_dir: Path, api_keys: tuple[str, ...], limits: tuple[int, int]
+) -> None:
+    """Serves until interrupted; `api_keys`: the keys it takes (each one's files and batches its own);
+    `limits`: (most bytes per uploaded file, most requests per batch)."""
+    if not is_loopback(host) and not api_keys:
         raise ConfigError(f"--host {host} is reachable from other machines: set --api-key (or HPCINFER_API_KEY)")
     task = task_named(pick_task(base))
     if not getattr(task, "endpoints", ()):
@@ -38,7 +41,7 @@ def serve(base: RunConfig, host: str, port: int, data_dir: Path, api_key: str | 
 
     data_dir.mkdir(parents=True, exist_ok=True)
     state = State(data_dir)
-    settings = ServeSettings(data_dir, base.model, task.endpoints, api_key or None, *limits)
+    settings = ServeSettings(data_dir, base.model, task.endpoints, api_keys, *limits)
     runner = BatchRunner(state, data_dir, base, limits[1])
     app = build_app(settings, state, runner)
     runner.start()

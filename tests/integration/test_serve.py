@@ -40,14 +40,14 @@ def free_port() -> int:
 class Server:
     """`hpcinfer serve` in a process of its own, on a free loopback port."""
 
-    def __init__(self, model: Path, data_dir: Path, *extra: str) -> None:
-        self.model, self.data_dir, self.extra = model, data_dir, extra
+    def __init__(self, model: Path, data_dir: Path, *extra: str, keys: str = KEY) -> None:
+        self.model, self.data_dir, self.extra, self.keys = model, data_dir, extra, keys
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Server:
         args = ["--model", str(self.model), "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra]
-        env = {**os.environ, "HPCINFER_API_KEY": KEY, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "HPCINFER_API_KEY": self.keys, "HF_HUB_OFFLINE": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "hpcinfer", "serve", *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 120
@@ -164,9 +164,9 @@ def test_completions_and_a_file_that_is_no_batch_file(server, tmp_path):
 
 
 def test_bad_requests_are_openai_errors_and_the_server_keeps_serving(decoder, tmp_path):
-    server = Server(decoder, tmp_path / "state", "--max-file-bytes", "2000").start()
+    server = Server(decoder, tmp_path / "state", "--max-file-bytes", "2000", keys=f"{KEY},sk-other").start()
     try:
-        client = server.client()
+        client, other = server.client(), server.client("sk-other")
         src = write_lines(tmp_path / "ok.jsonl", [chat_line(0)])
         cases = [
             (lambda: server.client("wrong-key").files.list(), openai.AuthenticationError, "invalid_api_key"),
@@ -190,7 +190,16 @@ def test_bad_requests_are_openai_errors_and_the_server_keeps_serving(decoder, tm
             assert isinstance(body, dict) and body.get("message"), body  # OpenAI's error shape
             if code is not None:
                 assert body.get("code") == code, body
-        assert client.files.create(file=src.open("rb"), purpose="batch").id  # still serving
+        mine = client.files.create(file=src.open("rb"), purpose="batch")  # still serving
+        batch = client.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions", completion_window="24h")
+        with pytest.raises(openai.NotFoundError):  # another key's file and batch do not exist for this one
+            other.files.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            other.batches.retrieve(batch.id)
+        with pytest.raises(openai.NotFoundError):
+            other.files.content(mine.id)
+        assert other.files.list().data == [] and other.batches.list().data == []
+        assert mine.id in {f.id for f in client.files.list().data}
     finally:
         server.stop()
 
