@@ -67,6 +67,7 @@ from .setup import (
     run_decoder_info,
 )
 from .summary import summarise
+from .tally import SequenceTally
 from .tp_groups import close_groups, start_run_groups, tensor_groups
 
 
@@ -137,7 +138,7 @@ class GenerationJob:
         self.windows = WindowBook(
             g.window_rows, track_fresh=bool(self.commit_every_s), on_reject=lambda item: self.rejects.add([item])
         )
-        self.latency: dict[int, list[float]] = {}  # per priority: read (or arrived) -> finished, seconds
+        self.tally = SequenceTally()  # rows, tokens, finish reasons and latencies of what finished
         self.admission = Admission(
             self.windows,
             g.max_num_seqs * len(self.devices),  # NOTE: a full batch queued per engine
@@ -149,8 +150,6 @@ class GenerationJob:
         self.held: dict[int, dict[str, Any]] = {}  # a resumed run: answers the checkpoints hold, by input row
         self._last_checkpoint = 0.0
         self.written_by_source: dict[str, int] = {}
-        self.ttft: list[float] = []
-        self.tpot: list[float] = []
         self.finished_at: list[tuple[float, int, int]] = []  # (finish time, device, completion tokens)
 
     def _held_row(self, window: OpenWindow, request: Request) -> bool:
@@ -166,16 +165,7 @@ class GenerationJob:
         window, request = seq.tag
         self.windows.finish(window, request.row, self._answer(seq, request), started=seq.arrival_s)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
-        self.ttft.append(seq.first_token_s - seq.arrival_s)
-        self.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
-        r = self.report
-        r.prompt_tokens_cached += seq.num_cached
-        if seq.num_completion > 1:
-            self.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-        r.prompt_tokens += seq.num_prompt
-        r.completion_tokens += seq.answer_tokens
-        for sample in seq.all_samples:
-            r.finish_reasons[sample.finish_reason] = r.finish_reasons.get(sample.finish_reason, 0) + 1
+        self.tally.add(seq, request.read_s)
         self.finished_at.append((seq.done_s, device, seq.answer_tokens))
         d = self.by_device[device]
         d.rows += 1

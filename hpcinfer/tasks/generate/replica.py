@@ -40,6 +40,7 @@ from .devices import step_fault
 from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader
 from .setup import engine_config, first_device, request_reader, run_decoder_info
+from .tally import SequenceTally
 from .tp_groups import replica_engine
 
 
@@ -186,10 +187,13 @@ class GenerateReplica:
         admission = Admission(book, g.max_num_seqs, g.prefix_order, None, 0)
         before = _engine_figures(engine)
 
+        tally = SequenceTally()
+
         def finished(seq: Sequence, _device: int) -> None:
             window, request = seq.tag
             book.finish(window, request.row, answer_row(seq, request, self.tokenizer, self.config.model))
-            _count(result, seq, request)
+            tally.add(seq, request.read_s)
+            result.written_by_source[request.source] = result.written_by_source.get(request.source, 0) + 1
 
         run_loop(admission, reader.produce(), ReplicaSink(engine, lambda: self._before_step(beat)), finished)
         book.close()
@@ -200,6 +204,8 @@ class GenerateReplica:
         result.input_rows = window.input_rows
         result.admitted = reader.admitted
         result.read_by_source = {path: read for path, (read, _) in reader.counts.items()}
+        result.figures.update(tally.figures())
+        result.ttft, result.tpot, result.latency = tally.ttft, tally.tpot, tally.latency
         result.figures.update(_difference(_engine_figures(engine), before))
         result.figures.update(
             kv_blocks=engine.stats.num_blocks,
@@ -207,23 +213,6 @@ class GenerateReplica:
             kv_cache_bytes=engine.cache.nbytes,
             peak_kv_blocks=engine.stats.peak_blocks,
         )
-
-
-def _count(result: GenerateUnitResult, seq: Sequence, request: Request) -> None:
-    """A finished sequence's tokens, finish reason and timings, added to its unit's figures."""
-    figures = result.figures
-    figures["rows"] = figures.get("rows", 0) + 1
-    figures["prompt_tokens"] = figures.get("prompt_tokens", 0) + seq.num_prompt
-    figures["completion_tokens"] = figures.get("completion_tokens", 0) + seq.answer_tokens
-    figures["prompt_tokens_cached"] = figures.get("prompt_tokens_cached", 0) + seq.num_cached
-    reasons = figures.setdefault("finish_reasons", {})
-    for sample in seq.all_samples:
-        reasons[sample.finish_reason] = reasons.get(sample.finish_reason, 0) + 1
-    result.written_by_source[request.source] = result.written_by_source.get(request.source, 0) + 1
-    result.ttft.append(seq.first_token_s - seq.arrival_s)
-    if seq.num_completion > 1:
-        result.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
-    result.latency.setdefault(seq.priority, []).append(seq.done_s - request.read_s)
 
 
 _ENGINE_FIGURES = (

@@ -34,8 +34,11 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
         s.cached_tokens,
         s.evictions,
     )
-    r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(job.latency.items(), reverse=True)}
-    r.ttft, r.tpot = percentiles(job.ttft), percentiles(job.tpot)
+    t = job.tally
+    r.prompt_tokens, r.completion_tokens, r.prompt_tokens_cached = t.prompt_tokens, t.completion_tokens, t.cached_tokens
+    r.finish_reasons = dict(t.finish_reasons)
+    r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(t.latency.items(), reverse=True)}
+    r.ttft, r.tpot = percentiles(t.ttft), percentiles(t.tpot)
     r.step_time_split = {
         k: round(v, 4)
         for k, v in (

@@ -35,6 +35,7 @@ from .admission import Admission
 from .loop import EngineSink, run_loop
 from .report import percentiles
 from .requests import Request, RequestReader
+from .tally import SequenceTally
 
 WARMUP_MAX_TOKENS = 16  # a warm-up pass runs prefill and a few decode widths, not whole answers
 PROGRESS_EVERY_S = 1.0
@@ -99,20 +100,31 @@ def draw_requests(reader: RequestReader, n: int, seed: int, scan_rows: int, kv_t
 
 @dataclass(slots=True)
 class Pass:
-    """One run of the sample through an engine."""
+    """One run of the sample through an engine: what finished (`tally`), its wall time and peak memory."""
 
-    rows: int = 0
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+    tally: SequenceTally = field(default_factory=SequenceTally)
     wall_s: float = 0.0
     peak_bytes: int = 0
-    ttft: list[float] = field(default_factory=list)
-    tpot: list[float] = field(default_factory=list)
 
     def score(self, objective: str) -> float:
         done = self.rows if objective == "rows" else self.completion_tokens
         return done / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def rows(self) -> int:
+        return self.tally.rows
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.tally.completion_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.tally.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.tally.cached_tokens
 
 
 class GenerationTrialRunner:
@@ -227,13 +239,7 @@ class GenerationTrialRunner:
         def finished(seq: Sequence, _device: int) -> None:
             window, request = seq.tag
             book.finish(window, request.row, None)
-            out.rows += 1
-            out.completion_tokens += seq.num_completion
-            out.prompt_tokens += seq.num_prompt
-            out.cached_tokens += seq.num_cached
-            out.ttft.append(seq.first_token_s - seq.arrival_s)
-            if seq.num_completion > 1:
-                out.tpot.append((seq.finish_s - seq.first_token_s) / (seq.num_completion - 1))
+            out.tally.add(seq)
 
         def show() -> None:
             for _ in book.complete():  # NOTE: nothing to commit: finished windows are only dropped
@@ -251,8 +257,8 @@ def summarise(trial: Trial, passes: list[Pass], objective: str) -> None:
     """Medians over the passes, and the slowest and fastest pass: the noise the repeats showed."""
     trial.rows_per_s = statistics.median(p.score("rows") for p in passes)
     trial.tokens_per_s = statistics.median(p.score("tokens") for p in passes)
-    trial.ttft_ms = statistics.median(percentiles(p.ttft).get("p50_ms", 0.0) for p in passes)
-    trial.tpot_ms = statistics.median(percentiles(p.tpot).get("p50_ms", 0.0) for p in passes)
+    trial.ttft_ms = statistics.median(percentiles(p.tally.ttft).get("p50_ms", 0.0) for p in passes)
+    trial.tpot_ms = statistics.median(percentiles(p.tally.tpot).get("p50_ms", 0.0) for p in passes)
     scores = [p.score(objective) for p in passes]
     middle = statistics.median(scores)
     trial.low, trial.high = min(scores), max(scores)
