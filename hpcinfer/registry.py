@@ -29,6 +29,7 @@ TASKS: dict[str, str] = {
     "score": "hpcinfer.tasks.score.task:TASK",
     "classify": "hpcinfer.tasks.classify.task:TASK",
     "ner": "hpcinfer.tasks.ner.task:TASK",
+    "sparse": "hpcinfer.tasks.sparse.task:TASK",
     "embed": "hpcinfer.tasks.embed.task:TASK",
 }
 

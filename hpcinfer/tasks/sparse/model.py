@@ -1,0 +1,134 @@
+"""A SPLADE checkpoint as the encoder pipeline runs it: the BERT encoder, BERT's masked-LM head
+(transformers' `BertLMPredictionHead`), then SPLADE pooling as sentence-transformers'
+`SpladePooling` computes it: log(1 + relu(logits)) (twice log1p for `log1p_relu`) over the row's
+tokens, padding as zeros, then the max (or sum) over tokens.
+
+The pipeline moves one fixed-width float32 vector per row: here the row's whole vocabulary-wide
+vector; the store keeps its non-zero entries (store.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...errors import ModelError
+from ...models.bert import _ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
+
+# NOTE: the logits of a batch are rows x tokens x vocabulary: pooled a slice of tokens at a time so
+# a token-budget batch never holds them all (~2 GiB for 16k tokens over BERT's 30522 words)
+LOGITS_BUDGET = 1 << 25  # float elements of logits alive at once (128 MiB in float32)
+
+
+@dataclass(frozen=True, slots=True)
+class SpladeHead:
+    """What the checkpoint's head is (CheckpointInfo.head): its vocabulary, its SpladePooling
+    settings, the checkpoint's `max_active_dims` (its top-k), whether the decoder is the word embeddings."""
+
+    vocab_size: int
+    strategy: str = "max"  # max | sum
+    activation: str = "relu"  # relu | log1p_relu
+    top_k: int | None = None
+    tied: bool = True
+
+    @property
+    def width(self) -> int:
+        return self.vocab_size
+
+    def load(self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> SpladeModel:
+        encoder, mlm = load_splade(info, self)
+        encoder = encoder.to(device=device, dtype=dtype)
+        if cpu_fast_path and can_pack_for_cpu(encoder):
+            encoder = pack_for_cpu(encoder)
+        return SpladeModel(encoder, mlm.to(device=device, dtype=dtype), self)
+
+
+class MLMHead(nn.Module):
+    """transformers' BertLMPredictionHead: dense, the config's activation, LayerNorm, then the
+    decoder (tied to the word embeddings unless the checkpoint says otherwise) plus its bias."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, MLMHead]:
+    """The encoder and the masked-LM head (float32, CPU); strict about missing tensors."""
+    file = weights_file(info.path)
+    if file is None:
+        raise ModelError("no model.safetensors or pytorch_model.bin", path=str(info.path))
+    weights = load_weights(file)
+    if info.config.hidden_act not in _ACTIVATIONS:
+        raise ModelError(f"unsupported hidden_act {info.config.hidden_act!r}", path=str(info.path))
+
+    def named(*names: str) -> torch.Tensor | None:
+        return next((weights[n] for n in names if n in weights), None)
+
+    words = named("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
+    p = "cls.predictions."
+    found = {
+        "dense.weight": named(p + "transform.dense.weight"),
+        "dense.bias": named(p + "transform.dense.bias"),
+        "norm.weight": named(p + "transform.LayerNorm.weight", p + "transform.LayerNorm.gamma"),
+        "norm.bias": named(p + "transform.LayerNorm.bias", p + "transform.LayerNorm.beta"),
+        # NOTE: transformers saves a tied decoder as the word embeddings alone, and its bias as
+        # `cls.predictions.bias` (decoder.bias is tied to it)
+        "decoder.weight": words if head.tied else named(p + "decoder.weight"),
+        "decoder.bias": named(p + "decoder.bias", p + "bias"),
+    }
+    missing = sorted(k for k, v in found.items() if v is None)
+    if missing:
+        raise ModelError(f"the masked-LM head's weights are missing {missing}", path=str(file))
+    mlm = MLMHead(info.config)
+    mlm.load_state_dict({k: v.float() for k, v in found.items()})  # type: ignore[union-attr]
+    return encoder_from_weights(info.config, weights, file), mlm.eval().requires_grad_(False)
+
+
+class SpladeModel:
+    """Encoder + masked-LM head + SPLADE pooling; a `BatchModel` whose row vector is vocabulary-wide."""
+
+    def __init__(self, encoder: BertEncoder, mlm: MLMHead, head: SpladeHead) -> None:
+        self.encoder, self.mlm, self.head = encoder, mlm, head
+        self.output_dim = head.vocab_size
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        return self.encoder(ids, lengths, padded)
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        hidden, token_mask = outputs  # type: ignore[misc]
+        rows, n = token_mask.shape
+        pooled = torch.zeros(rows, self.output_dim, device=hidden.device)
+        step = max(1, LOGITS_BUDGET // max(1, rows * self.output_dim))
+        for start in range(0, n, step):
+            logits = self.mlm(hidden[:, start : start + step]).float()
+            # NOTE: as SpladePooling: padding's logits become 0 before relu and log1p, so they pool as 0
+            weights = logits.masked_fill_(~token_mask[:, start : start + step, None], 0.0).relu_().log1p_()
+            if self.head.activation == "log1p_relu":
+                weights = weights.log1p_()
+            if self.head.strategy == "max":
+                # NOTE: every value is >= 0, so a zero start is SpladePooling's -inf start
+                pooled = torch.maximum(pooled, weights.amax(dim=1))
+            else:
+                pooled += weights.sum(dim=1)
+        if self.head.top_k is not None and self.head.top_k < self.output_dim:
+            # NOTE: as SparseEncoder's max_active_dims: the k largest (absolute) values kept, the rest 0
+            _, index = torch.topk(pooled.abs(), self.head.top_k, dim=-1)
+            pooled = torch.zeros_like(pooled).scatter_(-1, index, pooled.gather(-1, index))
+        return pooled
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        ids, lengths = self.prepare(ids, lengths)
+        return self.postprocess(self.forward(ids, lengths, padded))

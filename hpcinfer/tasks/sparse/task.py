@@ -1,0 +1,88 @@
+"""The sparse task: a SPLADE checkpoint (sentence-transformers' MLMTransformer + SpladePooling) gives
+every row a vocabulary-wide vector, written as its non-zero entries, on the encoder pipeline (its
+model, model.py; its rows, store.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ...config import PlanConfig, RunConfig
+from ...errors import ConfigError
+from ...files.parts import PartStore
+from ...files.sources import Source
+from ...models.checkpoint import CheckpointInfo
+from ...models.registry import resolve_model_path
+from ...models.st_files import read_model_json
+from ...registry import Checkpoint
+from ..embed.task import EncoderTask, openai_output
+from .checkpoint import inspect_splade, is_splade
+from .store import SparseVectorStore
+
+# NOTE: a window's values are held dense until written ([rows, vocabulary] float32: 12 GiB for the
+# default 100,000 rows over BERT's 30522 words), so a window left at the default is cut to this
+WINDOW_BYTES = 1 << 30
+
+
+class SparseTask(EncoderTask):
+    name = "sparse"
+    # NOTE: --top-k (stored as generate.top_k, the one flag of that name) keeps each row's k largest
+    # entries, as SparseEncoder.encode's max_active_dims; 0 keeps the checkpoint's own max_active_dims
+    own = ("generate.top_k",)
+
+    def claims(self, checkpoint: Checkpoint) -> str | None:
+        if checkpoint.sentence_transformers and is_splade(checkpoint.path):
+            return "sentence-transformers MLMTransformer + SpladePooling modules: a sparse (SPLADE) embedding"
+        return None
+
+    def hints(self) -> dict[str, str]:
+        pooled = "the checkpoint's SpladePooling pools (a dense vector is --task embed's)"
+        return {**super().hints(), "embed.pooling": pooled, "embed.normalize": pooled, "embed.dimensions": pooled}
+
+    def settle(self, config: RunConfig) -> RunConfig:
+        config = super().settle(config)
+        if config.backend != "native":
+            raise ConfigError(
+                "--task sparse runs hpcinfer's own BERT encoder and MLM head; drop --backend transformers"
+            )
+        if config.device.quantize != "none":
+            raise ConfigError(
+                "--task sparse runs float weights (int8 is checked on dense embeddings only); drop --quantize"
+            )
+        if config.generate.top_k < 0:
+            raise ConfigError(f"--top-k must be 0 (all entries) or more (got {config.generate.top_k})")
+        if config.plan.sort_window == PlanConfig().sort_window:
+            rows = max(1, WINDOW_BYTES // (4 * _vocab_size(config)))
+            if rows < config.plan.sort_window:
+                config = replace(config, plan=replace(config.plan, sort_window=rows))
+        return config
+
+    def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
+        info = inspect_splade(path)
+        if config.generate.top_k:
+            return replace(info, head=replace(info.head, top_k=config.generate.top_k))
+        return info
+
+    def store(
+        self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
+    ) -> PartStore:
+        if any(s.fmt == "openai" for s in sources) and openai_output(sources, fmt):
+            raise ConfigError("an OpenAI batch file has no sparse-embedding endpoint: give JSONL or Parquet rows")
+        return SparseVectorStore(config.output.path, fmt, info.output_dim, fp)
+
+    def fingerprint(self, config: RunConfig) -> dict[str, Any]:
+        # NOTE: the pooling's settings live in the checkpoint's files, which the weights' digest does not cover
+        head = self.inspect(resolve_model_path(config.model), config).head
+        return {"task": self.name, "splade": [head.strategy, head.activation, head.top_k]}
+
+
+def _vocab_size(config: RunConfig) -> int:
+    """config.json's vocab_size (BERT's where it names none: the window cap is only a memory bound)."""
+    file = resolve_model_path(config.model) / "config.json"
+    raw = read_model_json(file) if file.is_file() else {}
+    size = raw.get("vocab_size") if isinstance(raw, dict) else None
+    return size if isinstance(size, int) and size > 0 else 30522
+
+
+TASK = SparseTask()
