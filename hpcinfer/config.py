@@ -13,6 +13,8 @@ from .errors import ConfigError
 
 # --int8-kernel: auto, or a library with 8-bit or 7-bit activations (models/int8.Int8Kernel names)
 INT8_KERNELS = ("auto", "onednn", "fbgemm", "onednn-7bit", "fbgemm-7bit")
+# --precision: how embeddings are written (sentence-transformers' quantize_embeddings precisions, and float16)
+PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ class EmbedConfig:
     prompt: str | None = None  # text put before every row's text ("query: ")
     prompt_name: str | None = None  # a prompt the checkpoint names (config_sentence_transformers.json)
     all_scores: bool = False  # --task classify: every label's probability too, not only the best
+    precision: str = "float32"  # float32 | float16 | int8 | uint8 | binary | ubinary (tasks/embed/precision.py)
+    calibration: str | None = None  # int8/uint8 ranges: a .npy of embeddings or [2, dim] ranges, or an output
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +231,10 @@ class RunConfig:
             raise ConfigError(f"--int8-kernel must be one of {kernels} (got {self.device.int8_kernel!r})")
         if self.backend not in ("native", "transformers"):
             raise ConfigError(f"--backend must be native or transformers (got {self.backend!r})")
+        if self.embed.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)} (got {self.embed.precision!r})")
+        if self.embed.calibration is not None and self.embed.precision not in ("int8", "uint8"):
+            raise ConfigError(f"--calibration sets int8/uint8 ranges; --precision {self.embed.precision} has none")
         pair = self.input.pair_columns
         if pair and (len(pair) != 2 or not all(pair) or pair[0] == pair[1]):
             raise ConfigError(f"--pair-columns takes two different column names, as A,B (got {','.join(pair)!r})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import INT8_KERNELS, OutputConfig, PlanConfig
+from ..config import INT8_KERNELS, PRECISIONS, OutputConfig, PlanConfig
 from ..registry import TASKS
 from .declare import RUNS, Opt, SecondsOrOff, opt
 
@@ -77,6 +77,12 @@ OPTIONS: tuple[Opt, ...] = (
         "says.", switch=True, negates=True),
     opt("--dimensions", "embed.dimensions", "Embedding", "Keep the first N dimensions (Matryoshka models), "
         "normalised again when normalising.", type=int, metavar="N"),
+    opt("--precision", "embed.precision", "Embedding", "Write embeddings as float16, int8/uint8 (per-dimension "
+        "ranges, 256 buckets) or binary/ubinary (bits packed 8 a byte), as sentence-transformers' "
+        "quantize_embeddings.", commands=RUNS, type=choice(list(PRECISIONS))),
+    opt("--calibration", "embed.calibration", "Embedding", "--precision int8/uint8: ranges from a .npy of "
+        "embeddings (or [2, dim] mins and maxes) or an int8/uint8 output's .parquet; default: the first "
+        "window's embeddings.", commands=RUNS, metavar="FILE"),
     opt("--prompt", "embed.prompt", "Embedding", "Text put before every row's text, e.g. 'query: '."),
     opt("--prompt-column", "input.prompt_column", "Embedding", "A column whose text goes before the row's text "
         "(each row its own prompt; a null or absent value falls back to --prompt).", metavar="NAME"),

@@ -123,8 +123,34 @@ class EmbedTask(EncoderTask):
     """Sentence embeddings: a vector per row, pooled as the checkpoint's sentence-transformers files say."""
 
     name = "embed"
-    own = ("embed.pooling", "embed.normalize", "embed.dimensions")
+    own = ("embed.pooling", "embed.normalize", "embed.dimensions", "embed.precision", "embed.calibration")
     endpoints = ("/v1/embeddings",)
+
+    def store(
+        self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
+    ) -> PartStore:
+        """Plain embeddings in --precision (precision.py); an OpenAI batch file is answered in floats."""
+        embed = config.embed
+        if openai_output(sources, fmt):
+            if embed.precision != "float32":
+                raise ConfigError(
+                    f"--precision {embed.precision}: an OpenAI batch file is answered in OpenAI's float or "
+                    "base64-float32 embeddings"
+                )
+            return super().store(config, fmt, info, fp, sources)
+        from .precision import precision_store
+
+        return precision_store(config.output.path, fmt, info.output_dim, fp, embed.precision, embed.calibration)
+
+    def fingerprint(self, config: RunConfig) -> dict[str, Any]:
+        """--precision and the --calibration file's contents change the rows (only when set: older runs resume)."""
+        from .precision import calibration_digest
+
+        precision = config.embed.precision
+        return {
+            "precision": None if precision == "float32" else precision,
+            "calibration": calibration_digest(config.embed.calibration),
+        }
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.causal_lm:
