@@ -111,7 +111,8 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--max-tokens", "generate.max_tokens", "Generation", "Tokens to generate.", type=int),
     opt("--temperature", "generate.temperature", "Generation", "0: greedy.", type=float),
     opt("--top-p", "generate.top_p", "Generation", "Nucleus sampling mass.", type=float),
-    opt("--top-k", "generate.top_k", "Generation", "0: off.", type=int),
+    opt("--top-k", "generate.top_k", "Generation", "Sampling: only the k most likely tokens (0: off). --task "
+        "sparse: each row's k largest terms (0: the checkpoint's max_active_dims, or all).", type=int),
     opt("--min-p", "generate.min_p", "Generation", "0: off.", type=float),
     opt("--seed", "generate.seed", "Generation", "Run seed; each row's stream also depends on its row.",
         type=int),

@@ -4,15 +4,13 @@ label order); a cross-encoder's one value per row becomes `score`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ...files.part_format import id_array, write_jsonl_rows
-from ...files.parts import PartStore
+from ...files.part_format import id_array
+from ...files.table_store import TableStore
 from ...models.checkpoint import CheckpointInfo
 
 
@@ -35,7 +33,7 @@ def labels_table(
     return pa.table(columns)
 
 
-class LabelStore(PartStore):
+class LabelStore(TableStore):
     """Parts of classification rows: the writer's [rows, labels] values written as labels."""
 
     def __init__(self, output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any], all_scores: bool) -> None:
@@ -44,17 +42,8 @@ class LabelStore(PartStore):
         self.all_scores = all_scores
         self.score = info.classifier.score
 
-    def empty_schema(self) -> pa.Schema:
-        return labels_table([], np.zeros((0, self.dim), np.float32), self.labels, self.all_scores, self.score).schema
-
-    def _write_part(
-        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
-    ) -> None:
-        table = labels_table(ids, values, self.labels, self.all_scores, self.score)
-        if self.fmt == "parquet":
-            pq.write_table(table, tmp, compression="zstd")
-        else:
-            write_jsonl_rows(tmp, table.to_pylist())
+    def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
+        return labels_table(ids, values, self.labels, self.all_scores, self.score)
 
 
 __all__ = ["LabelStore", "labels_table"]

@@ -3,21 +3,19 @@ token-classification pipeline leaves them out) its `tokens` text, its `labels` a
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from ...files.part_format import id_array, write_jsonl_rows
-from ...files.parts import PartStore
+from ...files.part_format import id_array
+from ...files.table_store import TableStore
 from ...models.checkpoint import CheckpointInfo
 from .model import FIELDS
 
 
-class TokenLabelStore(PartStore):
+class TokenLabelStore(TableStore):
     """Parts of token-label rows, unpacked from the writer's packed [rows, 3 x max_length] values."""
 
     def __init__(self, output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any]) -> None:
@@ -42,15 +40,3 @@ class TokenLabelStore(PartStore):
                 "scores": pa.array(scores, pa.list_(pa.float32())),
             }
         )
-
-    def empty_schema(self) -> pa.Schema:
-        return self.table([], np.zeros((0, self.dim), np.float32)).schema
-
-    def _write_part(
-        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
-    ) -> None:
-        table = self.table(ids, values)
-        if self.fmt == "parquet":
-            pq.write_table(table, tmp, compression="zstd")
-        else:
-            write_jsonl_rows(tmp, table.to_pylist())

@@ -3,15 +3,13 @@ ids, ascending, int32) and `values` (float32). A row with none is written with e
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ...files.part_format import id_array, write_jsonl_rows
-from ...files.parts import PartStore
+from ...files.part_format import id_array
+from ...files.table_store import TableStore
 
 
 def sparse_columns(values: np.ndarray) -> tuple[pa.Array, pa.Array]:
@@ -25,21 +23,9 @@ def sparse_columns(values: np.ndarray) -> tuple[pa.Array, pa.Array]:
     return indices, kept
 
 
-class SparseVectorStore(PartStore):
+class SparseVectorStore(TableStore):
     """Parts of sparse rows, from the writer's dense [rows, vocab] values."""
 
     def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
         indices, kept = sparse_columns(values)
         return pa.table({"id": id_array(ids), "indices": indices, "values": kept})
-
-    def empty_schema(self) -> pa.Schema:
-        return self.table([], np.zeros((0, self.dim), np.float32)).schema
-
-    def _write_part(
-        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
-    ) -> None:
-        table = self.table(ids, values)
-        if self.fmt == "parquet":
-            pq.write_table(table, tmp, compression="zstd")
-        else:
-            write_jsonl_rows(tmp, table.to_pylist())

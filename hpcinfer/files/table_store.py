@@ -1,0 +1,33 @@
+"""A part store whose window becomes a table its subclass builds: a task's own output columns
+(labels, token labels, sparse vectors) written as Parquet or JSONL like every part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .part_format import write_jsonl_rows
+from .parts import PartStore
+
+
+class TableStore(PartStore):
+    """`table(ids, values)`: a window's rows as the task writes them; the rest is PartStore's."""
+
+    def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
+        raise NotImplementedError
+
+    def empty_schema(self) -> pa.Schema:
+        return self.table([], np.zeros((0, self.dim), np.float32)).schema
+
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
+    ) -> None:
+        table = self.table(ids, values)
+        if self.fmt == "parquet":
+            pq.write_table(table, tmp, compression="zstd")
+        else:
+            write_jsonl_rows(tmp, table.to_pylist())
