@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import logging
+import os
 import re
 import secrets
 import time
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -27,10 +32,13 @@ from starlette.routing import Route
 from .runner import BatchRunner
 from .state import FINAL, BatchRow, FileRow, State
 
-FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
-BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
-WINDOW = re.compile(r"^(\d+)([smhd])$")
+FILE_ID = re.compile(r"file-[0-9a-f]{24}")  # NOTE: fullmatch only: `$` would let a trailing newline through
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+WINDOW = re.compile(r"(\d{1,6})([smhd])")
+LONGEST_WINDOW_S = 365 * 86400
+MAX_JSON_BYTES = 1 << 20  # a batch's create request is a few hundred bytes
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+log = logging.getLogger("hpcinfer.serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,12 @@ def file_object(row: FileRow) -> dict[str, Any]:
     }
 
 
+def shown_model(model: str) -> str:
+    """The model as a batch names it: a packaged name as it is, a checkpoint by its folder or file
+    name (never the server's path)."""
+    return Path(model).name or model
+
+
 def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -> dict[str, Any]:
     at = {f"{status}_at": row.times.get(status) for status in ("in_progress", "finalizing", "completed")}
     at |= {f"{status}_at": row.times.get(status) for status in ("failed", "expired", "cancelling", "cancelled")}
@@ -74,7 +88,7 @@ def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -
         "id": row.id,
         "object": "batch",
         "endpoint": row.endpoint,
-        "model": model,
+        "model": shown_model(model),
         "errors": {"object": "list", "data": row.errors} if row.errors else None,
         "input_file_id": row.input_file_id,
         "completion_window": row.completion_window,
@@ -106,14 +120,14 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
 
     def own_file(request: Request, owner: str) -> FileRow:
         file_id = request.path_params["file_id"]
-        row = state.file(file_id) if FILE_ID.match(file_id) else None
+        row = state.file(file_id) if FILE_ID.fullmatch(file_id) else None
         if row is None or row.owner != owner:
             raise ApiError(404, f"No such File object: {file_id}", param="id")
         return row
 
     def own_batch(request: Request, owner: str) -> BatchRow:
         batch_id = request.path_params["batch_id"]
-        row = state.batch(batch_id) if BATCH_ID.match(batch_id) else None
+        row = state.batch(batch_id) if BATCH_ID.fullmatch(batch_id) else None
         if row is None or row.owner != owner:
             raise ApiError(404, f"No such Batch object: {batch_id}", param="id")
         return row
@@ -125,8 +139,10 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
         return ApiError(413, f"the file is larger than this server takes ({settings.max_file_bytes:,} bytes)")
 
     async def upload(request: Request, owner: str) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_file_bytes + 64 * 1024:
+        length = request.headers.get("content-length", "")
+        if not length.isdigit():  # NOTE: a chunked body would be spooled whole before its size is known
+            raise ApiError(411, "an upload needs its Content-Length", "length_required")
+        if int(length) > settings.max_file_bytes + 64 * 1024:
             raise too_large()
         form = await request.form(max_files=1, max_fields=8)
         upload_file, purpose = form.get("file"), form.get("purpose")
@@ -147,6 +163,8 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
                         413, f"the file is larger than this server takes ({settings.max_file_bytes:,} bytes)"
                     )
                 fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())  # NOTE: on disk before a row of the state names it
         tmp.replace(path)
         name = Path(upload_file.filename or "upload.jsonl").name  # NOTE: a name to show, never a path to use
         row = FileRow(file_id, owner, name, "batch", size, int(time.time()), str(path))
@@ -162,26 +180,35 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
 
     async def file_content(request: Request, owner: str) -> Response:
         row = own_file(request, owner)
-        return FileResponse(row.path, media_type="application/jsonl", filename=row.filename)
+        path = files_dir / f"{row.id}.jsonl"
+        if not path.is_file():
+            raise ApiError(404, f"{row.id} has no content any more", "file_not_found")
+        return FileResponse(path, media_type="application/jsonl", filename=row.filename)
 
     async def delete_file(request: Request, owner: str) -> Response:
         row = own_file(request, owner)
         waiting = [b for b in state.batches(owner, None, 1 << 30)[0] if b.status not in FINAL]
         if any(b.input_file_id == row.id for b in waiting):
-            raise ApiError(409, f"{row.id} is the input of a batch that has not ended; cancel it first", "file_in_use")
+            # NOTE: 400, not 409: the client retries a 409
+            raise ApiError(400, f"{row.id} is the input of a batch that has not ended; cancel it first", "file_in_use")
         state.delete_file(row.id)
-        Path(row.path).unlink(missing_ok=True)
+        (files_dir / f"{row.id}.jsonl").unlink(missing_ok=True)
         return JSONResponse({"id": row.id, "object": "file", "deleted": True})
 
     async def create_batch(request: Request, owner: str) -> Response:
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_JSON_BYTES:
+                raise ApiError(413, f"the request body is larger than {MAX_JSON_BYTES:,} bytes")
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             raise ApiError(400, "the request body is not JSON", "invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         file_id = body.get("input_file_id")
-        file = state.file(file_id) if isinstance(file_id, str) and FILE_ID.match(file_id) else None
+        file = state.file(file_id) if isinstance(file_id, str) and FILE_ID.fullmatch(file_id) else None
         if file is None or file.owner != owner:
             raise ApiError(404, f"No such File object: {file_id}", param="input_file_id")
         if file.purpose != "batch":
@@ -192,21 +219,25 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
             message = f"endpoint {endpoint!r} is not served by this model (it serves {served})"
             raise ApiError(400, message, "invalid_value", "endpoint")
         window = str(body.get("completion_window", "24h"))
-        matched = WINDOW.match(window)
-        if matched is None or int(matched.group(1)) == 0:
-            raise ApiError(400, f"completion_window {window!r}: give a duration such as 24h", "invalid_value")
+        matched = WINDOW.fullmatch(window)
+        seconds = int(matched.group(1)) * SECONDS[matched.group(2)] if matched is not None else 0
+        if not 0 < seconds <= LONGEST_WINDOW_S:
+            message = f"completion_window {window!r}: give a duration such as 24h (at most 365d)"
+            raise ApiError(400, message, "invalid_value")
         metadata = body.get("metadata")
         if metadata is not None and (
             not isinstance(metadata, dict)
             or len(metadata) > 16
-            or not all(isinstance(v, str) for v in metadata.values())
-        ):
-            raise ApiError(400, "metadata is at most 16 string values", "invalid_value", "metadata")
+            or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                       for k, v in metadata.items())
+        ):  # fmt: skip
+            message = "metadata is at most 16 keys of up to 64 characters, with string values of up to 512"
+            raise ApiError(400, message, "invalid_value", "metadata")
         priority = (metadata or {}).get("priority", "0")
         if not re.fullmatch(r"-?\d{1,6}", priority):
             raise ApiError(400, "metadata.priority must be an integer", "invalid_value", "metadata")
         now = int(time.time())
-        expires = now + int(matched.group(1)) * SECONDS[matched.group(2)]
+        expires = now + seconds
         row = BatchRow(
             f"batch_{secrets.token_hex(12)}", owner, 0, file.id, endpoint, window, metadata, int(priority),
             "validating", now, expires,
@@ -232,6 +263,8 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
         if row.status not in FINAL:
             row = state.request_cancel(row.id)
             runner.cancel(row.id)
+            await run_in_threadpool(runner.cancel_waiting, row.id)
+            row = state.batch(row.id) or row
         return shown(row)
 
     def route(path: str, handler: Callable[[Request, str], Awaitable[Response]], method: str) -> Route:
@@ -255,10 +288,16 @@ def build_app(settings: ServeSettings, state: State, runner: BatchRunner) -> Sta
         route("/v1/batches/{batch_id}/cancel", cancel_batch, "POST"),
     ]
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return ApiError(404, f"no route {request.method} {request.url.path}").response()
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 400)
+        if status == 404:
+            return ApiError(404, f"no route {request.method} {request.url.path}").response()
+        if status == 405:
+            return ApiError(405, f"{request.method} is not allowed on {request.url.path}").response()
+        return ApiError(status, str(getattr(exc, "detail", "") or "bad request")).response()  # a bad multipart body
 
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        return ApiError(405, f"{request.method} is not allowed on {request.url.path}").response()
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)  # NOTE: details in the server's log only
+        return ApiError(500, "the server failed on this request; its log has the details", "server_error").response()
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})

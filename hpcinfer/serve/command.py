@@ -4,7 +4,9 @@ next start)."""
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
+import os
 import sys
 from pathlib import Path
 
@@ -37,9 +39,18 @@ def serve(
         raise ConfigError(
             f"--task {task.name} answers no OpenAI batch endpoint; serve a model that embeds, scores or generates"
         )
+    if base.cluster.engine == "ray":
+        raise ConfigError("hpcinfer serve runs batches on this machine's devices: drop engine = ray from the recipe")
     import uvicorn  # NOTE: the serve extra: imported only here
 
+    os.umask(0o077)  # NOTE: uploads, answers and the state are the keys' own: not readable by other users
+    data_dir = data_dir.resolve()  # NOTE: a restart from another folder finds the same batches
     data_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(data_dir / ".lock", "a+")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise ConfigError(f"another hpcinfer serve uses {data_dir}: one server per --data-dir") from None
     state = State(data_dir)
     settings = ServeSettings(data_dir, base.model, task.endpoints, api_keys, *limits)
     runner = BatchRunner(state, data_dir, base, limits[1])

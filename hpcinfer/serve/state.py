@@ -109,10 +109,10 @@ class State:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("ROLLBACK")  # NOTE: a COMMIT that failed too, so no transaction stays open
                 raise
-            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -183,8 +183,11 @@ class State:
         """Sets the named columns of a batch; `when`: a status entered now (its `<status>_at` time)."""
         with self._tx() as db:
             row = _batch(db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone())
+            if row.status in FINAL:
+                return row  # NOTE: an ended batch stays as it ended (a finalize done twice changes nothing)
             if row.status == "cancelling" and values.get("status") in ("in_progress", "finalizing"):
-                return row  # NOTE: a cancel asked for meanwhile wins over the runner's next step
+                values.pop("status")  # NOTE: a cancel asked for meanwhile wins over the runner's next step
+                when = None
             if when is not None:
                 row.times[when] = int(time.time())
             for name, value in values.items():

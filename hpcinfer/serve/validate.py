@@ -34,6 +34,8 @@ def check_batch_file(path: Path, endpoint: str, max_requests: int) -> Checked:
 
     with open(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
+            if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # NOTE: a byte order mark, as `hpcinfer run` reads one
             if not raw.strip():
                 continue
             try:
