@@ -15,6 +15,8 @@ from .errors import ConfigError
 INT8_KERNELS = ("auto", "onednn", "fbgemm", "onednn-7bit", "fbgemm-7bit")
 # --precision: how embeddings are written (sentence-transformers' quantize_embeddings precisions, and float16)
 PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+# --output-value: a vector per row, or (as sentence-transformers' encode(output_value=...)) one per token
+OUTPUT_VALUES = ("sentence_embedding", "token_embeddings")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class EmbedConfig:
     all_scores: bool = False  # --task classify: every label's probability too, not only the best
     precision: str = "float32"  # float32 | float16 | int8 | uint8 | binary | ubinary (tasks/embed/precision.py)
     calibration: str | None = None  # int8/uint8 ranges: a .npy of embeddings or [2, dim] ranges, or an output
+    output_value: str = "sentence_embedding"  # or token_embeddings (tasks/embed/token_embeddings.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,9 @@ class RunConfig:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)} (got {self.embed.precision!r})")
         if self.embed.calibration is not None and self.embed.precision not in ("int8", "uint8"):
             raise ConfigError(f"--calibration sets int8/uint8 ranges; --precision {self.embed.precision} has none")
+        if self.embed.output_value not in OUTPUT_VALUES:
+            values = ", ".join(OUTPUT_VALUES)
+            raise ConfigError(f"--output-value must be one of {values} (got {self.embed.output_value!r})")
         pair = self.input.pair_columns
         if pair and (len(pair) != 2 or not all(pair) or pair[0] == pair[1]):
             raise ConfigError(f"--pair-columns takes two different column names, as A,B (got {','.join(pair)!r})")

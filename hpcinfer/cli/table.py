@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import INT8_KERNELS, PRECISIONS, OutputConfig, PlanConfig
+from ..config import INT8_KERNELS, OUTPUT_VALUES, PRECISIONS, OutputConfig, PlanConfig
 from ..registry import TASKS
 from .declare import RUNS, Opt, SecondsOrOff, opt
 
@@ -80,6 +80,9 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--precision", "embed.precision", "Embedding", "Write embeddings as float16, int8/uint8 (per-dimension "
         "ranges, 256 buckets) or binary/ubinary (bits packed 8 a byte), as sentence-transformers' "
         "quantize_embeddings.", commands=RUNS, type=choice(list(PRECISIONS))),
+    opt("--output-value", "embed.output_value", "Embedding", "token_embeddings: every token's last hidden "
+        "state (special tokens included, padding not), as sentence-transformers' encode(output_value=...), in a "
+        "`token_embeddings` column of [tokens, dim] floats.", commands=RUNS, type=choice(list(OUTPUT_VALUES))),
     opt("--calibration", "embed.calibration", "Embedding", "--precision int8/uint8: ranges from a .npy of "
         "embeddings (or [2, dim] mins and maxes) or an int8/uint8 output's .parquet; default: the first "
         "window's embeddings.", commands=RUNS, metavar="FILE"),

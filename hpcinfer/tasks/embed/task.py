@@ -123,14 +123,43 @@ class EmbedTask(EncoderTask):
     """Sentence embeddings: a vector per row, pooled as the checkpoint's sentence-transformers files say."""
 
     name = "embed"
-    own = ("embed.pooling", "embed.normalize", "embed.dimensions", "embed.precision", "embed.calibration")
+    own = (
+        "embed.pooling",
+        "embed.normalize",
+        "embed.dimensions",
+        "embed.precision",
+        "embed.calibration",
+        "embed.output_value",
+    )
     endpoints = ("/v1/embeddings",)
+
+    def settle(self, config: RunConfig) -> RunConfig:
+        config = super().settle(config)
+        if config.embed.output_value == "token_embeddings":
+            from .token_embeddings import settle_token_embeddings
+
+            return settle_token_embeddings(config)
+        return config
+
+    def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
+        """--output-value token_embeddings: the BERT encoder with its own head (token_embeddings.py)."""
+        if config.embed.output_value == "token_embeddings":
+            from .token_embeddings import inspect_token_embedder
+
+            return inspect_token_embedder(path, config.tokenize.max_length)
+        return super().inspect(path, config)
 
     def store(
         self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
     ) -> PartStore:
         """Plain embeddings in --precision (precision.py); an OpenAI batch file is answered in floats."""
         embed = config.embed
+        if embed.output_value == "token_embeddings":
+            from .token_embeddings import TokenEmbeddingStore
+
+            if openai_output(sources, fmt):
+                raise ConfigError("--output-value token_embeddings: an OpenAI batch file has no such endpoint")
+            return TokenEmbeddingStore(config.output.path, fmt, info, fp)
         if openai_output(sources, fmt):
             if embed.precision != "float32":
                 raise ConfigError(
@@ -143,13 +172,15 @@ class EmbedTask(EncoderTask):
         return precision_store(config.output.path, fmt, info.output_dim, fp, embed.precision, embed.calibration)
 
     def fingerprint(self, config: RunConfig) -> dict[str, Any]:
-        """--precision and the --calibration file's contents change the rows (only when set: older runs resume)."""
+        """--precision, the --calibration file's contents and --output-value change the rows (only when set:
+        older runs resume)."""
         from .precision import calibration_digest
 
-        precision = config.embed.precision
+        precision, output_value = config.embed.precision, config.embed.output_value
         return {
             "precision": None if precision == "float32" else precision,
             "calibration": calibration_digest(config.embed.calibration),
+            "output_value": None if output_value == "sentence_embedding" else output_value,
         }
 
     def claims(self, checkpoint: Checkpoint) -> str | None:

@@ -1,0 +1,200 @@
+"""`--task embed --output-value token_embeddings`: one vector per token (late interaction, ColBERT
+style), as sentence-transformers' `encode(texts, output_value="token_embeddings")` gives them: the
+BERT encoder's last hidden states for the row's real tokens, special tokens included, padding not.
+
+The encoder pipeline moves one fixed-width float32 vector per row, so a row travels packed:
+`width` = 1 + max_length x dim, the row's token count first (exact in float32 below 2**24), then
+its tokens' states one after another, zeros past its end. The store unpacks them into a
+`token_embeddings` column: Parquet `list<fixed_size_list<float32, dim>>`, JSONL lists of lists.
+
+sentence-transformers takes `token_embeddings` from the Transformer module's output: a Pooling,
+Dense or Normalize module writes `sentence_embedding` (their default `module_input_name`) and leaves
+the token states as they are, so a checkpoint with them is read as its encoder alone; one whose
+Dense or Normalize acts on `token_embeddings` would change them and is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ...config import PlanConfig, RunConfig
+from ...errors import ConfigError, ModelError
+from ...files.part_format import id_array
+from ...files.sources import is_openai_input
+from ...files.table_store import TableStore
+from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
+from ...models.registry import resolve_model_path
+from ...models.st_files import _check_transformer_output, read_model_json, truncation_length
+
+# NOTE: a window's values are held whole until written ([rows, 1 + max_length x dim] float32: 39 GiB
+# for the default 100,000 rows of a 256-token, 384-dim model), so a window left at the default is cut to this
+WINDOW_BYTES = 1 << 30
+TOKEN_STATES = "token_embeddings"  # sentence-transformers' name for the Transformer module's token states
+# The module classes that leave the token states as the Transformer gave them (unless aimed at them)
+_KEPT = ("Transformer", "Pooling", "Dense", "Normalize", "Dropout")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEmbeddingHead:
+    """CheckpointInfo.head for token embeddings: the longest row it packs and the states' width."""
+
+    max_length: int
+    dim: int
+
+    @property
+    def width(self) -> int:
+        return 1 + self.max_length * self.dim
+
+    def load(
+        self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
+    ) -> TokenEmbedder:
+        encoder = load_encoder(info).to(device=device, dtype=dtype)
+        if cpu_fast_path and can_pack_for_cpu(encoder):
+            encoder = pack_for_cpu(encoder)
+        return TokenEmbedder(encoder, self.max_length, self.dim)
+
+
+class TokenEmbedder:
+    """The encoder as SentenceEmbedder runs it, its token states packed (see the module) instead of pooled."""
+
+    def __init__(self, encoder: BertEncoder, max_length: int, dim: int) -> None:
+        self.encoder, self.max_length, self.dim = encoder, max_length, dim
+        self.output_dim = 1 + max_length * self.dim
+
+    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ids, lengths
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
+        return self.encoder(ids, lengths, padded)
+
+    def postprocess(self, outputs: object) -> torch.Tensor:
+        hidden, token_mask = outputs  # type: ignore[misc]
+        rows = hidden.shape[0]
+        # NOTE: a batch is padded to a multiple of --pad-multiple, so it may be wider than any row in it
+        n = min(hidden.shape[1], self.max_length)
+        states = hidden[:, :n].float().masked_fill(~token_mask[:, :n, None], 0.0)
+        out = torch.zeros((rows, self.output_dim), dtype=torch.float32, device=hidden.device)
+        out[:, 0] = token_mask.sum(dim=1).float()
+        out[:, 1 : 1 + n * self.dim] = states.reshape(rows, n * self.dim)
+        return out
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        ids, lengths = self.prepare(ids, lengths)
+        return self.postprocess(self.forward(ids, lengths, padded))
+
+
+def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo:
+    """A BERT checkpoint's facts for token embeddings; `max_length`: --max-length, if given."""
+    raw = model_dir_config(path)
+    kind = raw.get("model_type") if isinstance(raw, dict) else None
+    if kind in DECODER_TYPES:
+        raise ConfigError(
+            f"--output-value token_embeddings runs hpcinfer's BERT encoders; a decoder embedder ({kind}) "
+            "gives sentence embeddings only"
+        )
+    if not isinstance(raw, dict) or kind != "bert":
+        raise ModelError(f"--output-value token_embeddings: unsupported model_type {kind!r} (bert)", path=str(path))
+    try:
+        config = BertConfig.from_hf(raw)
+    except TypeError as exc:
+        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    _check_modules(path)
+    prompts: dict[str, str] = {}
+    prompt = ""
+    st_config = path / "config_sentence_transformers.json"
+    if st_config.is_file():  # NOTE: as sentence_transformers_info reads them: the prompt's tokens are embedded too
+        raw_st = read_model_json(st_config)
+        if isinstance(raw_st, dict):
+            prompts = {str(k): str(v) for k, v in (raw_st.get("prompts") or {}).items()}
+            prompt = prompts.get(str(raw_st.get("default_prompt_name")), "")
+    longest = truncation_length(path, config.max_position_embeddings)
+    head = TokenEmbeddingHead(max_length or longest, config.hidden_size)
+    return CheckpointInfo(path, config, PoolingSpec(), longest, prompts, prompt, head=head)
+
+
+def _check_modules(path: Path) -> None:
+    """modules.json may name only modules that leave the token states alone (see the module)."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return
+    modules = read_model_json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelError("modules.json is not a list of modules", path=str(modules_file))
+    for module in modules:
+        kind = str(module.get("type", ""))
+        name = kind.rsplit(".", 1)[-1]
+        folder = str(module.get("path", ""))
+        if not kind.startswith("sentence_transformers.") or name not in _KEPT:
+            raise ModelError(
+                f"module {kind!r} is not supported with --output-value token_embeddings (hpcinfer reads "
+                f"{', '.join(_KEPT)})",
+                path=str(modules_file),
+            )
+        if name == "Transformer" and folder not in ("", "."):
+            raise ModelError(f"the Transformer module is in a subfolder ({folder!r})", path=str(modules_file))
+        if name in ("Dense", "Normalize"):
+            cfg_file = path / folder / "config.json"
+            cfg = read_model_json(cfg_file) if folder not in ("", ".") and cfg_file.is_file() else {}
+            cfg = cfg if isinstance(cfg, dict) else {}
+            target = cfg.get("module_input_name", "sentence_embedding")
+            if TOKEN_STATES in (target, cfg.get("module_output_name") or target):
+                raise ModelError(
+                    f"the {name} module acts on the token embeddings, which hpcinfer does not compute",
+                    path=str(cfg_file),
+                )
+    _check_transformer_output(path)  # NOTE: the token states must be the last hidden states over the text
+
+
+def settle_token_embeddings(config: RunConfig) -> RunConfig:
+    """The options token embeddings cannot take, refused in one line; the default window cut to 1 GiB."""
+    embed = config.embed
+    refused = [
+        (embed.precision != "float32", f"--precision {embed.precision} quantizes sentence embeddings"),
+        (embed.dimensions is not None, "--dimensions truncates the sentence embedding (Matryoshka)"),
+        (embed.pooling is not None, "--pooling makes the sentence embedding of the token states"),
+        (embed.normalize is not None, "--normalize/--no-normalize apply to the sentence embedding"),
+        (config.backend != "native", "--backend transformers: token embeddings run hpcinfer's own BERT encoder"),
+        (config.device.quantize != "none", f"--quantize {config.device.quantize}: token embeddings run float weights"),
+        (config.device.tensor_parallel > 1, "--tp splits a decoder; token embeddings run an encoder"),
+    ]
+    for hit, why in refused:
+        if hit:
+            raise ConfigError(f"--output-value token_embeddings: {why}; drop it")
+    if is_openai_input(config.input):
+        raise ConfigError("--output-value token_embeddings: an OpenAI batch file has no token-embedding endpoint")
+    info = inspect_token_embedder(resolve_model_path(config.model), config.tokenize.max_length)
+    if config.plan.sort_window == PlanConfig().sort_window:
+        rows = max(1, WINDOW_BYTES // (4 * info.output_dim))
+        if rows < config.plan.sort_window:
+            config = replace(config, plan=replace(config.plan, sort_window=rows))
+    return config
+
+
+class TokenEmbeddingStore(TableStore):
+    """Parts of token-embedding rows, unpacked from the writer's packed [rows, 1 + max_length x dim] values."""
+
+    def __init__(self, output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any]) -> None:
+        super().__init__(output, fmt, info.output_dim, fp)
+        self.tokens, self.states = info.head.max_length, info.head.dim
+
+    def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
+        counts = values[:, 0].astype(np.int32)
+        body = values[:, 1:].reshape(len(values), self.tokens, self.states)
+        kept = body[np.arange(self.tokens)[None, :] < counts[:, None]]  # row-major: each row's tokens in order
+        offsets = np.zeros(len(values) + 1, np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        flat = pa.array(np.ascontiguousarray(kept, np.float32).reshape(-1), pa.float32())
+        vectors = pa.FixedSizeListArray.from_arrays(flat, self.states)
+        column = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), vectors)
+        return pa.table({"id": id_array(ids), TOKEN_STATES: column})
+
+
+__all__ = ["TokenEmbeddingHead", "TokenEmbeddingStore", "inspect_token_embedder", "settle_token_embeddings"]
