@@ -145,7 +145,7 @@ def modules_pooling(path: Path) -> tuple[str | None, bool]:
                 raise ModelError("the Pooling module has no config.json", path=str(pool_file.parent))
             mode = pooling_mode(read_model_json(pool_file), pool_file)
     if mode is not None:
-        _check_transformer_output(path)
+        check_transformer_output(path)
     return mode, normalize
 
 
@@ -179,7 +179,7 @@ def pooling_mode(cfg: Any, where: Path) -> str:
     return _MODE_NAMES[mode]
 
 
-def _check_transformer_output(path: Path) -> None:
+def check_transformer_output(path: Path) -> None:
     """What the Pooling module pools must be the model's last hidden states over the text as it is:
     the only 6.x Transformer settings hpcinfer computes."""
     cfg = transformer_config(path)

@@ -31,7 +31,7 @@ from ...files.table_store import TableStore
 from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
 from ...models.registry import resolve_model_path
-from ...models.st_files import _check_transformer_output, read_model_json, truncation_length
+from ...models.st_files import check_transformer_output, read_model_json, truncation_length
 
 # NOTE: a window's values are held whole until written ([rows, 1 + max_length x dim] float32: 39 GiB
 # for the default 100,000 rows of a 256-token, 384-dim model), so a window left at the default is cut to this
@@ -150,7 +150,7 @@ def _check_modules(path: Path) -> None:
                     f"the {name} module acts on the token embeddings, which hpcinfer does not compute",
                     path=str(cfg_file),
                 )
-    _check_transformer_output(path)  # NOTE: the token states must be the last hidden states over the text
+    check_transformer_output(path)  # NOTE: the token states must be the last hidden states over the text
 
 
 def settle_token_embeddings(config: RunConfig) -> RunConfig:
