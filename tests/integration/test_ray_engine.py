@@ -262,3 +262,24 @@ def test_score_and_openai_embeddings_on_ray_equal_the_local_engine(tmp_path, tin
             assert len(b["response"]["body"]["data"]) == (3 if int(a["custom_id"][1:]) % 3 == 0 else 1)
             for x, y in zip(a["response"]["body"]["data"], b["response"]["body"]["data"], strict=True):
                 np.testing.assert_allclose(x["embedding"], y["embedding"], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["sparse", "token_embeddings", "int8"])
+def test_retrieval_outputs_on_ray_equal_the_local_engine(tmp_path, tiny_model, ray_address, kind):
+    """Sparse vectors, token embeddings and int8 embeddings (ranges calibrated on the first window,
+    which on Ray the driver commits) come out of a Ray run as out of a local one."""
+    from ..unit.test_sparse import build_splade
+
+    texts = make_texts(90, seed=17)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    over: dict = {"plan": {"sort_window": 30}}
+    model = tiny_model
+    if kind == "sparse":
+        model = build_splade(tmp_path / "splade", seed=3)
+    elif kind == "token_embeddings":
+        over["embed"] = {"output_value": "token_embeddings"}
+    else:
+        over["embed"] = {"precision": "int8"}
+    _, local = run_job(small_config(src, tmp_path / "local.parquet", model, **over))
+    _, on_ray = run_job(_ray(small_config(src, tmp_path / "ray.parquet", model, **over)))
+    assert local.num_rows == 90 and on_ray.equals(local)
