@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcinfer.config import RunConfig
+from hpcinfer.config import InputConfig, RunConfig
 from hpcinfer.device.base import DeviceOutOfMemory
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tasks.embed.report import RunReport
@@ -221,3 +221,19 @@ def test_tune_a_reranker_on_its_pairs(tmp_path):
                   TuneOptions(sample_rows=60, repeats=1, warmup_rows=10))  # fmt: skip
     ok = [t for t in result.search.trials if t.status == "ok"]
     assert ok and all(t.rows_per_s > 0 for t in ok)
+
+
+@pytest.mark.parametrize("kind", ["sparse", "token_embeddings", "int8"])
+def test_tune_measures_the_retrieval_outputs(tmp_path, tiny_model, kind):
+    """Tune's trials run the job as it will run: a SPLADE model's sparse rows, token embeddings, int8."""
+    from hpcinfer.config import EmbedConfig
+    from hpcinfer.tune.command import TuneOptions, tune
+
+    from ..unit.test_sparse import build_splade
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(80, seed=3))])
+    model = build_splade(tmp_path / "splade", seed=1) if kind == "sparse" else tiny_model
+    embed = {"token_embeddings": EmbedConfig(output_value="token_embeddings"), "int8": EmbedConfig(precision="int8")}
+    base = RunConfig(input=InputConfig((str(src),)), model=str(model), embed=embed.get(kind, EmbedConfig()))
+    result = tune(base, TuneOptions(sample_rows=30, repeats=1, warmup_rows=5))
+    assert result.best.rows_per_s > 0 and all(t.status == "ok" for t in result.search.trials)
