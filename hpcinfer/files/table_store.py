@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ from .part_format import write_jsonl_rows
 from .parts import PartStore
 
 
-class TableStore(PartStore):
+class TableStore(PartStore, ABC):
     """`table(ids, values)`: a window's rows as the task writes them; the rest is PartStore's."""
 
+    @abstractmethod
     def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
-        raise NotImplementedError
+        """A window's ids and values [rows, dim] as the output table's rows."""
 
     def empty_schema(self) -> pa.Schema:
         return self.table([], np.zeros((0, self.dim), np.float32)).schema

@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from .batch_model import BatchSteps
 from .bert import BertEncoder
 from .checkpoint import PoolingSpec
 
@@ -56,7 +57,7 @@ def embed_vectors(hidden: torch.Tensor, token_mask: torch.Tensor, pooling: Pooli
     return F.normalize(pooled, p=2, dim=1) if pooling.normalize else pooled
 
 
-class SentenceEmbedder:
+class SentenceEmbedder(BatchSteps):
     """Encoder + pooling + optional L2 normalisation, as the sentence-transformers config says."""
 
     def __init__(self, encoder: BertEncoder, pooling: PoolingSpec, dtype: torch.dtype) -> None:
@@ -65,17 +66,9 @@ class SentenceEmbedder:
         self.dtype = dtype
         self.output_dim = pooling.dimensions or encoder.cfg.hidden_size
 
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
-
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         return self.encoder(ids, lengths, padded)
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         hidden, token_mask = outputs  # type: ignore[misc]
         return embed_vectors(hidden, token_mask, self.pooling)
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))

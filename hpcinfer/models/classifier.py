@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
+from .batch_model import BatchSteps
 from .bert import BertConfig, BertEncoder
 
 FAMILIES = {
@@ -176,15 +177,12 @@ def split_weights(
     return encoder, head
 
 
-class SequenceClassifier:
+class SequenceClassifier(BatchSteps):
     """Encoder + head; a `BatchModel` whose row vector is each label's probability."""
 
     def __init__(self, encoder: BertEncoder, head: ClassificationHead, spec: ClassifierSpec, dtype: torch.dtype):
         self.encoder, self.head, self.spec, self.dtype = encoder, head, spec, dtype
         self.output_dim = len(spec.labels)
-
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         types = pair_token_types(ids, self.spec.sep_id) if self.spec.sep_id is not None else None
@@ -193,11 +191,6 @@ class SequenceClassifier:
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         return label_probabilities(outputs, self.spec)  # type: ignore[arg-type]
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))
 
 
 __all__ = [

@@ -77,7 +77,8 @@ class PeakRss:
 
 
 class TrialRunner:
-    """Runs `run_job(config)` on the sample for each parameter set."""
+    """Runs `run_job(config)` on the sample for each parameter set (a task's runner gives its job:
+    tasks/embed/tune_trial.py)."""
 
     def __init__(
         self,
@@ -85,7 +86,7 @@ class TrialRunner:
         workdir: Path,
         repeats: int,
         warmup_rows: int,
-        run_job: Callable[[RunConfig], Any] | None = None,
+        run_job: Callable[[RunConfig], Any],
         best_so_far: Callable[[], float] | None = None,
         score: Callable[[Trial], float] | None = None,
         on_repeat: Callable[[dict[str, Any], int], None] | None = None,
@@ -94,14 +95,11 @@ class TrialRunner:
         self.workdir = workdir
         self.repeats = repeats
         self.warmup_rows = warmup_rows
-        self._run = run_job or self._run_quietly
+        self._run = run_job
         self._loaded: Any = None  # the model every trial shares (a task runner loads it)
         self.best_so_far = best_so_far
         self.score = score
         self.on_repeat = on_repeat
-
-    def _run_quietly(self, config: RunConfig) -> Any:
-        raise NotImplementedError("a task's trial runner runs its job (tasks/embed/tune_trial.py)")
 
     def preload(self, model: Any) -> None:
         """The model every trial runs (an int8 one chosen before the search), instead of loading it."""

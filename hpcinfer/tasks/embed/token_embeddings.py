@@ -28,6 +28,7 @@ from ...errors import ConfigError, ModelError
 from ...files.part_format import id_array
 from ...files.sources import is_openai_input
 from ...files.table_store import TableStore
+from ...models.batch_model import BatchSteps
 from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
 from ...models.registry import resolve_model_path
@@ -61,15 +62,12 @@ class TokenEmbeddingHead:
         return TokenEmbedder(encoder, self.max_length, self.dim)
 
 
-class TokenEmbedder:
+class TokenEmbedder(BatchSteps):
     """The encoder as SentenceEmbedder runs it, its token states packed (see the module) instead of pooled."""
 
     def __init__(self, encoder: BertEncoder, max_length: int, dim: int) -> None:
         self.encoder, self.max_length, self.dim = encoder, max_length, dim
         self.output_dim = 1 + max_length * self.dim
-
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         return self.encoder(ids, lengths, padded)
@@ -84,11 +82,6 @@ class TokenEmbedder:
         out[:, 0] = token_mask.sum(dim=1).float()
         out[:, 1 : 1 + n * self.dim] = states.reshape(rows, n * self.dim)
         return out
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))
 
 
 def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo:

@@ -3,6 +3,8 @@ sample, with one model loaded for every trial."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...config import RunConfig
 from ...device import make_device, resolve_dtype
 from ...models.registry import LoadedModel, load_model
@@ -15,6 +17,11 @@ from .report import RunReport
 
 
 class EmbedTrialRunner(TrialRunner):
+    """The harness's runner with the embedding job, quiet, on one model loaded for every trial."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, run_job=self._run_quietly, **kwargs)
+
     def _run_quietly(self, config: RunConfig) -> RunReport:
         return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import ModelError
+from ...models.batch_model import BatchSteps
 from ...models.bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
 from ...models.classifier import ClassifierSpec, split_weights
@@ -62,15 +63,12 @@ def load_token_classifier(info: CheckpointInfo, head: TokenHead) -> tuple[BertEn
     return encoder_from_weights(info.config, encoder_weights, file), linear.eval().requires_grad_(False)
 
 
-class TokenLabeller:
+class TokenLabeller(BatchSteps):
     """Encoder + linear head; a `BatchModel` whose row vector is its tokens packed (see the module)."""
 
     def __init__(self, encoder: BertEncoder, linear: nn.Linear, max_length: int) -> None:
         self.encoder, self.linear, self.max_length = encoder, linear, max_length
         self.output_dim = FIELDS * max_length
-
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         hidden, token_mask = self.encoder(ids, lengths, padded)
@@ -85,8 +83,3 @@ class TokenLabeller:
         out = torch.full((ids.shape[0], self.max_length, FIELDS), -1.0, device=ids.device)
         out[:, :n] = packed
         return out.reshape(ids.shape[0], self.output_dim)
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import ModelError
+from ...models.batch_model import BatchSteps
 from ...models.bert import _ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
 
@@ -93,15 +94,12 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
     return encoder_from_weights(info.config, weights, file), mlm.eval().requires_grad_(False)
 
 
-class SpladeModel:
+class SpladeModel(BatchSteps):
     """Encoder + masked-LM head + SPLADE pooling; a `BatchModel` whose row vector is vocabulary-wide."""
 
     def __init__(self, encoder: BertEncoder, mlm: MLMHead, head: SpladeHead) -> None:
         self.encoder, self.mlm, self.head = encoder, mlm, head
         self.output_dim = head.vocab_size
-
-    def prepare(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, lengths
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         return self.encoder(ids, lengths, padded)
@@ -127,8 +125,3 @@ class SpladeModel:
             _, index = torch.topk(pooled.abs(), self.head.top_k, dim=-1)
             pooled = torch.zeros_like(pooled).scatter_(-1, index, pooled.gather(-1, index))
         return pooled
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
-        ids, lengths = self.prepare(ids, lengths)
-        return self.postprocess(self.forward(ids, lengths, padded))
