@@ -106,22 +106,37 @@ class SpladeModel(BatchSteps):
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         hidden, token_mask = outputs  # type: ignore[misc]
+        step = max(1, LOGITS_BUDGET // max(1, token_mask.shape[0] * self.output_dim))
+        pool = self._max_pool if self.head.strategy == "max" else self._pool_each_token
+        pooled = pool(hidden, token_mask, step)
+        if self.head.top_k is not None and self.head.top_k < self.output_dim:
+            # NOTE: as SparseEncoder's max_active_dims: the k largest (absolute) values kept, the rest 0
+            _, index = torch.topk(pooled.abs(), self.head.top_k, dim=-1)
+            pooled = torch.zeros_like(pooled).scatter_(-1, index, pooled.gather(-1, index))
+        return pooled
+
+    def _max_pool(self, hidden: torch.Tensor, token_mask: torch.Tensor, step: int) -> torch.Tensor:
+        """Max pooling with the activation taken once per row, not once per token: log1p and relu
+        never decrease, so the max of log1p(relu(logit)) over tokens is log1p(relu(the max logit)),
+        the same float. Padding takes its row's first token's state, so its logits repeat a real
+        token's and cannot win the max; SpladePooling's zeros for padding are relu's floor. That
+        leaves one pass over the logits (their max) besides the matmul that makes them."""
+        real = token_mask[:, :, None]
+        hidden = torch.where(real, hidden, hidden[:, :1])
+        pooled = torch.full((hidden.shape[0], self.output_dim), -torch.inf, device=hidden.device)
+        for start in range(0, hidden.shape[1], step):
+            pooled = torch.maximum(pooled, self.mlm(hidden[:, start : start + step]).float().amax(dim=1))
+        weights = pooled.relu_().log1p_()
+        return weights.log1p_() if self.head.activation == "log1p_relu" else weights
+
+    def _pool_each_token(self, hidden: torch.Tensor, token_mask: torch.Tensor, step: int) -> torch.Tensor:
         rows, n = token_mask.shape
         pooled = torch.zeros(rows, self.output_dim, device=hidden.device)
-        step = max(1, LOGITS_BUDGET // max(1, rows * self.output_dim))
         for start in range(0, n, step):
             logits = self.mlm(hidden[:, start : start + step]).float()
             # NOTE: as SpladePooling: padding's logits become 0 before relu and log1p, so they pool as 0
             weights = logits.masked_fill_(~token_mask[:, start : start + step, None], 0.0).relu_().log1p_()
             if self.head.activation == "log1p_relu":
                 weights = weights.log1p_()
-            if self.head.strategy == "max":
-                # NOTE: every value is >= 0, so a zero start is SpladePooling's -inf start
-                pooled = torch.maximum(pooled, weights.amax(dim=1))
-            else:
-                pooled += weights.sum(dim=1)
-        if self.head.top_k is not None and self.head.top_k < self.output_dim:
-            # NOTE: as SparseEncoder's max_active_dims: the k largest (absolute) values kept, the rest 0
-            _, index = torch.topk(pooled.abs(), self.head.top_k, dim=-1)
-            pooled = torch.zeros_like(pooled).scatter_(-1, index, pooled.gather(-1, index))
+            pooled += weights.sum(dim=1)
         return pooled
