@@ -14,8 +14,10 @@ from typing import Any
 
 from .config import RunConfig
 from .device import Device
+from .device.machine import machine_facts
 from .errors import ConfigError, Interrupted
 from .models.registry import LoadedModel
+from .obs.observed import Observed, ReportFiles
 from .obs.profile import RangeBackend
 from .obs.progress import Progress
 from .obs.report_json import JsonReport
@@ -60,8 +62,20 @@ def run(
         )
     config = task.settle(config)  # NOTE: the task's own refusals first: they say more than "not read"
     check_honoured(task, config)  # an option the task would not read is refused, not ignored
-    if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
-        from .ray_engine.driver import run_on_ray
+    progress = progress or Progress(config.pipeline.progress)
+    with Observed(progress.meter, report_files(config), machine_facts) as observed:
+        if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
+            from .ray_engine.driver import run_on_ray
 
-        return run_on_ray(config, task.cluster(), progress=progress)
-    return task.run(config, RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop))
+            report = run_on_ray(config, task.cluster(), progress=progress)
+        else:
+            given = RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop)
+            report = task.run(config, given)
+        observed.finish(report)
+    return report
+
+
+def report_files(config: RunConfig) -> ReportFiles:
+    return ReportFiles(
+        config.report_path, config.report_html, config.output.path, config.metrics_port, config.metrics_linger_s
+    )

@@ -176,6 +176,9 @@ class RunConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     report_path: str | None = None
+    report_html: str = "auto"  # auto (OUTPUT.report.html for a run of a minute or more) | off | a path
+    metrics_port: int | None = None  # a Prometheus endpoint on 127.0.0.1 while the run runs
+    metrics_linger_s: float = 0.0  # the endpoint stays up this long after the run, for a last scrape
     trace_path: str | None = None
     task: str = "auto"  # auto (from the checkpoint) | a task registry.TASKS names
     backend: str = "native"  # native | transformers (the pooling tasks on any checkpoint transformers loads)
@@ -196,6 +199,10 @@ class RunConfig:
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ConfigError(f"--metrics-port must be a TCP port, 1 to 65535 (got {self.metrics_port})")
+        if self.metrics_linger_s < 0:
+            raise ConfigError(f"--metrics-linger must be 0 seconds or more (got {self.metrics_linger_s:g})")
         if self.input.rate is not None and not self.input.rate > 0:
             raise ConfigError(f"--rate must be positive (got {self.input.rate})")
         if self.input.rate is not None and not self.pipeline.overlap:

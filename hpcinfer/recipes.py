@@ -19,7 +19,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # Options that name files for one job, not a way of running: never taken from a recipe.
-NOT_IN_RECIPES = {"inputs", "output", "config", "resume", "overwrite", "report_path", "trace_path"}
+NOT_IN_RECIPES = {
+    *("inputs", "output", "config", "resume", "overwrite"),
+    *("report_path", "report_html", "metrics_port", "metrics_linger_s", "trace_path"),
+}
 NEGATED = "no_"
 
 

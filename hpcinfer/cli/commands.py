@@ -1,4 +1,5 @@
-"""The commands: `run` (the job), `profile` (the job under NVTX ranges) and `tune` (trials of it)."""
+"""The commands: `run` (the job), `profile` (the job under NVTX ranges), `tune` (trials of it), `report`
+(the HTML report from a JSON one) and `serve` (OpenAI's Batch API)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,8 @@ def run(**opts: Any) -> None:
             console.print(rejected, highlight=False, soft_wrap=True)
     elif rejected:  # NOTE: even a quiet run says that rows were set aside, and where
         click.echo(f"hpcinfer: {rejected}", err=True)
+    if getattr(report, "html_report", "") and config.report_html == "auto":
+        click.echo(f"hpcinfer: report: {report.html_report} (--report-html off: none)", err=True)
 
 
 @main.command(cls=SectionedCommand)
@@ -165,26 +168,76 @@ def tune(**opts: Any) -> None:
     show_tuning(base.validate(), build_tune_options(opts), opts)
 
 
+@main.command("report")
+@click.argument("report_json", metavar="REPORT.json", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, metavar="FILE.html", help="The HTML file to write.")
+@user_errors
+def report(report_json: str, output: str) -> None:
+    """Make the HTML report of a run or a tune from its JSON report (`--report`): the same page the
+    run itself writes with --report-html, one self-contained file.
+
+    \b
+    Example:
+      hpcinfer run in.jsonl -o out.parquet --report report.json
+      hpcinfer report report.json -o report.html
+    """
+    from ..obs.html.load import read_report
+    from ..obs.html.page import write_report_html
+
+    write_report_html(read_report(report_json), output)
+    click.echo(f"hpcinfer: report: {output}", err=True)
+
+
 @main.command()
-@click.option("--model", default="default", show_default=True, metavar="default|smollm2|DIR|FILE.gguf",
-              help="The model every batch runs (its task decides the endpoints served: /v1/chat/completions and "
-              "/v1/completions for a causal LM, /v1/embeddings for an embedder, /v1/score and /v1/rerank for a "
-              "cross-encoder).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; one other machines can reach needs --api-key.")
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    metavar="default|smollm2|DIR|FILE.gguf",
+    help="The model every batch runs (its task decides the endpoints served: /v1/chat/completions and "
+    "/v1/completions for a causal LM, /v1/embeddings for an embedder, /v1/score and /v1/rerank for a "
+    "cross-encoder).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; one other machines can reach needs --api-key.",
+)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--data-dir", default="hpcinfer-serve", show_default=True, type=click.Path(file_okay=False),
-              help="Where the state (SQLite), uploaded and produced files and running batches live; a restart "
-              "with the same folder resumes every batch that was running.")
-@click.option("--api-key", envvar="HPCINFER_API_KEY", default=None, metavar="KEY",
-              help="Required as `Authorization: Bearer KEY` on every route when set; several keys separated by "
-              "commas, each seeing only the files and batches it made [env: HPCINFER_API_KEY].")
-@click.option("--max-file-bytes", default=200_000_000, show_default=True, type=int,
-              help="Largest upload accepted (413 beyond).")
-@click.option("--max-requests", default=50_000, show_default=True, type=int,
-              help="Most requests in one batch file (the batch fails validation beyond).")
-@click.option("--config", "recipe", default=None, metavar="RECIPE.toml",
-              help="`run` options every batch runs with (device, dtype, --max-num-seqs, ...), as a recipe file.")
+@click.option(
+    "--data-dir",
+    default="hpcinfer-serve",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the state (SQLite), uploaded and produced files and running batches live; a restart "
+    "with the same folder resumes every batch that was running.",
+)
+@click.option(
+    "--api-key",
+    envvar="HPCINFER_API_KEY",
+    default=None,
+    metavar="KEY",
+    help="Required as `Authorization: Bearer KEY` on every route when set; several keys separated by "
+    "commas, each seeing only the files and batches it made [env: HPCINFER_API_KEY].",
+)
+@click.option(
+    "--max-file-bytes", default=200_000_000, show_default=True, type=int, help="Largest upload accepted (413 beyond)."
+)
+@click.option(
+    "--max-requests",
+    default=50_000,
+    show_default=True,
+    type=int,
+    help="Most requests in one batch file (the batch fails validation beyond).",
+)
+@click.option(
+    "--config",
+    "recipe",
+    default=None,
+    metavar="RECIPE.toml",
+    help="`run` options every batch runs with (device, dtype, --max-num-seqs, ...), as a recipe file.",
+)
 @user_errors
 def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, max_file_bytes: int,
           max_requests: int, recipe: str | None) -> None:  # fmt: skip

@@ -241,6 +241,13 @@ OPTIONS: tuple[Opt, ...] = (
         "log lines otherwise.", commands=RUNS, type=choice(["auto", "bar", "log", "off"])),
     opt("--report", "report_path", "Reports", "Also write the report as JSON to this file.", commands=RUNS,
         dest="report_path"),
+    opt("--report-html", "report_html", "Reports", "Write the run's HTML report (charts over time; one file, "
+        "no network needed to view it) to this file; auto: OUTPUT.report.html when the run took a minute or "
+        "more; off: never.", commands=RUNS, metavar="FILE|auto|off", default_help="auto"),
+    opt("--metrics-port", "metrics_port", "Reports", "Serve Prometheus metrics on 127.0.0.1:PORT while the run "
+        "runs (hpcinfer_rows_total, hpcinfer_tokens_total, ...).", commands=RUNS, type=int, metavar="PORT"),
+    opt("--metrics-linger", "metrics_linger_s", "Reports", "Keep the metrics endpoint up this many seconds "
+        "after the run, so a scraper gets the final figures.", commands=RUNS, type=float, metavar="SECONDS"),
     opt("--trace", "trace_path", "Reports", "Write every stage span as a Chrome trace (Perfetto).",
         commands=RUNS, dest="trace_path", default_help="profile: hpcinfer-trace.json"),
     opt("-q --quiet", None, "Reports", "No summary tables (tune: only the verdict, no live table).", switch=True),
@@ -266,6 +273,10 @@ OPTIONS: tuple[Opt, ...] = (
         "on CUDA, RSS on CPU) exceeds this, e.g. 4GiB.", commands=TUNE, metavar="SIZE"),
     opt("--min-gain", "tune.min_gain", "Tuning", "A change must beat the best so far by this fraction to be "
         "taken (and to keep searching that way).", commands=TUNE, type=float),
+    opt("--report-html", "tune.report_html", "Tuning", "Write the trials as an HTML report (throughput and "
+        "latency of each, the chosen one marked) to this file.", commands=TUNE, metavar="FILE"),
+    opt("--report", "tune.report_json", "Tuning", "Write the trials as JSON to this file (hpcinfer report "
+        "makes the HTML from it).", commands=TUNE, metavar="FILE"),
     opt("--trials", "tune.trials_csv", "Tuning", "Write every trial to this CSV file.", commands=TUNE,
         metavar="CSV", dest="trials_csv"),
     opt("--write-recipe", "tune.recipe_path", "Tuning", "Write the best configuration as a recipe.",

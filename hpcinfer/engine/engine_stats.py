@@ -21,6 +21,7 @@ class EngineStats:
     peak_blocks: int = 0
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
+    last_occupancy: float = 0.0  # the latest step's (the metrics endpoint's gauge)
     oom_splits: int = 0  # steps that ran out of device memory and were split (engine._shrink_after_oom)
     constrained: int = 0  # answers held to a grammar (structured output), samples counted one by one
     constrained_cut: int = 0  # of which ended incomplete, finish_reason "length" (max_tokens, the context)
@@ -46,7 +47,8 @@ class EngineStats:
         self.cached_tokens = scheduler.cached_tokens
         self.evictions = blocks.evictions
         self.peak_blocks = blocks.peak_used
-        self.occupancy_sum += len(plan.chunks) / max_num_seqs
+        self.last_occupancy = len(plan.chunks) / max_num_seqs
+        self.occupancy_sum += self.last_occupancy
 
     def finished(self, constrained: bool, reason: str) -> None:
         """A sequence (one sample) that ended with finish `reason`; `constrained`: held to a grammar."""

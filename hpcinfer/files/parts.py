@@ -22,7 +22,7 @@ import contextlib
 import glob
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class PartStore:
         self.windows: list[dict[str, Any]] = []
         self.partial: dict[int, dict[str, Any]] = {}  # window id -> its checkpoints (chunks, rows, facts)
         self.id_column = "id"  # the column `committed_ids` reads back
+        self.on_commit: Callable[[dict[str, Any]], None] | None = None  # told of each window committed
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -238,6 +239,8 @@ class PartStore:
         self._write_manifest()
         for name in dropped["chunks"] if dropped else []:  # NOTE: only once the manifest no longer lists them
             (self.dir / name).unlink(missing_ok=True)
+        if self.on_commit is not None:
+            self.on_commit(entry)
 
     def _write_manifest(self) -> None:
         data: dict[str, Any] = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}

@@ -16,6 +16,9 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from .meter import Meter
+
+BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}  # the metrics endpoint's gauge values
 ETA_AFTER_S = 1.0  # the steady rate needs this long since the first rows finished before an ETA is given
 
 
@@ -34,8 +37,10 @@ class Progress:
         *,
         header: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        meter: Meter | None = None,
     ) -> None:
         self.stream = stream or sys.stderr
+        self.meter = meter or Meter()  # the same counts, for the report's charts and the metrics endpoint
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "log"
         self.mode = mode
@@ -62,6 +67,7 @@ class Progress:
                 self.header = None
             if self._bar is None and self.rows == 0:
                 self._start = self._last_log = self.clock()
+                self.meter.job_started()
             self.total = total
             bar = self._make_bar()
             if bar is not None:
@@ -76,6 +82,17 @@ class Progress:
     def set_devices(self, labels: list[str]) -> None:
         self.device_labels = list(labels)
         self.device_rows = [0] * len(labels)
+        if len(labels) > 1:
+            for label in labels:
+                self.meter.add(f"device_rows.{label}", 0)
+                self.meter.add(f"device_tokens.{label}", 0)
+                self.meter.set(f"breaker_state.{label}", BREAKER_STATES["closed"])
+
+    def breaker(self, device: str, state: str, line: str) -> None:
+        """A device's breaker changed state: a line of its own, a mark on the report's timeline."""
+        self.meter.event("breaker", device=device, state=state)
+        self.meter.set(f"breaker_state.{device}", BREAKER_STATES.get(state, -1))
+        self.note(line)
 
     def advance(self, rows: int, tokens: int, device: int = 0) -> None:
         with self._lock:
@@ -84,8 +101,13 @@ class Progress:
             self.tokens += tokens
             if self._first is None:
                 self._first = (now, self.rows)
+            self.meter.add("rows_finished", rows)  # NOTE: as batches finish; rows.done moves at commits
             if self.device_rows:
                 self.device_rows[device] += rows
+                if len(self.device_rows) > 1:
+                    label = self.device_labels[device]
+                    self.meter.add(f"device_rows.{label}", rows)
+                    self.meter.add(f"device_tokens.{label}", tokens)
             elapsed = max(now - self._start, 1e-9)
             bar = self._make_bar()
             if bar is not None:

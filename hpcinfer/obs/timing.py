@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .meter import COUNTER, Meter
+
 HOST_STAGES = ("read", "tokenize", "plan", "stage", "execute", "write")
 DEVICE_STAGES = ("h2d", "compute", "d2h")
 REPORT_ORDER = ("read", "tokenize", "plan", "stage", "h2d", "execute", "compute", "d2h", "write")
@@ -59,6 +61,14 @@ class Timings:
 
     def set_workers(self, stage: str, workers: int) -> None:
         self._clock(stage).workers = workers
+
+    def watch(self, meter: Meter) -> None:
+        """Each reported stage's busy seconds, read live (the metrics endpoint, the report's timeline)."""
+        for name in REPORT_ORDER:
+            meter.probe(f"stage_busy_s.{name}", lambda c=self.clocks[name]: c.busy_ns / 1e9, COUNTER, carry=True)
+
+    def workers(self) -> dict[str, int]:
+        return {name: self.clocks[name].workers for name in REPORT_ORDER}
 
     def _clock(self, stage: str) -> StageClock:
         """A stage outside the report's order (the dispatch of several devices) is kept, not shown."""

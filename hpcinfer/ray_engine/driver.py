@@ -34,6 +34,7 @@ from ..files.parts import PartStore
 from ..files.sources import Source
 from ..job.accounting import AccountingError, settle
 from ..job.claim import claimed, open_store
+from ..job.live import watch_output
 from ..job.output_checks import check_output, output_format
 from ..job.rejects import RejectCounter
 from ..obs.progress import Progress
@@ -50,6 +51,7 @@ class ClusterTask(Protocol):
 
     replica: str  # the replica the actors build, by import path ("package.module:Class")
     window_flag: str  # the option that sizes a window (resume needs the committed ones whole)
+    token_kind: str  # what `tokens` counts: input (the pooling tasks) or completion (generation)
     model: str  # the checkpoint, as the report names it
 
     def prepare(self, config: RunConfig) -> None:
@@ -135,6 +137,7 @@ class ClusterJob:
                 path=config.output.path,
             )
         resumed_rows, resumed_written = store.rows_committed, store.rows_written
+        watch_output(progress.meter, store, self.rejects, resumed_written)  # NOTE: the cluster's totals
         sources = self.task.sources()
         units, totals = plan_units(sources, window, first_window)
         progress.set_total(sum(u.input_rows for u in units))
@@ -142,7 +145,7 @@ class ClusterJob:
         start = time.perf_counter()
 
         def tell(t: Transition) -> None:
-            progress.note(f"hpcinfer: {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}")
+            progress.breaker(t.device, t.state, f"hpcinfer: {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}")
 
         replicas = start_replicas(ray, replica_cls, config, self.pool, self.task.replica, tell)
         schedule = Scheduler(ray, replicas, units, config.device.step_timeout, progress)
@@ -176,8 +179,6 @@ class ClusterJob:
         report.device_faults = [asdict(t) for t in replicas.log.transitions]
         report.config = flatten(config)
         self.task.finish(report, store, config)
-        if config.report_path:
-            report.write_json(config.report_path)
         return report
 
     def _commit(self, result: Any, unit: Unit, progress: Progress) -> None:
@@ -192,7 +193,12 @@ class ClusterJob:
         for path, n in result.written_by_source.items():
             self.written[path] = self.written.get(path, 0) + n - moved.get(path, 0)
         self.results.append(result)
-        progress.advance(written, self.task.tokens(result))
+        tokens = self.task.tokens(result)
+        progress.meter.add(f"tokens.{self.task.token_kind}", tokens)
+        replica = str(getattr(result, "replica", "") or "replica").split()[0]  # NOTE: "replica#0 <its actor>"
+        progress.meter.add(f"device_rows.{replica}", written)
+        progress.meter.add(f"device_tokens.{replica}", tokens)
+        progress.advance(written, tokens)
 
 
 def commit_in_order(results: Iterator[Any], first_window: int, count: int, commit: Callable[[Any], None]) -> None:

@@ -147,6 +147,7 @@ class BatchRunner:
                 self.base.output, path=str(output), output_format="jsonl", resume=resume, overwrite=not resume
             ),
             report_path=None,
+            report_html="off",
             trace_path=None,
         )
         stop, progress = threading.Event(), Progress("off")

@@ -107,6 +107,11 @@ def tune(
         write_trials_csv(result, task.columns(), opts.trials_csv)
     if opts.recipe_path:
         write_recipe(result, task, base, opts.recipe_path)
+    if opts.report_json or opts.report_html:
+        from ..device.machine import machine_facts
+        from .report import tune_report, write_tune_reports
+
+        write_tune_reports(tune_report(result, base, machine_facts()), opts.report_json, opts.report_html)
     return result
 
 

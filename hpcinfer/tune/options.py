@@ -19,3 +19,5 @@ class TuneOptions:
     sample_seed: int = 0  # the sample draw's; --seed is the generation seed, as in `run`
     trials_csv: str | None = None
     recipe_path: str | None = None
+    report_html: str | None = None
+    report_json: str | None = None

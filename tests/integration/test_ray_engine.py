@@ -119,6 +119,12 @@ def test_ray_output_and_rejects_equal_the_local_engine(tmp_path, tiny_model, ray
     compute = next(s for s in report.stages if s["stage"] == "compute")
     assert compute["items"] == report.batches and compute["busy_s"] > 0
     assert sum(d["rows"] for d in report.devices) == report.rows + 2  # rows embedded, the two repeats included
+    # the driver's live figures (its metrics endpoint's, the HTML report's timeline) end at the cluster's totals
+    final = {k: v[-1] for k, v in report.timeline["series"].items()}
+    assert final["rows.done"] + final["rows.resumed"] == report.rows
+    assert final["rows.rejected"] == sum(report.rejects.values()) == 4
+    assert final["tokens.input"] == report.real_tokens and final["windows"] == report.windows
+    assert sum(v for k, v in final.items() if k.startswith("device_rows.replica#")) == report.rows
 
 
 def test_an_actor_killed_mid_run_is_restarted_and_the_output_is_identical(tmp_path, tiny_model, ray_address):

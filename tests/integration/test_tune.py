@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -149,8 +150,11 @@ def test_tune_cli_writes_a_recipe_that_run_accepts(tmp_path, tiny_model):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     tune = [sys.executable, "-m", "hpcinfer", "tune", str(src), "--model", str(tiny_model), "--sample", "150"]
     tune += ["--repeats", "1", "--warmup-rows", "20", "--write-recipe", str(recipe), "--trials", str(trials)]
+    page, report = tmp_path / "tune.html", tmp_path / "tune.json"
+    tune += ["--max-p99-ms", "1000000", "--report", str(report), "--report-html", str(page)]
     proc = subprocess.run(tune, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    check_tune_page(page, json.loads(report.read_text()), trials)
     assert "sample: 150 of 400 rows" in proc.stderr and "best:" in proc.stderr
     assert "not swept: streams, staging buffers" in proc.stderr  # CPU
     rows = list(csv.DictReader(trials.open()))
@@ -237,3 +241,19 @@ def test_tune_measures_the_retrieval_outputs(tmp_path, tiny_model, kind):
     base = RunConfig(input=InputConfig((str(src),)), model=str(model), embed=embed.get(kind, EmbedConfig()))
     result = tune(base, TuneOptions(sample_rows=30, repeats=1, warmup_rows=5))
     assert result.best.rows_per_s > 0 and all(t.status == "ok" for t in result.search.trials)
+
+
+def check_tune_page(page: Path, report: dict, trials_csv: Path) -> None:
+    """The tune's HTML report in headless Chromium: both trial charts drawn with a point per trial
+    (and the Pareto front under the p99 limit), the chosen trial the CSV's."""
+    from .browser import open_report
+
+    seen = open_report(page)
+    assert seen["errors"] == [] and [u for u in seen["requests"] if not u.startswith("file:")] == []
+    rows = list(csv.DictReader(trials_csv.open()))
+    assert len(report["trials"]) == len(rows)
+    assert seen["charts"]["trial_speed"] == [len(rows)]
+    assert seen["charts"]["trial_latency"][0] == len(rows) and len(seen["charts"]["trial_latency"]) == 2
+    chosen = next(r for r in rows if r["chosen"] == "True")
+    assert int(seen["figures"]["best_trial"]) == report["best"] == int(chosen["trial"])
+    assert int(seen["figures"]["trials"]) == len(rows)

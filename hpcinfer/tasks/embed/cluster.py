@@ -35,6 +35,7 @@ class EmbedCluster:
 
     replica = "hpcinfer.tasks.embed.replica:EmbedReplica"
     window_flag, model = "--sort-window", ""
+    token_kind = "input"
     info: CheckpointInfo | None = None  # set by prepare(), before Ray starts
     reader: Reader | None = None  # set by settle(): the whole input's sources
 

@@ -40,7 +40,7 @@ def run_degrading(
     marks: list[Span] = []  # NOTE: each transition is also an instant on the trace, on its device's track
 
     def tell(t: Transition) -> None:
-        progress.note(f"hpcinfer: device {t.device} {t.state}: {t.reason}")
+        progress.breaker(t.device, t.state, f"hpcinfer: device {t.device} {t.state}: {t.reason}")
         at = int((log.start + t.at_s) * 1e9)  # the stages' clock: perf_counter, in ns
         marks.append(Span(f"breaker {t.state}", at, at, f"{t.device}/breaker", {"reason": t.reason}))
 

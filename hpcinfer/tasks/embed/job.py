@@ -21,9 +21,11 @@ from ...files.parts import PartStore
 from ...files.read import Reader
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
+from ...job.live import watch_output
 from ...job.output_checks import check_output, output_format
 from ...job.signals import signals_stop
 from ...models.checkpoint import CheckpointInfo
+from ...obs.meter import COUNTER
 from ...obs.progress import Progress
 from ...place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
 from ...place.devices import make_run_devices
@@ -99,8 +101,6 @@ def execute_tensor_parallel(job: EmbedJob, extras: RunExtras) -> RunReport:
     finally:
         ranks = tp.close(model.embedder.batches)  # type: ignore[attr-defined]
     report.tensor_parallel = [asdict(r) for r in ranks]
-    if job.config.report_path:  # NOTE: written once already, before the ranks' figures were in
-        report.write_json(job.config.report_path)
     return report
 
 
@@ -109,6 +109,9 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
     store, reader, config = job.store, job.reader, job.config
     first_window = open_store(store, reader, config.output) if job.first_window is None else job.first_window
     run = EmbedRun(job, extras.progress or Progress(config.pipeline.progress), extras.stop)
+    watch_output(run.progress.meter, store, run.rejects, store.rows_written + run.held_rows)
+    run.timings.watch(run.progress.meter)
+    run.progress.meter.probe("tokens.input", lambda: run.report.real_tokens, COUNTER, carry=True)
     run.report.quantize = dict(extras.quantize)
     try:
         stages, thread_init, planner, writer, budget = run.stages(first_window, extras.batch_profiler, extras.model)

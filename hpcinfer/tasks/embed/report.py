@@ -55,6 +55,10 @@ class RunReport(JsonReport):
     # --tp N (a decoder embedder): each rank's weights, RSS after loading and time in collectives
     tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
+    # The run over time (obs/timeline.py), the machine it ran on, and the HTML report written (if any)
+    timeline: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    html_report: str = ""
 
     padding_efficiency = property(lambda self: ratio(self.real_tokens, self.padded_tokens, 1.0))
     rows_per_s = property(lambda self: ratio(self.rows, self.wall_s))

@@ -47,7 +47,7 @@ class EmbedRun:
         self.stop = stop or threading.Event()
         self.timings = Timings(keep_spans=self.config.trace_path is not None)
         self.commit_every_s, self.held = self.checkpoints()
-        held = sum(len(h.rows) for h in self.held.values())  # NOTE: rows this run takes back, not computes
+        self.held_rows = held = sum(len(h.rows) for h in self.held.values())  # NOTE: taken back, not computed
         progress.set_total(max((estimate_rows(job.reader.sources) or 0) - job.reader.skip_rows - held, 0))
         if len(devices) > 1:
             progress.set_devices(self.labels)
@@ -194,6 +194,7 @@ class EmbedRun:
         report.final_max_batch_tokens = final_tokens
         report.output = config.output.path
         report.stages = self.timings.summary(report.wall_s)
+        self.progress.meter.facts["stage_workers"] = self.timings.workers()
         report.bottleneck, report.hint = bottleneck(
             report.stages,
             synchronous_device=devices[0].kind == "cpu",
@@ -206,8 +207,6 @@ class EmbedRun:
         report.batch_latency_ms = self.latency.batch_summary()
         report.arrivals = self.latency.request_summary(config.input.rate)
         report.config = flatten(config)
-        if config.report_path:
-            report.write_json(config.report_path)
         if config.trace_path:
             write_trace([*self.timings.spans, *marks], config.trace_path)
         return report

@@ -60,7 +60,7 @@ class EmbedTuning:
                 rate=rate,
                 rate_seed=rate_seed,
             )
-            trial_base = replace(base, input=sample_input, report_path=None, trace_path=None)
+            trial_base = replace(base, input=sample_input, report_path=None, report_html="off", trace_path=None)
             trial_base, model = self.choose_weights(trial_base, kind, max_length)
             search: Search
 

@@ -44,6 +44,7 @@ class GenerateCluster:
 
     replica = "hpcinfer.tasks.generate.replica:GenerateReplica"
     window_flag, model = "--window-rows", ""
+    token_kind = "completion"
     info: DecoderInfo | None = None  # set by prepare(), with the request reader, before Ray starts
     reader: RequestReader | None = None
 

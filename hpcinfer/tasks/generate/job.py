@@ -36,6 +36,7 @@ from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle
 from ...job.claim import claimed, open_store
+from ...job.live import watch_output
 from ...job.output_checks import check_output, output_format
 from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
@@ -55,6 +56,7 @@ from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .devices import EngineWorker
 from .held import answers_chunk, held_answers
+from .live import watch_engines
 from .loop import EngineSink, run_loop
 from .pool import EnginePool
 from .report import GenerateReport, share_after_recovery
@@ -209,6 +211,8 @@ class GenerationJob:
         total = estimate_file_rows(self.reader.files) - self.reader.skip_rows - len(self.held)
         self.progress.set_total(max(total, 0))
         engines = self._tp_engines() if self.tp_size > 1 else [self._engine(device) for device in self.devices]
+        watch_output(self.progress.meter, self.store, self.rejects, resumed)
+        watch_engines(self.progress.meter, engines, self.tally)
         source: Any = None
         try:
             # NOTE: a KV pool smaller than the model's context bounds the prompts too.
@@ -316,8 +320,8 @@ class GenerationJob:
         d = self.config.device
         breaker = BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)
         pool = EnginePool(workers, d.dispatch, prefix_block, breaker, d.step_timeout)
-        pool.breaker_log.listener = lambda t: self.progress.note(
-            f"hpcinfer: device {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}"
+        pool.breaker_log.listener = lambda t: self.progress.breaker(
+            t.device, t.state, f"hpcinfer: device {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}"
         )
         self.breaker_start = pool.breaker_log.start
         self.progress.set_devices(self.labels)

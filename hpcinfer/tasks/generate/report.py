@@ -71,6 +71,11 @@ class GenerateReport(JsonReport):
     tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
     config: dict[str, Any] = field(default_factory=dict)
+    latency_histograms: dict[str, Any] = field(default_factory=dict)  # ttft, tpot: log-spaced bins (obs/histogram.py)
+    # The run over time (obs/timeline.py), the machine it ran on, and the HTML report written (if any)
+    timeline: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    html_report: str = ""
 
     completion_tokens_per_s = property(lambda self: ratio(self.completion_tokens, self.wall_s))
     # prompt tokens served from the prefix cache / prompt tokens

@@ -7,14 +7,15 @@ from typing import Any
 
 from ...config import flatten
 from ...engine.engine import Engine
+from ...obs.histogram import histogram_ms
 from ...obs.trace import write_trace
 from .devices import combined_stats, device_summary
 from .report import GenerateReport, engine_trace, percentiles
 
 
 def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
-    """Fills `job.report` (job: a GenerationJob) from its engines' counters and its own; written as
-    JSON (--report) and the trace (--trace) when asked."""
+    """Fills `job.report` (job: a GenerationJob) from its engines' counters and its own; writes the
+    trace (--trace) when asked (api.run writes the report)."""
     r, s = job.report, combined_stats([e.stats for e in engines])
     end = time.perf_counter()
     r.wall_s = end - start
@@ -39,6 +40,7 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
     r.finish_reasons = dict(t.finish_reasons)
     r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(t.latency.items(), reverse=True)}
     r.ttft, r.tpot = percentiles(t.ttft), percentiles(t.tpot)
+    r.latency_histograms = {"ttft": histogram_ms(t.ttft), "tpot": histogram_ms(t.tpot)}
     r.step_time_split = {
         k: round(v, 4)
         for k, v in (
@@ -53,6 +55,4 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
     if job.config.trace_path:
         spans = engine_trace(job.labels, engines, r.device_faults, job.breaker_start)
         write_trace(spans, job.config.trace_path)
-    if job.config.report_path:
-        r.write_json(job.config.report_path)
     return r

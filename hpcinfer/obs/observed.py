@@ -1,0 +1,75 @@
+"""What is watched around one run, and written after it: the timeline (timeline.py), the metrics
+endpoint (metrics.py), then the JSON report and the HTML one (html/).
+
+`Observed` starts the timeline and the endpoint on entry and stops both however the run ends; a
+run that finishes hands its report to `finish`, which adds the timeline and the machine to it,
+writes the files asked for, and keeps the endpoint up `linger_s` longer so a scraper sees the
+final figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .meter import Meter
+from .timeline import Timeline
+
+AUTO_HTML_AFTER_S = 60.0  # --report-html auto: a run at least this long gets its HTML report
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    json_path: str | None = None
+    html: str = "auto"  # auto | off | a path
+    output: str = ""  # the run's output: auto writes OUTPUT.report.html beside it
+    metrics_port: int | None = None
+    linger_s: float = 0.0
+
+    def html_path(self, wall_s: float) -> str | None:
+        if self.html == "off":
+            return None
+        if self.html == "auto":
+            return f"{self.output}.report.html" if wall_s >= AUTO_HTML_AFTER_S and self.output else None
+        return self.html
+
+
+class Observed:
+    def __init__(self, meter: Meter, files: ReportFiles, machine: Callable[[], dict[str, Any]]) -> None:
+        self.meter, self.files, self.machine = meter, files, machine
+        self.timeline = Timeline(meter)
+        self.server: Any = None
+
+    def __enter__(self) -> Observed:
+        if self.files.metrics_port is not None:
+            from .metrics import MetricsServer  # NOTE: prometheus_client only when asked
+
+            self.server = MetricsServer(self.meter, self.files.metrics_port)
+        self.timeline.start()
+        return self
+
+    def finish(self, report: Any) -> None:
+        """The finished run's report gets its timeline and machine (a report with fields for them:
+        every built-in task's); the files asked for are written, the HTML from a report that has them."""
+        self.timeline.stop()
+        charted = hasattr(report, "timeline")
+        if charted:
+            report.timeline = self.timeline.to_dict()
+            report.machine = self.machine()
+        if self.files.json_path:
+            report.write_json(self.files.json_path)
+        html = self.files.html_path(getattr(report, "wall_s", 0.0)) if charted else None
+        if html:
+            from .html.page import write_report_html  # NOTE: the plotting library only when a page is made
+
+            write_report_html(report.to_dict(), html)
+            report.html_report = html
+        if self.server is not None and self.files.linger_s > 0:
+            time.sleep(self.files.linger_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self.timeline.stop()
+        if self.server is not None:
+            self.server.close()
