@@ -19,7 +19,9 @@ rows/s is the run's own wall time (report.wall_s: read, tokenize, forward, write
 model load is out of every figure alike; "whole s" beside it counts the load too. Rounds alternate
 the kinds after an untimed warm-up of each; the best round counts. For sparse it also times, with
 torch on one batch of the corpus, the encoder alone against the encoder + MLM head, and prints the
-head's share of the forward. A kind below --target (0.9) of dense says where its time goes.
+head's share of the forward, which bounds sparse against dense (the same encoder, plus the head),
+and times sentence-transformers' `SparseEncoder.encode` on the same texts. A kind below --target
+(0.9) of dense says where its time goes.
 
     python benchmarks/speed/bench_retrieval_outputs.py [--rows 2000] [--rounds 1] [--threads 2]
 
@@ -141,6 +143,35 @@ def head_share(raw: Path, texts: list[str], threads: int) -> dict[str, float]:
             "tokens": int(batch["attention_mask"].sum()), "rows": len(texts)}  # fmt: skip
 
 
+HIDDEN, LAYERS, INTERMEDIATE, VOCAB = 384, 6, 1536, 30522  # the MiniLM shape both models have
+
+
+def encoder_flops(tokens: float) -> float:
+    """FLOPs per token of the encoder: per layer QKV and output projections, the MLP, and attention
+    over a row of `tokens` (scores and the weighted sum)."""
+    h = HIDDEN
+    return LAYERS * 2 * (4 * h * h + 2 * h * INTERMEDIATE + 2 * tokens * h)
+
+
+def head_flops() -> float:
+    """FLOPs per token of BERT's masked-LM head: the hidden x hidden transform, then hidden x vocabulary."""
+    return 2 * (HIDDEN * HIDDEN + HIDDEN * VOCAB)
+
+
+def sentence_transformers_sparse(path: Path, texts: list[str], threads: int) -> float:
+    """Seconds for `SparseEncoder.encode` of the same texts (its default batch of 32, after a warm-up):
+    what a user of sentence-transformers runs for the same vectors."""
+    import torch
+    from sentence_transformers import SparseEncoder
+
+    torch.set_num_threads(threads)
+    model = SparseEncoder(str(path), device="cpu")
+    model.encode(texts[:64], batch_size=32)
+    start = time.perf_counter()
+    model.encode(texts, batch_size=32)
+    return time.perf_counter() - start
+
+
 def run_kind(corpus: Path, out: Path, model: Path, threads: int, task: str, embed: dict[str, Any]) -> tuple[Any, float]:
     """(hpcinfer's report, seconds of the whole call, model load included)."""
     from hpcinfer.api import run
@@ -205,6 +236,7 @@ def main() -> None:
                                               embed))  # fmt: skip
                 print(f"  {kind}: {reports[kind][-1][0].wall_s:.1f} s", flush=True)
         head = head_share(folder / "splade-mlm", texts[: args.head_batch], args.threads)
+        st_sparse_s = sentence_transformers_sparse(splade, texts, args.threads)
         results = []
         for i, kind in enumerate(KINDS):
             report, whole = min(reports[kind], key=lambda r: r[0].wall_s)
@@ -233,12 +265,24 @@ def main() -> None:
     print(f"sparse: {sparse['active_per_row']:.0f} entries per row; MLM head {head['head_share']:.0%} of the forward "
           f"({head['full_s'] * 1000:.0f} ms with it, {head['encoder_s'] * 1000:.0f} ms without, {head['rows']} rows, "
           f"{head['tokens']} tokens)")  # fmt: skip
+    ratio = sparse["rows_per_s"] / base["rows_per_s"]
+    tokens = head["tokens"] / head["rows"]  # a row's mean length, for attention's share
+    encoder, mlm = encoder_flops(tokens), head_flops()
+    ceiling = encoder / (encoder + mlm)
+    print(f"per token: the encoder {encoder / 1e6:.1f} MFLOP, the MLM head {mlm / 1e6:.1f} MFLOP; sparse's "
+          f"ceiling against dense (the same encoder, plus the head, at the same FLOP rate) {ceiling:.2f}x; "
+          f"reached {ratio:.2f}x ({ratio / ceiling:.2f} of the ceiling)")  # fmt: skip
+    print(f"compute stage: dense {base['stages']['compute']:.1f} s, sparse {sparse['stages']['compute']:.1f} s")
+    st_rows_per_s = args.rows / st_sparse_s
+    print(f"sentence-transformers SparseEncoder.encode (batch 32): {st_rows_per_s:.1f} rows/s; hpcinfer sparse "
+          f"{sparse['rows_per_s'] / st_rows_per_s:.2f}x it")  # fmt: skip
     for r in results[1:]:
         if r["rows_per_s"] / base["rows_per_s"] < args.target:
             print(f"below {args.target}x dense: {r['kind']}: {where_time_goes(r['kind'], r, base, head)}")
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu, "rows": args.rows, "threads": args.threads, "head": head,
-                                         "results": results}, indent=1))  # fmt: skip
+                                         "st_sparse_rows_per_s": st_rows_per_s, "results": results},
+                                        indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
