@@ -121,6 +121,8 @@ def profile(**opts: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="hpcinfer-profile-") as scratch:
         if not opts["output"]:
             opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
+            if opts.get("report_html") in (None, "auto"):  # NOTE: not beside a scratch output that is removed
+                opts["report_html"] = "off"
         config = build_run_config(apply_recipe(click.get_current_context(), opts), "profile")
         report, notes = run_profiled(api_run, config, sys.argv[2:], opts["torch_profile"])
 

@@ -70,7 +70,7 @@ def check_page(page: Path, report: dict[str, Any], charts: set[str], shot: Path)
 def runs(tmp_path_factory, tiny_model) -> dict[str, Path]:
     """An embedding run on two CPU devices and a generation run, each with its JSON and HTML report."""
     root = tmp_path_factory.mktemp("reports")
-    texts = make_texts(3000, seed=5)
+    texts = make_texts(2000, seed=5)
     src = write_jsonl(root / "rows.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
     hpcinfer(
         "run", str(src), "-o", str(root / "emb.parquet"), "--model", str(tiny_model), "--devices", "cpu,cpu",
@@ -95,9 +95,9 @@ def test_the_embedding_report_draws_every_chart_with_the_reports_figures(runs):
     assert number(f["real_tokens"]) == report["real_tokens"]
     assert number(f["rows_per_s"]) == pytest.approx(report["rows_per_s"], abs=5e-4)
     assert number(f["batch_p50_ms"]) == pytest.approx(report["batch_latency_ms"]["p50"], abs=5e-4)
-    assert report["rows"] == 3000 and len(report["timeline"]["t"]) >= 2
+    assert report["rows"] == 2000 and len(report["timeline"]["t"]) >= 2
     commits = [e for e in report["timeline"]["events"] if e["kind"] == "commit"]
-    assert len(commits) == report["windows"] == 12  # 3000 rows in windows of 250
+    assert len(commits) == report["windows"] == 8  # 2000 rows in windows of 250
 
 
 def test_the_generation_report_draws_every_chart_with_the_reports_figures(runs):
@@ -152,11 +152,11 @@ def scrape(port: int) -> dict[tuple[str, str], float] | None:
 
 
 def test_a_prometheus_scrape_during_a_run_counts_up_to_the_reports_figures(tmp_path, tiny_model):
-    src = write_jsonl(tmp_path / "rows.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(6000, seed=2))])
+    src = write_jsonl(tmp_path / "rows.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(3000, seed=2))])
     port, report_path = free_port(), tmp_path / "report.json"
     args = [
         sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(tmp_path / "out.parquet"), "--model",
-        str(tiny_model), "--sort-window", "200", "--max-batch-tokens", "1024", "--report", str(report_path),
+        str(tiny_model), "--sort-window", "100", "--max-batch-tokens", "1024", "--report", str(report_path),
         "--metrics-port", str(port), "--metrics-linger", "20", "-q",
     ]  # fmt: skip
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -173,7 +173,7 @@ def test_a_prometheus_scrape_during_a_run_counts_up_to_the_reports_figures(tmp_p
         proc.terminate()
         proc.wait(timeout=60)
     assert final is not None, proc.stderr.read()[-2000:] if proc.stderr else ""
-    during = [s for s in scrapes if s.get(("hpcinfer_rows_total", "done"), 0) < 6000]
+    during = [s for s in scrapes if s.get(("hpcinfer_rows_total", "done"), 0) < 3000]
     assert len(during) >= 3, f"only {len(during)} scrapes while rows were still being written"
     counters = {k for s in scrapes for k in s if k[0].endswith("_total")}
     for key in counters:  # a counter never falls between scrapes
