@@ -61,7 +61,11 @@ def throughput(report: dict[str, Any], tokens: list[str]) -> list[Chart]:
     _lines(rows, {"rows/s": rate(tl, finished)}, "rows/s")
     _commit_marks(rows, tl)
     toks = _figure("tokens_per_s", "tokens/s over time")
-    _lines(toks, {f"{k} tokens/s": rate(tl, f"tokens.{k}") for k in tokens}, "tokens/s")
+    if "step_tokens.decode" in tl.get("series", {}):  # generation: as the engines step, not as sequences finish
+        lines = {f"{k} tokens/s": rate(tl, f"step_tokens.{k}") for k in ("prefill", "decode")}
+    else:
+        lines = {f"{k} tokens/s": rate(tl, f"tokens.{k}") for k in tokens}
+    _lines(toks, lines, "tokens/s")
     _commit_marks(toks, tl)
     return [Chart("rows_per_s", "Rows per second", rows), Chart("tokens_per_s", "Tokens per second", toks)]
 

@@ -3,6 +3,7 @@ from counters, shares of busy time, spans between breaker transitions. Pure Pyth
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 Points = tuple[list[float], list[float]]
@@ -27,21 +28,24 @@ def gauge(timeline: dict[str, Any], name: str) -> Points:
     return ts, vs
 
 
-SHOWN_POINTS = 150  # a rate is taken over enough samples that a chart shows about this many points
+SMOOTH_S = 2.0  # a rate spans at least this long (batches land in steps), where the run is long enough
+SMOOTH_SHARE = 60  # ... and at least this share of the timeline (1/60 of it)
 
 
 def rate(timeline: dict[str, Any], name: str, per: str | None = None) -> Points:
-    """A counter's increase per second (at each interval's end), or, with `per`, per unit of another
-    counter's increase (cached tokens per prompt token: a hit rate). Intervals with nothing to
-    divide by (no new prompt tokens) are left out. Over a long timeline each rate spans several
-    samples, so the line shows the trend rather than each batch landing."""
+    """A counter's increase per second, or, with `per`, per unit of another counter's increase
+    (cached tokens per prompt token: a hit rate), at each sample over a sliding window: at least
+    SMOOTH_S seconds (a quarter of the samples at most) and 1/SMOOTH_SHARE of the timeline, so the
+    line shows the trend rather than each batch landing. Windows with nothing to divide by (no
+    new prompt tokens) are left out."""
     t = timeline.get("t", [])
     values = column(timeline, name)
     below = column(timeline, per) if per else t
     known = [(now, v, u) for now, v, u in zip(t, values, below, strict=False) if v is not None and u is not None]
-    step = max(1, len(known) // SHOWN_POINTS)
+    interval = float(timeline.get("interval_s") or 1.0)
+    k = max(1, min(math.ceil(SMOOTH_S / interval), len(known) // 4), len(known) // SMOOTH_SHARE)
     ts, vs = [], []
-    for (_, v0, u0), (now, v1, u1) in zip(known[::step], known[step::step], strict=False):
+    for (_, v0, u0), (now, v1, u1) in zip(known, known[k:], strict=False):
         if u1 - u0 > 0:
             ts.append(now)
             vs.append((v1 - v0) / (u1 - u0))

@@ -25,6 +25,9 @@ def watch_engines(meter: Meter, engines: list[Any], tally: SequenceTally) -> Non
         ("tokens.completion", lambda: tally.completion_tokens, COUNTER),
         ("prefix_cache_hit_tokens", lambda: tally.cached_tokens, COUNTER),
         ("steps", total(lambda e: e.stats.steps), COUNTER),
+        # NOTE: as the engines step (the tokens above count as sequences finish): the chart's rates
+        ("step_tokens.prefill", total(lambda e: e.stats.prefill_tokens), COUNTER),
+        ("step_tokens.decode", total(lambda e: e.stats.decode_tokens), COUNTER),
         ("occupancy_sum", total(lambda e: e.stats.occupancy_sum), COUNTER),
         ("preemptions", total(lambda e: e.stats.preemptions), COUNTER),
         ("batch_occupancy", lambda: sum(e.stats.last_occupancy for e in engines) / len(engines), GAUGE),
