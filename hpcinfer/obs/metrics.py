@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..errors import ConfigError
 from .meter import COUNTER, Meter, family
 
 # meter family -> (Prometheus name without _total, its label, help)
@@ -67,7 +68,11 @@ class MetricsServer:
     def __init__(self, meter: Meter, port: int, host: str = "127.0.0.1") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MeterCollector(meter))  # type: ignore[arg-type]
-        self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:  # NOTE: before the run starts: nothing is lost
+            reason = exc.strerror or str(exc)
+            raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({reason})") from None
         self.port = self.server.server_port
 
     def close(self) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, OutputError
 from .meter import Meter
 from .timeline import Timeline
 
@@ -43,6 +45,9 @@ class Observed:
         self.server: Any = None
 
     def __enter__(self) -> Observed:
+        for flag, path in (("--report", self.files.json_path), ("--report-html", self.files.html)):
+            if path and path not in ("auto", "off") and not Path(path).resolve().parent.is_dir():
+                raise ConfigError(f"{flag}: the folder {Path(path).parent} does not exist", path=path)
         if self.files.metrics_port is not None:
             from .metrics import MetricsServer  # NOTE: prometheus_client only when asked
 
@@ -58,14 +63,20 @@ class Observed:
         if charted:
             report.timeline = self.timeline.to_dict()
             report.machine = self.machine()
-        if self.files.json_path:
-            report.write_json(self.files.json_path)
         html = self.files.html_path(getattr(report, "wall_s", 0.0)) if charted else None
-        if html:
-            from .html.page import write_report_html  # NOTE: the plotting library only when a page is made
+        try:
+            if self.files.json_path:
+                report.write_json(self.files.json_path)
+            if html:
+                from .html.page import write_report_html  # NOTE: the plotting library only when a page is made
 
-            write_report_html(report.to_dict(), html)
-            report.html_report = html
+                write_report_html(report.to_dict(), html)
+                report.html_report = html
+        except OSError as exc:  # NOTE: the output is committed already; only the report is missing
+            raise OutputError(
+                f"the run finished and its output is written, but its report could not be: {exc.strerror or exc}",
+                path=exc.filename or self.files.json_path,
+            ) from None
         if self.server is not None and self.files.linger_s > 0:
             time.sleep(self.files.linger_s)
 

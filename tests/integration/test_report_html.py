@@ -187,3 +187,22 @@ def test_a_prometheus_scrape_during_a_run_counts_up_to_the_reports_figures(tmp_p
     for stage in report["stages"]:
         got = final[("hpcinfer_stage_busy_seconds_total", stage["stage"])]
         assert got == pytest.approx(stage["busy_s"], abs=1e-4)
+
+
+def test_a_busy_metrics_port_and_a_missing_report_folder_are_one_line_errors_before_the_run(tmp_path, tiny_model):
+    src = write_jsonl(tmp_path / "rows.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(5))])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for extra, said in (
+            (["--metrics-port", str(port)], f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}"),
+            (["--report-html", str(tmp_path / "no" / "r.html")], "--report-html: the folder"),
+        ):
+            out = tmp_path / "out.parquet"
+            done = subprocess.run(
+                [sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(out), "--model", str(tiny_model), *extra],
+                env=ENV, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
