@@ -183,10 +183,9 @@ def report(report_json: str, output: str) -> None:
       hpcinfer run in.jsonl -o out.parquet --report report.json
       hpcinfer report report.json -o report.html
     """
-    from ..obs.html.load import read_report
-    from ..obs.html.page import write_report_html
+    from ..obs.html.load import read_report, write_page
 
-    write_report_html(read_report(report_json), output)
+    write_page(read_report(report_json), report_json, output)
     click.echo(f"hpcinfer: report: {output}", err=True)
 
 

@@ -5,7 +5,9 @@ A figure is a name with an optional label, `family.label` ("rows.done", "stage_b
 "device_rows.cpu#0"), and is either fed (`add`: the progress line's rows and tokens) or read when
 asked (`probe`: a callable over the job's own counters, registered by the task that owns them).
 Events (a window committed, a breaker changed state) are kept with their time, a bounded number.
-Thread-safe; reading costs the probes' calls, nothing is computed between reads.
+Thread-safe for what it holds behind its lock (fed values, probes, events); `kinds` and `facts`
+are plain dicts each key of which is written once, at registration. Reading costs the probes'
+calls, nothing is computed between reads.
 """
 
 from __future__ import annotations

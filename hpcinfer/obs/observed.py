@@ -9,6 +9,8 @@ final figures.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,22 +65,36 @@ class Observed:
         if charted:
             report.timeline = self.timeline.to_dict()
             report.machine = self.machine()
-        html = self.files.html_path(getattr(report, "wall_s", 0.0)) if charted else None
-        try:
-            if self.files.json_path:
+        if self.files.json_path:
+            try:
                 report.write_json(self.files.json_path)
-            if html:
-                from .html.page import write_report_html  # NOTE: the plotting library only when a page is made
-
-                write_report_html(report.to_dict(), html)
-                report.html_report = html
-        except OSError as exc:  # NOTE: the output is committed already; only the report is missing
-            raise OutputError(
-                f"the run finished and its output is written, but its report could not be: {exc.strerror or exc}",
-                path=exc.filename or self.files.json_path,
-            ) from None
+            except OSError as exc:  # NOTE: the output is committed already; only the report is missing
+                raise OutputError(
+                    f"the run finished and its output is written, but not its report: {exc.strerror or exc}",
+                    path=self.files.json_path,
+                ) from None
+        html = self.files.html_path(getattr(report, "wall_s", 0.0)) if charted else None
+        if html:
+            self._write_html(report, html)
         if self.server is not None and self.files.linger_s > 0:
-            time.sleep(self.files.linger_s)
+            with contextlib.suppress(KeyboardInterrupt):  # NOTE: the run is done and written: Ctrl-C ends the wait
+                time.sleep(self.files.linger_s)
+
+    def _write_html(self, report: Any, path: str) -> None:
+        """The HTML report; one asked for by name that cannot be written is an error, the `auto` one
+        a warning (a page nobody named never fails a finished run)."""
+        from .html.page import write_report_html  # NOTE: the plotting library only when a page is made
+
+        try:
+            write_report_html(report.to_dict(), path)
+        except Exception as exc:  # noqa: BLE001
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            if self.files.html != "auto":
+                raise OutputError(f"the run finished and its output is written, but not its HTML report: {why}",
+                                  path=path) from None  # fmt: skip
+            print(f"hpcinfer: {path}: the HTML report could not be written: {why}", file=sys.stderr)
+            return
+        report.html_report = path
 
     def __exit__(self, *exc: object) -> None:
         self.timeline.stop()

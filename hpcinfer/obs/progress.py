@@ -86,7 +86,8 @@ class Progress:
             for label in labels:
                 self.meter.add(f"device_rows.{label}", 0)
                 self.meter.add(f"device_tokens.{label}", 0)
-                self.meter.set(f"breaker_state.{label}", BREAKER_STATES["closed"])
+                if f"breaker_state.{label}" not in self.meter.kinds:  # NOTE: a restart keeps an open breaker open
+                    self.meter.set(f"breaker_state.{label}", BREAKER_STATES["closed"])
 
     def breaker(self, device: str, state: str, line: str) -> None:
         """A device's breaker changed state: a line of its own, a mark on the report's timeline."""
@@ -155,7 +156,7 @@ class Progress:
         return f", ETA {eta:,.0f} s" if eta is not None else ""
 
     def _per_device(self) -> str:
-        if not self.device_rows:
+        if len(self.device_rows) < 2:
             return ""
         return " [" + ", ".join(f"{k} {n:,}" for k, n in zip(self.device_labels, self.device_rows, strict=True)) + "]"
 

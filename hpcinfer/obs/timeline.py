@@ -89,6 +89,6 @@ class Timeline:
 
 def _merge(pair: list[float | None], counter: bool) -> float | None:
     if counter or len(pair) == 1:
-        return pair[-1] if pair[-1] is not None else pair[0]
+        return pair[-1]  # NOTE: a counter's value is its value at the later time, or unknown there
     known = [v for v in pair if v is not None]
     return sum(known) / len(known) if known else None

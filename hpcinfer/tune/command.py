@@ -95,6 +95,10 @@ def tune(
         sample_rows=task.sample_rows if opts.sample_rows is None else opts.sample_rows,
         warmup_rows=task.warmup_rows if opts.warmup_rows is None else opts.warmup_rows,
     )
+    if opts.report_json or opts.report_html:
+        from .report import check_report_paths
+
+        check_report_paths(opts.report_json, opts.report_html)
     if opts.sample_rows < 1 or opts.repeats < 1:
         raise ConfigError("--sample and --repeats must be at least 1")
     objective = task.objective(base, opts)

@@ -160,3 +160,38 @@ def test_the_pareto_front_keeps_the_trials_no_other_beats_on_both():
         {"index": 4, "rows_per_s": 999, "p99_ms": 1, "status": "infeasible"},  # never measured
     ]
     assert [t["index"] for t in pareto_front(trials, "rows_per_s")] == [0, 1, 3]
+
+
+def test_a_counter_merged_over_a_missing_sample_is_unknown_not_moved():
+    clock = FakeClock()
+    meter = Meter(clock=clock)
+    timeline = Timeline(meter, max_points=4)
+    values = iter([0, 10, None, 30])
+
+    def read() -> float:
+        value = next(values)
+        if value is None:
+            raise RuntimeError("torn down")  # NOTE: a probe that fails leaves its sample empty
+        return value
+
+    meter.probe("rows.done", read, COUNTER)
+    for _ in range(4):
+        clock.now += 1
+        timeline.sample()
+    d = timeline.to_dict()
+    assert d["series"]["rows.done"] == [10, 30]  # (0, 10) -> 10; (None, 30) -> 30, each at its later time
+    assert d["t"] == [2.0, 4.0] and d["interval_s"] == 0.5
+
+
+def test_the_page_keeps_the_users_text_and_one_json_makes_the_same_bytes():
+    from hpcinfer.obs.html.page import report_html
+
+    timeline, _, _ = long_job(0.05)
+    output = "/data/run-12345678-1234-1234-1234-123456789abc/out.parquet"
+    report = {
+        "schema_version": 1, "rows": 1800, "rejects": {}, "wall_s": 180.0, "model": "p1234", "device": "cpu",
+        "dtype": "float32", "timeline": timeline.to_dict(), "config": {"task": "embed", "output.path": output},
+    }  # fmt: skip
+    page = report_html(report)
+    assert page == report_html(report)  # NOTE: Bokeh's own ids renumbered the same way each time
+    assert "p1234" in page and output in page

@@ -43,6 +43,7 @@ def report_html(report: dict[str, Any]) -> str:
         charts = run_charts(report)
     figures_ = [c.figure for c in charts]
     script, divs = components(figures_) if charts else ("", [])
+    script, *divs = stable_ids([script, *divs], set(re.findall(r'"id":"(p\d+)"', script)))
     # NOTE: only the BokehJS the charts need (not widgets, tables, WebGL, MathJax), inlined
     bundle = bundle_for_objs_and_resources(figures_, INLINE) if charts else None
     bokeh_js = "".join(f"<script>{js}</script>" for js in bundle.js_raw) if bundle else ""
@@ -58,22 +59,26 @@ def report_html(report: dict[str, Any]) -> str:
         bokeh=Markup(bokeh_js),
         script=Markup(script),
     )
-    return stable_ids(page)
+    return page
 
 
 _ID = re.compile(r"\b(p\d{4,}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\b")
 
 
-def stable_ids(page: str) -> str:
-    """Bokeh's model ids (p1001...) and root ids (uuids) differ from one build to the next; numbered
-    in order of appearance they do not."""
+def stable_ids(parts: list[str], model_ids: set[str]) -> list[str]:
+    """Bokeh's model ids (`model_ids`: the p1001... its script defines) and its document and element
+    ids (uuids) differ from one build to the next; numbered in order of appearance across its script
+    and divs (one map: they refer to each other), they do not. Only Bokeh's own parts are
+    renumbered, never the page's text, and a p-number only where it is a model's id."""
     seen: dict[str, str] = {}
 
     def renumber(match: re.Match[str]) -> str:
-        return seen.setdefault(match.group(1), f"hp{len(seen) + 1}")
+        found = match.group(1)
+        if found.startswith("p") and found not in model_ids:
+            return found
+        return seen.setdefault(found, f"hp{len(seen) + 1}")
 
-    head, marker, body = page.partition("<!-- report -->")  # NOTE: BokehJS itself is left as it is
-    return head + marker + _ID.sub(renumber, body)
+    return [_ID.sub(renumber, part) for part in parts]
 
 
 def write_report_html(report: dict[str, Any], path: str) -> None:

@@ -49,8 +49,7 @@ class EmbedRun:
         self.commit_every_s, self.held = self.checkpoints()
         self.held_rows = held = sum(len(h.rows) for h in self.held.values())  # NOTE: taken back, not computed
         progress.set_total(max((estimate_rows(job.reader.sources) or 0) - job.reader.skip_rows - held, 0))
-        if len(devices) > 1:
-            progress.set_devices(self.labels)
+        progress.set_devices(self.labels)  # NOTE: also one device, after a restart on fewer: its rows are its own
         if self.config.device.threads and len(devices) == 1:
             set_torch_threads(self.config.device.threads)
         output = self.config.output

@@ -118,14 +118,13 @@ class SpladeModel(BatchSteps):
     def _max_pool(self, hidden: torch.Tensor, token_mask: torch.Tensor, step: int) -> torch.Tensor:
         """Max pooling with the activation taken once per row, not once per token: log1p and relu
         never decrease, so the max of log1p(relu(logit)) over tokens is log1p(relu(the max logit)),
-        the same float. Padding takes its row's first token's state, so its logits repeat a real
-        token's and cannot win the max; SpladePooling's zeros for padding are relu's floor. That
-        leaves one pass over the logits (their max) besides the matmul that makes them."""
-        real = token_mask[:, :, None]
-        hidden = torch.where(real, hidden, hidden[:, :1])
+        the same float. Padding's logits are -inf, so they never win the max (SpladePooling's zeros
+        for padding are relu's floor); one pass over the logits besides the matmul that makes them."""
         pooled = torch.full((hidden.shape[0], self.output_dim), -torch.inf, device=hidden.device)
         for start in range(0, hidden.shape[1], step):
-            pooled = torch.maximum(pooled, self.mlm(hidden[:, start : start + step]).float().amax(dim=1))
+            logits = self.mlm(hidden[:, start : start + step]).float()
+            logits.masked_fill_(~token_mask[:, start : start + step, None], -torch.inf)
+            pooled = torch.maximum(pooled, logits.amax(dim=1))
         weights = pooled.relu_().log1p_()
         return weights.log1p_() if self.head.activation == "log1p_relu" else weights
 
