@@ -172,6 +172,28 @@ def run_job(cfg: RunConfig, **kwargs: Any):  # noqa: ANN201
     return report, read_output(cfg.output.path)
 
 
+def assert_a_late_fault_resumes_to_the_whole_run(tmp_path: Path, src: Path, model: Path | str, **over: Any) -> None:
+    """A run (small_config with `over`) failing in a write of its last window keeps the windows it
+    committed, and `--resume` then writes exactly what an uninterrupted run writes."""
+    from hpcinfer.errors import StageError
+    from hpcinfer.files.parts import has_commits
+
+    report, whole = run_job(small_config(src, tmp_path / "whole.jsonl", model, **over))
+    calls = {"n": 0}
+
+    def fail_in_a_later_window(_item: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == report.batches - 1:  # NOTE: in the last window
+            raise RuntimeError("injected fault")
+
+    out = tmp_path / "part.jsonl"
+    with pytest.raises(StageError):
+        run(small_config(src, out, model, **over), progress=Progress("off"), hooks={"write": fail_in_a_later_window})
+    assert has_commits(str(out))  # NOTE: windows committed before the fault are what the resume skips
+    run_job(small_config(src, out, model, **over, output={"resume": True}))
+    assert read_output(str(out)).to_pylist() == whole.to_pylist()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny generation models run faster on one torch thread than on two (far faster on shared cores)."""

@@ -15,13 +15,18 @@ import torch
 import transformers
 
 from hpcinfer.api import run
-from hpcinfer.errors import ConfigError, StageError
-from hpcinfer.files.parts import has_commits
+from hpcinfer.errors import ConfigError
 from hpcinfer.models.tiny_classifier import build_tiny_classifier
 from hpcinfer.obs.progress import Progress
 from hpcinfer.registry import auto_task
 
-from ..conftest import make_texts, read_output, run_job, small_config, write_jsonl
+from ..conftest import (
+    assert_a_late_fault_resumes_to_the_whole_run,
+    make_texts,
+    run_job,
+    small_config,
+    write_jsonl,
+)
 
 MAX_SEQ_LENGTH = 48  # make_texts' rows run to 80 words: many are cut
 
@@ -145,18 +150,4 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, one_torch_thread):
     path = build_splade(tmp_path / "m", seed=2)
     texts = make_texts(90, seed=5)
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
-    report, whole = run_job(small_config(src, tmp_path / "whole.jsonl", path, plan={"sort_window": 30}))
-    calls = {"n": 0}
-
-    def fail_in_a_later_window(_item):
-        calls["n"] += 1
-        if calls["n"] == report.batches - 1:  # NOTE: in the last of the three windows
-            raise RuntimeError("injected fault")
-
-    out = tmp_path / "part.jsonl"
-    with pytest.raises(StageError):
-        run(small_config(src, out, path, plan={"sort_window": 30}), progress=Progress("off"),
-            hooks={"write": fail_in_a_later_window})  # fmt: skip
-    assert has_commits(str(out))  # NOTE: windows committed before the fault are what the resume skips
-    run_job(small_config(src, out, path, plan={"sort_window": 30}, output={"resume": True}))
-    assert read_output(str(out)).to_pylist() == whole.to_pylist()
+    assert_a_late_fault_resumes_to_the_whole_run(tmp_path, src, path, plan={"sort_window": 30})

@@ -20,13 +20,18 @@ from sentence_transformers.base.modules.normalize import Normalize
 
 from hpcinfer.api import run
 from hpcinfer.config import PlanConfig
-from hpcinfer.errors import ConfigError, ModelError, StageError
-from hpcinfer.files.parts import has_commits
+from hpcinfer.errors import ConfigError, ModelError
 from hpcinfer.models.tiny import build_tiny_bert
 from hpcinfer.obs.progress import Progress
 from hpcinfer.tasks.embed.task import TASK
 
-from ..conftest import make_texts, read_output, run_job, small_config, write_jsonl
+from ..conftest import (
+    assert_a_late_fault_resumes_to_the_whole_run,
+    make_texts,
+    run_job,
+    small_config,
+    write_jsonl,
+)
 
 ROWS = 120
 TEXTS = make_texts(ROWS, seed=13)
@@ -89,21 +94,7 @@ def test_a_dense_module_leaves_the_token_embeddings_alone(tmp_path, tiny_model, 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, tiny_model, one_torch_thread):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
     plan = {"sort_window": 40, "max_batch_tokens": 1024, "max_batch_size": 32}
-    report, whole = run_job(small_config(src, tmp_path / "whole.jsonl", tiny_model, plan=plan, embed=TOKENS))
-    calls = {"n": 0}
-
-    def fail_in_a_later_window(_item):
-        calls["n"] += 1
-        if calls["n"] == report.batches - 1:  # NOTE: in the last of the three windows
-            raise RuntimeError("injected fault")
-
-    out = tmp_path / "part.jsonl"
-    with pytest.raises(StageError):
-        run(small_config(src, out, tiny_model, plan=plan, embed=TOKENS), progress=Progress("off"),
-            hooks={"write": fail_in_a_later_window})  # fmt: skip
-    assert has_commits(str(out))  # NOTE: windows committed before the fault are what the resume skips
-    run_job(small_config(src, out, tiny_model, plan=plan, embed=TOKENS, output={"resume": True}))
-    assert read_output(str(out)).to_pylist() == whole.to_pylist()
+    assert_a_late_fault_resumes_to_the_whole_run(tmp_path, src, tiny_model, plan=plan, embed=TOKENS)
 
 
 def test_the_default_window_is_cut_to_a_gibibyte(tmp_path, tiny_model):

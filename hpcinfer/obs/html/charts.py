@@ -29,7 +29,8 @@ class Chart:
     note: str = ""
 
 
-def _figure(key: str, title: str, x_label: str = "seconds since the job started", **kw: Any) -> Any:
+def chart_figure(key: str, title: str, x_label: str = "seconds since the job started", **kw: Any) -> Any:
+    """A chart's figure: named `chart:KEY` (the browser test finds it by that), the page's size and tools."""
     fig = figure(name=f"chart:{key}", title=title, width=WIDTH, height=HEIGHT, tools="pan,box_zoom,reset,save", **kw)
     fig.xaxis.axis_label = x_label
     fig.toolbar.logo = None
@@ -56,11 +57,11 @@ def _commit_marks(fig: Any, timeline: dict[str, Any]) -> None:
 
 def throughput(report: dict[str, Any], tokens: list[str]) -> list[Chart]:
     tl = report["timeline"]
-    rows = _figure("rows_per_s", "rows/s over time")
+    rows = chart_figure("rows_per_s", "rows/s over time")
     finished = "rows_finished" if "rows_finished" in tl.get("series", {}) else "rows.done"
     _lines(rows, {"rows/s": rate(tl, finished)}, "rows/s")
     _commit_marks(rows, tl)
-    toks = _figure("tokens_per_s", "tokens/s over time")
+    toks = chart_figure("tokens_per_s", "tokens/s over time")
     if "step_tokens.decode" in tl.get("series", {}):  # generation: as the engines step, not as sequences finish
         lines = {f"{k} tokens/s": rate(tl, f"step_tokens.{k}") for k in ("prefill", "decode")}
     else:
@@ -80,7 +81,7 @@ def busy_shares(key: str, title: str, parts: dict[str, tuple[list[float], list[f
         at = dict(zip(pts, vs, strict=True))
         data[label] = [max(0.0, at.get(t, 0.0)) for t in ts]
     labels = list(parts)
-    fig = _figure(key, title)
+    fig = chart_figure(key, title)
     fig.varea_stack(
         labels, x="t", source=ColumnDataSource(data), color=Category10_10[: len(labels)], legend_label=labels
     )
@@ -121,21 +122,21 @@ def engine(report: dict[str, Any]) -> list[Chart]:
     tl = report["timeline"]
     out = []
     if "running" in tl.get("series", {}):
-        seqs = _figure("sequences", "Running and waiting sequences")
+        seqs = chart_figure("sequences", "Running and waiting sequences")
         _lines(seqs, {"running": gauge(tl, "running"), "waiting": gauge(tl, "waiting")}, "sequences")
         out.append(Chart("sequences", "Running and waiting sequences", seqs))
-    occ = _figure("occupancy", "Batch occupancy (sequences per step / max-num-seqs)")
+    occ = chart_figure("occupancy", "Batch occupancy (sequences per step / max-num-seqs)")
     _lines(occ, {"occupancy": rate(tl, "occupancy_sum", per="steps")}, "occupancy")
     out.append(Chart("occupancy", "Batch occupancy", occ))
     if "kv_blocks_used" in tl.get("series", {}):
-        kv = _figure("kv_blocks", "KV cache blocks used and the pool")
+        kv = chart_figure("kv_blocks", "KV cache blocks used and the pool")
         _lines(kv, {"used": gauge(tl, "kv_blocks_used"), "pool": gauge(tl, "kv_blocks_total")}, "blocks")
         out.append(Chart("kv_blocks", "KV cache blocks", kv))
-    pre = _figure("preemptions", "Preemptions (cumulative)")
+    pre = chart_figure("preemptions", "Preemptions (cumulative)")
     _lines(pre, {"preemptions": gauge(tl, "preemptions")}, "preemptions")
     out.append(Chart("preemptions", "Preemptions", pre))
     if report.get("prefix_cache"):
-        hit = _figure("prefix_hits", "Prefix-cache hit rate (cached / prompt tokens, per interval)")
+        hit = chart_figure("prefix_hits", "Prefix-cache hit rate (cached / prompt tokens, per interval)")
         _lines(hit, {"hit rate": rate(tl, "prefix_cache_hit_tokens", per="tokens.prompt")}, "hit rate")
         out.append(Chart("prefix_hits", "Prefix-cache hit rate", hit))
     return out
@@ -146,7 +147,7 @@ def latency_histogram(key: str, title: str, hist: dict[str, Any], marks: dict[st
     if not hist:
         return None
     edges = hist["edges_ms"]
-    fig = _figure(key, title, x_label="milliseconds", x_axis_type="log")
+    fig = chart_figure(key, title, x_label="milliseconds", x_axis_type="log")
     source = ColumnDataSource({"left": edges[:-1], "right": edges[1:], "count": hist["counts"]})
     fig.quad(left="left", right="right", top="count", bottom=0, source=source, fill_alpha=0.6)
     fig.yaxis.axis_label = "requests"
@@ -183,7 +184,7 @@ def devices(report: dict[str, Any]) -> list[Chart]:
         return []
     out = []
     if labels:
-        fig = _figure("device_rows", "Rows/s per device")
+        fig = chart_figure("device_rows", "Rows/s per device")
         _lines(fig, {label: rate(tl, f"device_rows.{label}") for label in labels}, "rows/s")
         out.append(Chart("device_rows", "Rows per second, per device", fig))
     shown, token_share = [d["device"] for d in per], [d.get("token_share", 0.0) for d in per]
@@ -192,14 +193,14 @@ def devices(report: dict[str, Any]) -> list[Chart]:
                 for label in labels}  # fmt: skip
         total = sum(last.values()) or 1.0
         shown, token_share = list(last), [v / total for v in last.values()]
-    share = _figure("token_share", "Token share per device", x_label="device", x_range=shown)
+    share = chart_figure("token_share", "Token share per device", x_label="device", x_range=shown)
     share.vbar(x=shown, top=token_share, width=0.6)
     out.append(Chart("token_share", "Token share per device", share))
     end = tl["t"][-1] if tl.get("t") else 0.0
     spans = breaker_spans(tl, end)
     if spans:
         ys = sorted({s["device"] for s in spans})
-        fig = _figure("breakers", "Circuit breakers out of the closed state", y_range=ys)
+        fig = chart_figure("breakers", "Circuit breakers out of the closed state", y_range=ys)
         data = {k: [s[k] for s in spans] for k in ("device", "state", "start", "end")}
         data["colour"] = [BREAKER_COLOURS.get(s, "#999999") for s in data["state"]]
         fig.hbar(

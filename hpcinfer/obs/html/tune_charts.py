@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from bokeh.models import ColumnDataSource, HoverTool, Span
-from bokeh.plotting import figure
 
-from .charts import HEIGHT, WIDTH, Chart
+from .charts import Chart, chart_figure
 
 STATUS_COLOURS = {"ok": "#1f77b4", "over-limit": "#ff7f0e", "infeasible": "#7f7f7f"}
 
@@ -54,26 +53,14 @@ def tune_charts(report: dict[str, Any]) -> list[Chart]:
             ("knobs", "@knobs"),
         ]
     )
-    bars = figure(
-        name="chart:trial_speed",
-        title=f"Each trial's {unit} (the chosen one in green)",
-        width=WIDTH,
-        height=HEIGHT,
-        tools="pan,box_zoom,reset,save",
-    )
+    bars = chart_figure("trial_speed", f"Each trial's {unit} (the chosen one in green)", x_label="trial")
     bars.vbar(x="trial", top="speed", width=0.7, color="colour", source=source)
     bars.add_tools(hover)
-    bars.xaxis.axis_label, bars.yaxis.axis_label = "trial", unit
-    scatter = figure(
-        name="chart:trial_latency",
-        title=f"{unit} against p99 latency",
-        width=WIDTH,
-        height=HEIGHT,
-        tools="pan,box_zoom,reset,save",
-    )
+    bars.yaxis.axis_label = unit
+    scatter = chart_figure("trial_latency", f"{unit} against p99 latency", x_label="p99 latency (ms)")
     scatter.scatter("p99", "speed", size="size", color="colour", source=source)
     scatter.add_tools(HoverTool(tooltips=hover.tooltips))
-    scatter.xaxis.axis_label, scatter.yaxis.axis_label = "p99 latency (ms)", unit
+    scatter.yaxis.axis_label = unit
     limit = report.get("goal", {}).get("max_p99_ms")
     charts = [
         Chart("trial_speed", f"Trials: {unit}", bars),
@@ -95,6 +82,4 @@ def tune_charts(report: dict[str, Any]) -> list[Chart]:
             scatter,
             f"p99 limit {limit:g} ms (dashed); the Pareto front joins the trials no other beats on both",
         )
-    for fig in (bars, scatter):
-        fig.toolbar.logo = None
     return charts
