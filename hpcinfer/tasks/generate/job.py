@@ -17,7 +17,6 @@ One device keeps the plain loop: no threads.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -49,17 +48,15 @@ from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
-from ...place.breaker import BreakerSettings
 from ...place.devices import device_labels
 from ...registry import pick_task
 from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
-from .devices import EngineWorker
 from .held import answers_chunk, held_answers
 from .live import watch_engines
 from .loop import EngineSink, run_loop
-from .pool import EnginePool
-from .report import GenerateReport, share_after_recovery
+from .on_devices import run_on_devices
+from .report import GenerateReport
 from .requests import Request
 from .setup import (
     engine_config,
@@ -163,7 +160,7 @@ class GenerationJob:
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         return True
 
-    def _finish(self, seq: Sequence, device: int = 0) -> None:
+    def finish(self, seq: Sequence, device: int = 0) -> None:
         window, request = seq.tag
         self.windows.finish(window, request.row, self._answer(seq, request), started=seq.arrival_s)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
@@ -178,7 +175,7 @@ class GenerationJob:
     def _answer(self, seq: Sequence, request: Request) -> dict[str, Any]:
         return answer_row(seq, request, self.tokenizer, self.config.model)
 
-    def _commit_ready(self) -> None:
+    def commit_ready(self) -> None:
         for w in self.windows.complete():
             rejects = [r.to_json() for r in w.rejects]
             rows = with_errors(w.results, rejects, self.reader.openai_sources)
@@ -231,7 +228,7 @@ class GenerationJob:
                     governor = self._governor(compute)
                     sink = EngineSink(engines[0], self.step_hooks.get(self.labels[0]), ranges, governor)
                     source = self._source()
-                    run_loop(self.admission, source, sink, self._finish, stop=stop, after=self._commit_ready)
+                    run_loop(self.admission, source, sink, self.finish, stop=stop, after=self.commit_ready)
                 self.by_device[0].last_step_end = sink.last_step_end
                 if governor is not None:
                     self.report.threads = governor.summary()
@@ -240,7 +237,7 @@ class GenerationJob:
             else:
                 with pinned(plan.host if plan is not None else None):
                     source = self._source()
-                    self._run_many(engines, source, stop, ranges)
+                    run_on_devices(self, engines, source, stop, ranges)
             if not stop.is_set():
                 self.report.accounting = settle(
                     ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
@@ -303,38 +300,6 @@ class GenerationJob:
                 trace_steps=self.config.trace_path is not None,
                 grammars=self.reader.grammars,
             )
-
-    def _run_many(self, engines: list[Engine], source: Any, stop: threading.Event, ranges: RangeBackend | None) -> None:
-        """Feeds the engines' threads and commits what they finish; the first device failure stops the run."""
-        cpus = sum(d.type == "cpu" for d in self.devices) * self.tp_size  # NOTE: with --tp, each rank's share
-        threads = max(1, (self.config.device.threads or torch.get_num_threads()) // cpus) if cpus else None
-        outbox: Any = queue.Queue()
-        workers = []
-        for i, (label, engine) in enumerate(zip(self.labels, engines, strict=True)):
-            cores = self.affinity.replicas[i].compute if self.affinity is not None else None
-            own = threads  # NOTE: a CPU engine pinned without --threads takes one thread per core of its share
-            if cores is not None and threads is not None and not self.config.device.threads:
-                own = len(cores)
-            workers.append(EngineWorker(i, label, engine, outbox, own, self.step_hooks.get(label), ranges, cores))
-        prefix_block = self.engine_config.block_size if self.engine_config.prefix_cache else None
-        d = self.config.device
-        breaker = BreakerSettings(d.breaker_failures, d.breaker_window, d.breaker_cooldown)
-        pool = EnginePool(workers, d.dispatch, prefix_block, breaker, d.step_timeout)
-        pool.breaker_log.listener = lambda t: self.progress.breaker(
-            t.device, t.state, f"hpcinfer: device {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}"
-        )
-        self.breaker_start = pool.breaker_log.start
-        self.progress.set_devices(self.labels)
-        try:
-            pool.start()
-            run_loop(self.admission, source, pool, self._finish, stop=stop, after=self._commit_ready)
-        finally:
-            pool.close()
-            self.report.device_faults = [asdict(t) for t in pool.breaker_log.transitions]
-            self.report.moved_prompts = {w.label: n for w, n in zip(workers, pool.moved, strict=True) if n}
-            self.report.share_after_recovery = share_after_recovery(pool.breaker_log, self.finished_at, self.labels)
-        for counts, worker in zip(self.by_device, workers, strict=True):
-            counts.last_step_end = worker.stats.last_step_end
 
 
 def run_generate(
