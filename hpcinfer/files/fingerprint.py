@@ -8,18 +8,19 @@ difference (`fingerprint_difference`).
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 from ..models.checkpoint import weights_file
+from . import storage
 
 
 def file_digest(path: str) -> str:
-    """Size + the first and last MiB: cheap, and catches a changed or different file."""
-    size = os.path.getsize(path)
+    """Size + the first and last MiB: cheap, and catches a changed or different file (an object on a
+    store alike: two ranged reads)."""
+    size = storage.size(path)
     h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as fh:
+    with storage.open_binary(path, block_size=1 << 20) as fh:
         h.update(fh.read(1 << 20))
         if size > 1 << 20:
             fh.seek(max(size - (1 << 20), 1 << 20))

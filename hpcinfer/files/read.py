@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
-import pyarrow.parquet as pq
 
 from ..config import InputConfig
 from ..types import Reject, RequestPart, RowBlock
@@ -47,6 +46,7 @@ from .sources import (
     expand_paths,
     is_id_type,
     open_source,
+    read_schema,
 )
 
 
@@ -119,7 +119,7 @@ class Reader:
 
     def _schema_names(self, src: Source) -> list[str]:
         if src.path not in self._names:
-            self._names[src.path] = pq.ParquetFile(src.path).schema_arrow.names
+            self._names[src.path] = read_schema(src.path).names
         return self._names[src.path]
 
     def _parquet_rows(self, src: Source, batch: pa.RecordBatch) -> Rows:

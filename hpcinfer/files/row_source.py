@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from . import storage
 from .lines import LineSplitter
+
+PARQUET_BLOCK_BYTES = 8 << 20  # an object's Parquet data is fetched in ranges of at least this much
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +39,15 @@ class Segment:
 def jsonl_chunks(path: str, chunk_bytes: int, seg: Segment | None = None) -> Iterator[list[tuple[int, bytes]]]:
     """Non-empty chunks of (line number, line) of the file, or of the segment's rows."""
     try:
-        with open(path, "rb") as fh:
+        with storage.open_binary(path, block_size=max(chunk_bytes, 1 << 20)) as fh:
             if seg is None:
-                size = os.fstat(fh.fileno()).st_size
+                size = fh.size if storage.is_remote(path) else os.fstat(fh.fileno()).st_size
                 splitter = LineSplitter(fh, chunk_bytes)
                 yield from (numbered for numbered in splitter.chunks() if numbered)
                 if splitter.bytes_seen != size:
                     raise InputError(
                         f"read stopped at byte {splitter.bytes_seen:,} of {size:,} (did the file change while read?)",
-                        path=path,
+                        path=storage.shown(path),
                     )
                 return
             fh.seek(seg.offset)
@@ -55,8 +59,8 @@ def jsonl_chunks(path: str, chunk_bytes: int, seg: Segment | None = None) -> Ite
                     yield numbered
                 if not left:
                     return
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", path=path) from None
+    except storage.errors() as exc:
+        raise InputError(f"cannot read ({storage.failure(exc)})", path=storage.shown(path)) from None
 
 
 def parquet_batches(
@@ -64,26 +68,41 @@ def parquet_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of the file (checked against its footer), or of the segment's rows."""
     try:
-        if seg is not None:
-            yield from parquet_range(path, seg, batch_rows, columns)
-            return
-        file = pq.ParquetFile(path)
-        seen = 0
-        for batch in file.iter_batches(batch_size=batch_rows, columns=columns):
-            seen += batch.num_rows
-            yield batch
-        if seen != file.metadata.num_rows:
-            raise InputError(f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=path)
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"cannot read ({exc})", path=path) from None
+        with open_parquet(path) as file:
+            if seg is not None:
+                yield from parquet_range(file, seg, batch_rows, columns)
+                return
+            seen = 0
+            for batch in file.iter_batches(batch_size=batch_rows, columns=columns):
+                seen += batch.num_rows
+                yield batch
+            if seen != file.metadata.num_rows:
+                raise InputError(
+                    f"read {seen:,} rows but the footer says {file.metadata.num_rows:,}", path=storage.shown(path)
+                )
+    except pa.ArrowException as exc:
+        raise InputError(f"cannot read ({exc})", path=storage.shown(path)) from None
+    except storage.errors() as exc:
+        raise InputError(f"cannot read ({storage.failure(exc)})", path=storage.shown(path)) from None
+
+
+@contextmanager
+def open_parquet(path: str) -> Iterator[pq.ParquetFile]:
+    """A Parquet file to read from: a local one as pyarrow opens it, an object through its store's
+    file (ranged reads, so a row group at a time is fetched, never the whole object)."""
+    if not storage.is_remote(path):
+        with pq.ParquetFile(storage.local_path(path)) as file:
+            yield file
+        return
+    with storage.open_binary(path, block_size=PARQUET_BLOCK_BYTES) as fh, pq.ParquetFile(fh) as file:
+        yield file
 
 
 def parquet_range(
-    path: str, seg: Segment, batch_rows: int, columns: list[str] | None = None
+    file: pq.ParquetFile, seg: Segment, batch_rows: int, columns: list[str] | None = None
 ) -> Iterator[pa.RecordBatch]:
     """The segment's rows of a Parquet file, in record batches: only the row groups holding them are
     decoded, the first and last trimmed."""
-    file = pq.ParquetFile(path)
     groups, skip, first = [], 0, 0
     for g in range(file.metadata.num_row_groups):
         n = file.metadata.row_group(g).num_rows

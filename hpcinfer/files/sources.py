@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from ..config import InputConfig
 from ..errors import InputError
+from . import storage
 from .lines import BOM, LineSplitter
 
 _SUFFIX_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
@@ -31,9 +32,14 @@ class Source:
 
 
 def expand_paths(specs: tuple[str, ...]) -> list[str]:
-    """Files, directories (their data files, sorted) and globs -> a list of files, in order."""
+    """Files, directories (their data files, sorted) and globs -> a list of files, in order; a URI
+    (`s3://bucket/shards/*.parquet`, a prefix, an object) the same way, its files as URIs."""
     files: list[str] = []
     for spec in specs:
+        if storage.is_remote(spec):
+            files.extend(_expand_uri(spec))
+            continue
+        spec = storage.local_path(spec)
         if any(ch in spec for ch in "*?["):
             matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
             if not matches:
@@ -51,11 +57,47 @@ def expand_paths(specs: tuple[str, ...]) -> list[str]:
     return files
 
 
+def _expand_uri(spec: str) -> list[str]:
+    try:
+        found = storage.expand(spec)
+    except storage.errors() as exc:
+        raise InputError(f"cannot list ({storage.failure(exc)})", path=storage.shown(spec)) from None
+    if found is None:
+        raise InputError("no such object or prefix", path=storage.shown(spec))
+    data = [p for p in found if Path(p).suffix.lower() in _SUFFIX_FORMATS] if not _is_single(spec, found) else found
+    if not data:
+        raise InputError(
+            "no file matches this pattern" if "*" in spec else "holds no .jsonl or .parquet file",
+            path=storage.shown(spec),
+        )
+    return data
+
+
+def _is_single(spec: str, found: list[str]) -> bool:
+    """The URI named one object (not a prefix or a pattern): taken whatever its suffix, as a local file is."""
+    return len(found) == 1 and not any(ch in spec for ch in "*?[") and found[0].rstrip("/") == spec.rstrip("/")
+
+
+def read_schema(path: str) -> pa.Schema:
+    """A Parquet file's schema, from its footer (a ranged read on a store)."""
+    if not storage.is_remote(path):
+        return pq.read_schema(path)
+    with storage.open_binary(path) as fh:
+        return pq.read_schema(fh)
+
+
+def parquet_rows(path: str) -> int:
+    if not storage.is_remote(path):
+        return pq.ParquetFile(path).metadata.num_rows
+    with storage.open_binary(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
 def json_objects(path: str, limit: int = 1000) -> list[dict]:
     """The JSON objects among the first `limit` lines (bad lines are the rows' problem, not the file's)."""
     found = []
     try:
-        with open(path, "rb") as fh:
+        with storage.open_binary(path, block_size=1 << 20) as fh:
             for n, line in enumerate(fh):
                 if n >= limit:
                     break
@@ -67,8 +109,8 @@ def json_objects(path: str, limit: int = 1000) -> list[dict]:
                     continue
                 if isinstance(obj, dict):
                     found.append(obj)
-    except OSError as exc:
-        raise InputError(f"cannot read file ({exc.strerror})", path=path) from None
+    except storage.errors() as exc:
+        raise InputError(f"cannot read file ({storage.failure(exc)})", path=storage.shown(path)) from None
     return found
 
 
@@ -122,9 +164,13 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         return _pair_source(path, fmt, cfg, objects)
     if fmt == "parquet":
         try:
-            schema = pq.read_schema(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"not a readable Parquet file ({exc})", path=path) from None
+            schema = read_schema(path)
+        except pa.ArrowException as exc:
+            raise InputError(f"not a readable Parquet file ({exc})", path=storage.shown(path)) from None
+        except storage.errors() as exc:
+            raise InputError(
+                f"not a readable Parquet file ({storage.failure(exc)})", path=storage.shown(path)
+            ) from None
         columns = set(schema.names)
         if cfg.id_column in columns and not is_id_type(kind := schema.field(cfg.id_column).type):
             raise InputError(f"id column '{cfg.id_column}' holds {kind}; ids must be strings or integers", path=path)
@@ -146,7 +192,7 @@ def open_source(path: str, cfg: InputConfig) -> Source:
 def _pair_source(path: str, fmt: str, cfg: InputConfig, objects: list[dict]) -> Source:
     """A file of text pairs: both columns present (Parquet: as text); a JSONL row lacking one is a reject."""
     if fmt == "parquet":
-        schema = pq.read_schema(path)
+        schema = read_schema(path)
         for column in cfg.pair_columns:
             if column not in schema.names:
                 raise InputError(f"no column '{column}' (--pair-columns {','.join(cfg.pair_columns)})", path=path)
@@ -168,6 +214,7 @@ def check_id_columns(sources: list[Source], id_column: str) -> None:
 
 
 EXACT_COUNT_BYTES = 64 << 20  # a JSONL file up to this size has its rows counted (0.3 s at most), not estimated
+REMOTE_EXACT_COUNT_BYTES = 8 << 20  # on a store, where counting means downloading it once more
 STRATA, SAMPLE_BYTES = 16, 1 << 20  # a larger one: each sixteenth's line size from a 1 MiB sample of it
 
 
@@ -185,10 +232,10 @@ def estimate_file_rows(paths: list[str]) -> int:
 
 def _estimate(path: str, parquet: bool) -> int:
     if parquet:
-        return pq.ParquetFile(path).metadata.num_rows
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        if size <= EXACT_COUNT_BYTES:
+        return parquet_rows(path)
+    size = storage.size(path)
+    with storage.open_binary(path, block_size=SAMPLE_BYTES) as fh:
+        if size <= (REMOTE_EXACT_COUNT_BYTES if storage.is_remote(path) else EXACT_COUNT_BYTES):
             splitter = LineSplitter(fh, 8 << 20)
             for _ in splitter.chunks():
                 pass

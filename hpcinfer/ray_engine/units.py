@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pyarrow.parquet as pq
-
 from ..errors import InputError
+from ..files import storage
 from ..files.lines import BOM
 from ..files.row_source import Segment
-from ..files.sources import Source
+from ..files.sources import Source, parquet_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +39,15 @@ def count_rows(src: Source, first_row: int = 0, window_rows: int = 0) -> tuple[i
     """
     if src.fmt == "parquet":
         try:
-            return pq.ParquetFile(src.path).metadata.num_rows, {}
-        except (OSError, ValueError) as exc:
-            raise InputError(f"not a readable Parquet file ({exc})", path=src.path) from None
+            return parquet_rows(src.path), {}
+        except (*storage.errors(), ValueError) as exc:
+            raise InputError(
+                f"not a readable Parquet file ({storage.failure(exc)})", path=storage.shown(src.path)
+            ) from None
     where: dict[int, tuple[int, int]] = {}
     rows = offset = 0
     try:
-        with open(src.path, "rb") as fh:
+        with storage.open_binary(src.path, block_size=8 << 20) as fh:
             for line_no, raw in enumerate(fh, start=1):
                 body = raw[len(BOM) :] if line_no == 1 and raw.startswith(BOM) else raw
                 if body.strip():
@@ -54,8 +55,8 @@ def count_rows(src: Source, first_row: int = 0, window_rows: int = 0) -> tuple[i
                         where[rows] = (offset, line_no)
                     rows += 1
                 offset += len(raw)
-    except OSError as exc:
-        raise InputError(f"cannot read file ({exc.strerror})", path=src.path) from None
+    except storage.errors() as exc:
+        raise InputError(f"cannot read file ({storage.failure(exc)})", path=storage.shown(src.path)) from None
     return rows, where
 
 
@@ -81,4 +82,3 @@ def plan_units(sources: list[Source], window_rows: int, first_window: int = 0) -
             file_first += n
         units.append(Unit(window, lo, hi - lo, tuple(segments)))
     return units, totals
-

@@ -18,15 +18,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from ...engine.sequence import SamplingParams
 from ...engine.structured import Grammars, spec_from_body
 from ...errors import InputError
 from ...files.ids import IdSet, check_id, id_key, is_unicode
 from ...files.lines import CHUNK_BYTES
 from ...files.row_source import Segment, jsonl_chunks, parquet_batches
-from ...files.sources import expand_paths, json_objects
+from ...files.sources import expand_paths, json_objects, read_schema
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 
@@ -287,7 +285,7 @@ class RequestReader:
 def _has_id_column(path: str, id_column: str) -> bool:
     """Whether the file carries ids (OpenAI batch files always do, in custom_id)."""
     if Path(path).suffix.lower() in (".parquet", ".pq"):
-        return id_column in pq.read_schema(path).names
+        return id_column in read_schema(path).names
     return any(id_column in obj or "custom_id" in obj for obj in json_objects(path))
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pyarrow.parquet as pq
-
 from ...config import RunConfig
 from ...errors import ConfigError
-from ...files.sources import expand_paths, is_batch_line, json_objects
+from ...files.sources import expand_paths, is_batch_line, json_objects, read_schema
 
 PAIR_DEFAULTS = (("query", "document"), ("text", "text_pair"))
 
@@ -32,7 +30,7 @@ def with_pair_columns(config: RunConfig) -> RunConfig:
     if config.input.pair_columns:
         return config
     if first.lower().endswith((".parquet", ".pq")):
-        columns = set(pq.read_schema(first).names)
+        columns = set(read_schema(first).names)
     else:
         columns = {key for obj in objects for key in obj}
     for pair in PAIR_DEFAULTS:
