@@ -16,6 +16,7 @@ from .config import RunConfig
 from .device import Device
 from .device.machine import machine_facts
 from .errors import ConfigError, Interrupted
+from .files import storage
 from .models.registry import LoadedModel
 from .obs.observed import Observed, ReportFiles
 from .obs.profile import RangeBackend
@@ -50,6 +51,7 @@ def run(
     stays, `Interrupted` is raised, and the same run with --resume finishes it.
     """
     config.validate()
+    storage.configure(config.storage())  # NOTE: before any input is opened or output looked at
     task = task_named(pick_task(config))
     config = replace(config, task=task.name)
     affinity = config.device.cpu_affinity.strip()

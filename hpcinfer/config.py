@@ -6,6 +6,7 @@ resolved once, in `api.run`, into the `Resolved*` values that stages receive.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
@@ -107,6 +108,7 @@ class OutputConfig:
     # None: DEFAULT_COMMIT_EVERY_S on the local engine; 0: off (only whole windows are committed).
     commit_every: float | None = None
     DEFAULT_COMMIT_EVERY_S: ClassVar[float] = 30.0
+    lease_s: float = 60.0  # an object-store output's lease: another host may take it this long after a crash
 
     @property
     def commit_every_s(self) -> float:
@@ -180,10 +182,23 @@ class RunConfig:
     metrics_port: int | None = None  # a Prometheus endpoint on 127.0.0.1 while the run runs
     metrics_linger_s: float = 0.0  # the endpoint stays up this long after the run, for a last scrape
     trace_path: str | None = None
+    storage_options: str | None = None  # JSON: what every fsspec filesystem is made with (endpoint, region...)
     task: str = "auto"  # auto (from the checkpoint) | a task registry.TASKS names
     backend: str = "native"  # native | transformers (the pooling tasks on any checkpoint transformers loads)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def storage(self) -> dict[str, Any]:
+        """--storage-options as a dict (ConfigError if not a JSON object)."""
+        if not self.storage_options:
+            return {}
+        try:
+            value = json.loads(self.storage_options)
+        except ValueError as exc:
+            raise ConfigError(f"--storage-options is not JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(value, dict):
+            raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://..."}\'')
+        return value
 
     def validate(self) -> RunConfig:
         positive = {
@@ -199,6 +214,9 @@ class RunConfig:
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        self.storage()
+        if self.output.lease_s < 3:
+            raise ConfigError(f"--lease-seconds must be at least 3 (got {self.output.lease_s:g})")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be a TCP port, 1 to 65535 (got {self.metrics_port})")
         if self.metrics_linger_s < 0:
@@ -275,12 +293,18 @@ def resolve_plan(plan: PlanConfig, device_kind: str, rate: float | None = None) 
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """Config tree -> {'plan.max_batch_tokens': 16384, ...} for reports and fingerprints."""
+    """Config tree -> {'plan.max_batch_tokens': 16384, ...} for reports and fingerprints.
+
+    --storage-options shows as the names of the options given, never their values: they may hold a
+    store's credentials, and this goes into reports.
+    """
     out: dict[str, Any] = {}
     for f in fields(config):
         value = getattr(config, f.name)
         key = f"{prefix}{f.name}"
-        if is_dataclass(value):
+        if key == "storage_options" and value:
+            out[key] = sorted(config.storage())
+        elif is_dataclass(value):
             out.update(flatten(value, key + "."))
         else:
             out[key] = list(value) if isinstance(value, tuple) else value

@@ -49,6 +49,7 @@ EVERY_TASK = (
     "metrics_port",
     "metrics_linger_s",
     "trace_path",
+    "storage_options",
     "pipeline.progress",
     "device",
     "cluster",

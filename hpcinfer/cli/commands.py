@@ -62,6 +62,7 @@ def run(**opts: Any) -> None:
       hpcinfer run sample_data/requests.jsonl -o out.parquet --report report.json
     """
     from ..api import run as api_run
+    from ..files import storage
     from ..files.parts import has_commits
     from ..job.output_checks import OutputComplete, check_resume_of_complete
     from ..obs.progress import Progress
@@ -74,6 +75,7 @@ def run(**opts: Any) -> None:
     # loaded), before any progress line, so a start-up error stays one line
     progress = Progress(config.pipeline.progress, header=None if quiet else task_line(config))
     try:
+        storage.configure(config.storage())
         check_resume_of_complete(output, config.output.resume, has_commits(output))  # before loading anything
         from ..device.threads import PROCESS
 

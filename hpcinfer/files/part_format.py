@@ -9,10 +9,13 @@ under one schema (`concat_parquet`, `unified_schema`) and JSONL parts are concat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -41,23 +44,26 @@ def write_jsonl_rows(path: Path, rows: Any) -> None:
             fh.write(json.dumps(row, default=str) + "\n")
 
 
-def concat_parquet(tmp: Path, parts: list[Path], empty_schema: pa.Schema) -> None:
-    """Every Parquet part into one file at `tmp`, in order, under `unified_schema`."""
-    schema = unified_schema(parts, empty_schema)
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+class PartSource(Protocol):
+    """Where parts are read from (folder.py): `source(name)` gives a path or an open file."""
+
+    def source(self, name: str) -> AbstractContextManager[Path | IO[bytes]]: ...
+
+
+def concat_parquet(sink: Path | IO[bytes], folder: PartSource, parts: list[str], empty_schema: pa.Schema) -> None:
+    """Every Parquet part into one file (at a path, or into an open file), in order, under `unified_schema`."""
+    schema = unified_schema(folder, parts, empty_schema)
+    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
         for part in parts:
             # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
             # (multi-threaded decode) costs a transient RSS spike of several times its size at
             # the very end of the run, which is where the run's peak would otherwise be.
-            source = pq.ParquetFile(part)
-            try:
+            with folder.source(part) as where, pq.ParquetFile(where) as source:
                 for batch in source.iter_batches(batch_size=ASSEMBLE_BATCH_ROWS, use_threads=False):
                     writer.write_table(pa.Table.from_batches([batch]).cast(schema))
-            finally:
-                source.close()
 
 
-def unified_schema(parts: list[Path], schema: pa.Schema) -> pa.Schema:
+def unified_schema(folder: PartSource, parts: list[str], schema: pa.Schema) -> pa.Schema:
     """One schema for every part: ids are integers where every part's are, else text.
 
     A part's id type follows its own rows (integers, strings, all-null, or an empty part), so
@@ -65,7 +71,8 @@ def unified_schema(parts: list[Path], schema: pa.Schema) -> pa.Schema:
     """
     kinds = set()
     for part in parts:
-        meta = pq.read_metadata(part)
+        with folder.source(part) as where:
+            meta = pq.read_metadata(where)
         if meta.num_rows:
             kinds.add(meta.schema.to_arrow_schema().field("id").type)
     kinds.discard(pa.null())
@@ -73,10 +80,20 @@ def unified_schema(parts: list[Path], schema: pa.Schema) -> pa.Schema:
     return schema.set(schema.get_field_index("id"), pa.field("id", id_type))
 
 
-def concat_bytes(tmp: Path, parts: list[Path]) -> None:
-    with open(tmp, "wb") as out:
+@contextlib.contextmanager
+def opened(where: Path | IO[bytes], mode: str = "rb") -> Iterator[IO[bytes]]:
+    """A file at a path, opened; or a file already open, as it is (its owner closes it)."""
+    if isinstance(where, Path):
+        with open(where, mode) as fh:
+            yield fh
+    else:
+        yield where
+
+
+def concat_bytes(sink: Path | IO[bytes], folder: PartSource, parts: list[str]) -> None:
+    with opened(sink, "wb") as out:
         for part in parts:
-            with open(part, "rb") as fh:
+            with folder.source(part) as where, opened(where) as fh:
                 shutil.copyfileobj(fh, out, 1 << 20)
 
 
@@ -86,6 +103,7 @@ __all__ = [
     "concat_bytes",
     "concat_parquet",
     "id_array",
+    "opened",
     "results_table",
     "unified_schema",
     "write_jsonl_rows",

@@ -1,15 +1,16 @@
-"""Crash-safe output: one atomic part per window, a manifest, and the final assembly.
+"""Crash-safe output: one immutable part per window, a manifest, and the final assembly.
 
-Layout next to the output `OUT`:
+Layout next to the output `OUT` (a local path, or a URI on an object store):
   OUT.parts/part-000042.parquet   results of window 42 (ids + embeddings, input order)
   OUT.parts/rejects-000042.jsonl  that window's rejected rows (only when there are some)
   OUT.parts/chunk-000043-000.parquet  a checkpoint: rows of window 43 finished so far (--commit-every)
   OUT.parts/manifest.json         fingerprint + the windows committed so far, in order, and the
                                   checkpoints of windows not yet committed (`partial`)
-Every file is written under a temporary name, fsynced and renamed (atomic.py), and the manifest is
-rewritten the same way after each part, so a kill between any two instructions leaves a consistent
-prefix. At the end the parts are assembled into OUT (and OUT.rejects.jsonl), again atomically; what
-a part holds and how parts join is part_format.py's, the resume fingerprint fingerprint.py's.
+Each part is written whole before the manifest names it, and the manifest is the commit point, so
+a kill between any two instructions leaves a consistent prefix. How a part and a manifest become
+durable is the folder's (folder.py: rename on a local disk, conditional puts on an object store).
+At the end the parts are assembled into OUT (and OUT.rejects.jsonl); what a part holds and how
+parts join is part_format.py's, the resume fingerprint fingerprint.py's.
 
 A checkpoint holds a task's own table of finished rows of an open window; windows themselves stay
 what they are (their rows, their sorting), so a resumed run re-reads a checkpointed window and
@@ -18,42 +19,36 @@ computes only what its checkpoints lack. Committing the window drops its checkpo
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import OutputError
-from .atomic import atomic_write
 from .fingerprint import fingerprint_difference
-from .lock import LOCK_NAME
-from .part_format import RAW_LINE, concat_bytes, concat_parquet, results_table, write_jsonl_rows
+from .folder import Folder, folder_for, parts_location, rejects_location
+from .part_format import RAW_LINE, concat_bytes, concat_parquet, opened, results_table, write_jsonl_rows
 
 MANIFEST_VERSION = 1
 
 
 def parts_dir(output: str) -> Path:
-    return Path(output + ".parts")
+    """A local output's parts directory (the server's batches, which are local, read it)."""
+    return Path(parts_location(output))
 
 
-def rejects_path(output: str) -> Path:
-    return Path(output + ".rejects.jsonl")
+def rejects_path(output: str) -> str:
+    return rejects_location(output)
 
 
 def has_commits(output: str) -> bool:
     """A readable manifest with at least one window or checkpoint: anything less is nothing committed."""
-    try:
-        data = json.loads((parts_dir(output) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and bool(data.get("windows") or data.get("partial"))
+    data = folder_for(output).read_manifest()
+    return bool(data.get("windows") or data.get("partial")) and not data.get("complete")
 
 
 class PartStore:
@@ -63,7 +58,9 @@ class PartStore:
         self.output = output
         self.fmt = fmt
         self.dim = dim
-        self.dir = parts_dir(output)
+        self.folder: Folder = folder_for(output)
+        self.dataset = getattr(self.folder, "dataset", False)
+        self.aux = "_" if self.dataset else ""  # NOTE: a dataset's other files start with _: readers skip them
         self.fingerprint = fp
         self.windows: list[dict[str, Any]] = []
         self.partial: dict[int, dict[str, Any]] = {}  # window id -> its checkpoints (chunks, rows, facts)
@@ -73,18 +70,12 @@ class PartStore:
     # -- state -------------------------------------------------------------------------------------
 
     def committed(self) -> bool:
-        return has_commits(self.output)
-
-    def _read_manifest(self) -> dict[str, Any]:
-        try:
-            data = json.loads((self.dir / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        data = self.folder.read_manifest()
+        return bool(data.get("windows") or data.get("partial")) and not data.get("complete")
 
     def load(self) -> None:
         """Reads an interrupted run's manifest; refuses one made with other inputs or options."""
-        data = self._read_manifest()
+        data = self.folder.read_manifest()
         diff = fingerprint_difference(data.get("fingerprint", {}), self.fingerprint)
         if diff:
             raise OutputError(f"cannot resume: {diff}; rerun with --overwrite to start over", path=self.output)
@@ -97,31 +88,17 @@ class PartStore:
         """Chunks no manifest lists: a kill between a chunk's rename and the manifest's, or after a
         window's commit and before its chunks were removed."""
         listed = {name for p in self.partial.values() for name in p["chunks"]}
-        for path in self.dir.glob("chunk-*"):
-            if path.name not in listed:
-                path.unlink(missing_ok=True)
+        for name in self.folder.names(f"{self.aux}chunk-*"):
+            if name not in listed:
+                self.folder.delete(name)
 
     def remove_stale_temporaries(self) -> None:
         """Temporary files a killed run left (a part or the output half written): this run holds the lock."""
-        out = Path(self.output)
-        names = [glob.escape(out.name), glob.escape(rejects_path(self.output).name)]
-        stale = [path for name in names for path in out.parent.glob(f".{name}.tmp-*")]
-        if self.dir.is_dir():
-            stale += self.dir.glob(".*.tmp-*")
-        for path in stale:
-            with contextlib.suppress(OSError):
-                path.unlink()
+        self.folder.remove_stale_temporaries(self.output)
 
     def start_fresh(self) -> None:
-        """An empty parts directory (but for the lock, which this run holds) and an empty manifest."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for entry in self.dir.iterdir():
-            if entry.name == LOCK_NAME:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        """An empty parts folder (but for the lock, which this run holds) and an empty manifest."""
+        self.folder.clear()
         self.windows = []
         self.partial = {}
         self._write_manifest()
@@ -147,7 +124,7 @@ class PartStore:
 
     def committed_ids(self) -> Iterator[Any]:
         for w in self.windows:
-            yield from self._read_part_ids(self.dir / w["part"])
+            yield from self._read_part_ids(w["part"])
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -158,8 +135,8 @@ class PartStore:
             return
         for window_id, table, facts in chunks:
             entry = self.partial.setdefault(window_id, {"window": window_id, "chunks": [], "rows": 0, **facts})
-            name = f"chunk-{window_id:06d}-{len(entry['chunks']):03d}.parquet"
-            atomic_write(self.dir / name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
+            name = f"{self.aux}chunk-{window_id:06d}-{len(entry['chunks']):03d}.parquet"
+            self.folder.write(name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
             entry["chunks"].append(name)
             entry["rows"] += table.num_rows
         self._write_manifest()
@@ -169,7 +146,7 @@ class PartStore:
         entry = self.partial.get(window_id)
         if entry is None:
             return None
-        tables = [pq.read_table(self.dir / name) for name in entry["chunks"]]
+        tables = [self._read_table(name) for name in entry["chunks"]]
         facts = {k: v for k, v in entry.items() if k not in ("window", "chunks", "rows")}
         return pa.concat_tables(tables), facts
 
@@ -222,7 +199,7 @@ class PartStore:
         self, window_id: int, first_row: int, input_rows: int, rows: int, write: Any, rejects: list[dict[str, Any]]
     ) -> None:
         part = f"part-{window_id:06d}.{'parquet' if self.fmt == 'parquet' else 'jsonl'}"
-        atomic_write(self.dir / part, write)
+        self.folder.write(part, write)
         entry = {
             "window": window_id,
             "first_row": first_row,
@@ -232,21 +209,28 @@ class PartStore:
             "part": part,
         }
         if rejects:
-            entry["rejects_part"] = f"rejects-{window_id:06d}.jsonl"
-            atomic_write(self.dir / entry["rejects_part"], lambda tmp: write_jsonl_rows(tmp, rejects))
+            entry["rejects_part"] = f"{self.aux}rejects-{window_id:06d}.jsonl"
+            self.folder.write(entry["rejects_part"], lambda tmp: write_jsonl_rows(tmp, rejects))
         self.windows.append(entry)
         dropped = self.partial.pop(window_id, None)
         self._write_manifest()
         for name in dropped["chunks"] if dropped else []:  # NOTE: only once the manifest no longer lists them
-            (self.dir / name).unlink(missing_ok=True)
+            self.folder.delete(name)
         if self.on_commit is not None:
             self.on_commit(entry)
 
-    def _write_manifest(self) -> None:
+    def _manifest(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": MANIFEST_VERSION, "fingerprint": self.fingerprint, "windows": self.windows}
         if self.partial:
             data["partial"] = [self.partial[w] for w in sorted(self.partial)]
-        atomic_write(self.dir / "manifest.json", lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
+        return data
+
+    def _write_manifest(self) -> None:
+        self.folder.write_manifest(self._manifest())
+
+    def _read_table(self, name: str) -> pa.Table:
+        with self.folder.source(name) as source:
+            return pq.read_table(source)
 
     def _write_part(
         self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
@@ -259,35 +243,36 @@ class PartStore:
             rows = ({"id": i, "embedding": v} for i, v in zip(ids, values.tolist(), strict=True))
             write_jsonl_rows(tmp, rows)
 
-    def _read_part_ids(self, path: Path) -> list[Any]:
-        if self.fmt == "parquet":
-            return pq.read_table(path, columns=[self.id_column]).column(self.id_column).to_pylist()
-        with open(path, encoding="utf-8") as fh:
-            return [json.loads(line)[self.id_column] for line in fh]
+    def _read_part_ids(self, name: str) -> list[Any]:
+        with self.folder.source(name) as source:
+            if self.fmt == "parquet":
+                return pq.read_table(source, columns=[self.id_column]).column(self.id_column).to_pylist()
+            with opened(source) as fh:
+                return [json.loads(line)[self.id_column] for line in fh]
 
     # -- assembly ----------------------------------------------------------------------------------
 
     def assemble(self) -> None:
-        """Parts -> the final output (and rejects file), atomically; then the parts go.
+        """Parts -> the final output (and rejects file); then the parts go (a dataset output keeps
+        them: they are its rows, and its last manifest says it is complete).
 
-        NOTE: the output's rename is the commit point. The manifest is removed first after it, so a
-        kill while the directory is being removed leaves a manifest-less one: nothing to resume.
+        NOTE: the output's arrival (a rename, or a multipart upload's completion) is the commit
+        point; what the folder removes after it is only what a resume would no longer need.
         """
-        atomic_write(Path(self.output), self._concat_parts)
-        rejects = [self.dir / w["rejects_part"] for w in self.windows if "rejects_part" in w]
+        if not self.dataset:
+            self.folder.write_output(self.output, self._concat_parts)
+        rejects = [w["rejects_part"] for w in self.windows if "rejects_part" in w]
         if rejects:
-            atomic_write(rejects_path(self.output), lambda tmp: concat_bytes(tmp, rejects))
-        with contextlib.suppress(OSError):
-            (self.dir / "manifest.json").unlink()
-        shutil.rmtree(self.dir, ignore_errors=True)
+            self.folder.write_output(rejects_path(self.output), lambda sink: concat_bytes(sink, self.folder, rejects))
+        self.folder.finish(self._manifest())
 
     def empty_schema(self) -> pa.Schema:
         """The output's schema; a task whose rows are not embeddings says its own."""
         return results_table([], np.zeros((0, self.dim), np.float32), self.dim).schema
 
-    def _concat_parts(self, tmp: Path) -> None:
-        parts = [self.dir / w["part"] for w in self.windows]
+    def _concat_parts(self, sink: Path | IO[bytes]) -> None:
+        parts = [w["part"] for w in self.windows]
         if self.fmt != "parquet":
-            concat_bytes(tmp, parts)
+            concat_bytes(sink, self.folder, parts)
             return
-        concat_parquet(tmp, parts, self.empty_schema())
+        concat_parquet(sink, self.folder, parts, self.empty_schema())

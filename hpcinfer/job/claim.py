@@ -7,13 +7,11 @@ run on the same output is refused, a run that fails before its first commit leav
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
 from ..config import OutputConfig
-from ..files.lock import OutputLock
 from ..files.parts import PartStore
 from .output_checks import check_output_state
 
@@ -27,14 +25,15 @@ class ResumableReader(Protocol):
 
 
 @contextmanager
-def claimed(store: PartStore, output: str) -> Iterator[None]:
-    """Holds the output's lock for the run; a run that fails before its first commit leaves no parts."""
-    lock = OutputLock(store.dir, output).acquire()  # a second run on this output is refused here
+def claimed(store: PartStore, output: OutputConfig) -> Iterator[None]:
+    """Holds the output's lock (a lease on an object store) for the run; a run that fails before its
+    first commit leaves no parts."""
+    lock = store.folder.lock(output.path, output.lease_s).acquire()  # a second run on this output is refused here
     try:
         yield
     except BaseException:
         if not store.committed():  # nothing worth resuming: leave no trace
-            shutil.rmtree(store.dir, ignore_errors=True)
+            store.folder.remove()
         raise
     finally:
         lock.release()

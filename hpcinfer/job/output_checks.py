@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 from ..errors import OutputError
+from ..files import storage
+from ..files.folder import is_dataset, output_exists
 
 
 class OutputComplete(OutputError):
@@ -18,6 +20,8 @@ class OutputComplete(OutputError):
 def output_format(path: str, requested: str) -> str:
     if requested != "auto":
         return requested
+    if is_dataset(path):
+        return "parquet"  # NOTE: a prefix has no suffix; its parts are Parquet unless --output-format says
     suffix = Path(path).suffix.lower()
     if suffix in (".parquet", ".pq"):
         return "parquet"
@@ -30,7 +34,10 @@ def output_format(path: str, requested: str) -> str:
 
 def check_output(path: str) -> None:
     """Up-front checks of where the output goes, so a long run does not fail at its very end."""
-    target = Path(path)
+    if storage.is_remote(path):
+        check_remote_output(path)
+        return
+    target = Path(storage.local_path(path))
     if target.is_dir():
         raise OutputError("output is a directory", path=path)
     parent = target.parent if str(target.parent) else Path(".")
@@ -40,9 +47,23 @@ def check_output(path: str) -> None:
         raise OutputError("output directory is not writable", path=str(parent))
 
 
+def check_remote_output(uri: str) -> None:
+    """The bucket (container) is there and these credentials may look at it: a denied write shows
+    at the lease, the run's first write, before any work."""
+    fs, key = storage.filesystem(uri)
+    bucket = key.split("/", 1)[0]
+    where = storage.shown(uri)
+    try:
+        fs.info(bucket)
+    except FileNotFoundError:
+        raise OutputError(f"no such bucket '{bucket}'", path=where) from None
+    except storage.errors() as exc:
+        raise OutputError(f"cannot reach the output's bucket ({storage.failure(exc)})", path=where) from None
+
+
 def check_resume_of_complete(path: str, resume: bool, committed: bool) -> None:
     """Before any work: --resume on a complete output (there, no commits of a later run) is done."""
-    if resume and not committed and Path(path).is_file():
+    if resume and not committed and output_exists(path):
         raise OutputComplete("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
 
 
@@ -53,7 +74,7 @@ def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool
     """
     if overwrite:
         return
-    if Path(path).exists() and not (resume and committed):
+    if output_exists(path) and not (resume and committed):
         if resume:
             raise OutputComplete("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)
         raise OutputError("output exists (use --overwrite to replace it)", path=path)

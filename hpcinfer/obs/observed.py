@@ -48,7 +48,7 @@ class Observed:
 
     def __enter__(self) -> Observed:
         for flag, path in (("--report", self.files.json_path), ("--report-html", self.files.html)):
-            if path and path not in ("auto", "off") and not Path(path).resolve().parent.is_dir():
+            if path and path not in ("auto", "off") and "://" not in path and not Path(path).resolve().parent.is_dir():
                 raise ConfigError(f"{flag}: the folder {Path(path).parent} does not exist", path=path)
         if self.files.metrics_port is not None:
             from .metrics import MetricsServer  # NOTE: prometheus_client only when asked
@@ -89,6 +89,7 @@ class Observed:
             write_report_html(report.to_dict(), path)
         except Exception as exc:  # noqa: BLE001
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            why = why.splitlines()[0] if why else type(exc).__name__
             if self.files.html != "auto":
                 raise OutputError(f"the run finished and its output is written, but not its HTML report: {why}",
                                   path=path) from None  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 from ..config import RunConfig
 from ..device.threads import set_torch_threads
 from ..errors import HpcinferError
+from ..files import storage
 from ..place.affinity import format_cpu_list, pin_near_gpus
 from ..registry import load_object
 from .beat import Beat
@@ -53,6 +54,7 @@ class ReplicaActor:
             cores = pin_near_gpus() if config.device.cpu_affinity == "auto" else ()
             self.problem = Ready(self.name, cores=format_cpu_list(cores))
             self._set_threads()
+            storage.configure(config.storage())  # NOTE: a replica reads its own rows, from the store if a URI
             self.replica = load_object(replica)(config)  # NOTE: the task's modules, only where they run
         except HpcinferError as exc:
             self.problem = Ready(self.name, error=(str(exc), exc.exit_code))

@@ -98,7 +98,7 @@ def run_on_ray(
         config = replace(config, device=replace(config.device, device=pool.kind))
         dtype = replica_dtype(ray, config, pool)
         config, store = task.settle(config, pool, dtype, fmt)
-        with claimed(store, config.output.path):
+        with claimed(store, config.output):
             job = ClusterJob(config, task, store, pool, str(dtype).removeprefix("torch."))
             return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress))
     finally:

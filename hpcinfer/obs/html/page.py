@@ -82,4 +82,12 @@ def stable_ids(parts: list[str], model_ids: set[str]) -> list[str]:
 
 
 def write_report_html(report: dict[str, Any], path: str) -> None:
-    Path(path).write_text(report_html(report), encoding="utf-8")
+    """The page, at a local path or as one object on a store (`s3://bucket/out.parquet.report.html`)."""
+    from ...files import storage
+
+    page = report_html(report)
+    if storage.is_remote(path):
+        fs, key = storage.filesystem(path)
+        fs.pipe_file(key, page.encode("utf-8"))
+        return
+    Path(storage.local_path(path)).write_text(page, encoding="utf-8")

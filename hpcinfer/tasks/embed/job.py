@@ -85,7 +85,7 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
         raise ConfigError(why)
     fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)
     store = encoder_task(config).store(config, fmt, info, fp, reader.sources)
-    with claimed(store, config.output.path):
+    with claimed(store, config.output):
         job = EmbedJob(config, devices, store, reader, info, max_length, dtype)
         return execute_tensor_parallel(job, extras) if config.device.tensor_parallel > 1 else execute_job(job, extras)
 

@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 
 from ...config import PRECISIONS
 from ...errors import ConfigError, OutputError
-from ...files.atomic import atomic_write
 from ...files.fingerprint import file_digest
 from ...files.part_format import id_array, write_jsonl_rows
 from ...files.parts import PartStore
@@ -125,9 +124,9 @@ class QuantizedStore(PartStore):
         super().load()
         if self.precision not in CALIBRATED:
             return
-        path = self.dir / RANGES_FILE
-        if path.is_file():
-            self.ranges = np.asarray(json.loads(path.read_text(encoding="utf-8")), dtype=np.float32)
+        saved = self.folder.read_bytes(self.aux + RANGES_FILE)
+        if saved is not None:
+            self.ranges = np.asarray(json.loads(saved), dtype=np.float32)
         elif self.given_ranges is None and self.rows_written:
             raise OutputError(
                 f"cannot resume: {RANGES_FILE} is missing from the parts; rerun with --overwrite to start over",
@@ -136,7 +135,7 @@ class QuantizedStore(PartStore):
 
     def _save_ranges(self) -> None:
         text = json.dumps(self.ranges.tolist())  # NOTE: float32 -> float64 -> JSON and back is exact
-        atomic_write(self.dir / RANGES_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        self.folder.write(self.aux + RANGES_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     def commit(
         self,

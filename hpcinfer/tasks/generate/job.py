@@ -315,7 +315,7 @@ def run_generate(
     job = GenerationJob(config, progress, step_hooks)
     stop = stop or threading.Event()
     try:
-        with claimed(job.store, config.output.path), signals_stop(stop) as interrupted, torch.inference_mode():
+        with claimed(job.store, config.output), signals_stop(stop) as interrupted, torch.inference_mode():
             report = job.run(stop, ranges)
         if interrupted:
             raise Interrupted(interrupted[0], job.store.rows_done, config.output.path)
