@@ -41,8 +41,11 @@ def local_path(path: str) -> str:
 
 
 def shown(path: str) -> str:
-    """The URI for messages: without a `user:password@` part."""
-    return _USERINFO.sub(r"\1", path)
+    """The URI for messages: without a `user:password@` part, nor a query (a presigned URL's
+    signature is a credential)."""
+    if not is_remote(path):
+        return path
+    return _USERINFO.sub(r"\1", path).split("?", 1)[0]
 
 
 def configure(options: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ def test_uris_and_local_paths_are_told_apart():
 def test_a_uri_is_shown_without_its_user_and_password():
     assert storage.shown("s3://AKIA:hunter2@bucket/key.jsonl") == "s3://bucket/key.jsonl"
     assert storage.shown("s3://bucket/a@b.jsonl") == "s3://bucket/a@b.jsonl"  # an @ in a key is the key's
+    assert storage.shown("https://host/in.jsonl?X-Amz-Signature=abc") == "https://host/in.jsonl"
 
 
 def test_where_an_outputs_parts_and_rejects_go():
