@@ -52,6 +52,7 @@ def run(
     """
     config.validate()
     storage.configure(config.storage())  # NOTE: before any input is opened or output looked at
+    config = replace(config, output=replace(config.output, path=storage.local_path(config.output.path)))
     task = task_named(pick_task(config))
     config = replace(config, task=task.name)
     affinity = config.device.cpu_affinity.strip()

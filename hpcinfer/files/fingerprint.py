@@ -32,7 +32,7 @@ def fingerprint(files: list[str], model_dir: Path, options: dict[str, Any]) -> d
     """What must not change between a run and its resume."""
     weights = weights_file(model_dir)
     return {
-        "inputs": [{"path": f, "digest": file_digest(f)} for f in files],
+        "inputs": [{"path": storage.shown(f), "digest": file_digest(f)} for f in files],
         "model": {"path": str(model_dir), "weights": file_digest(str(weights)) if weights else None},
         **options,
     }

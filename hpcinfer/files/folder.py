@@ -58,6 +58,7 @@ class Folder(Protocol):
     def remove_stale_temporaries(self, output: str) -> None: ...
     def write_output(self, target: str, write: Sink) -> None: ...
     def finish(self, data: dict[str, Any]) -> None: ...
+    def has_foreign_objects(self) -> bool: ...
 
 
 def is_dataset(output: str) -> bool:
@@ -139,8 +140,8 @@ class LocalFolder:
 
     def remove_stale_temporaries(self, output: str) -> None:
         """Temporary files a killed run left (a part or the output half written): this run holds the lock."""
-        out = Path(output)
-        names = [glob.escape(out.name), glob.escape(Path(rejects_location(output)).name)]
+        out = Path(storage.local_path(output))
+        names = [glob.escape(out.name), glob.escape(Path(rejects_location(str(out))).name)]
         stale = [path for name in names for path in out.parent.glob(f".{name}.tmp-*")]
         if self.path.is_dir():
             stale += self.path.glob(".*.tmp-*")
@@ -149,7 +150,10 @@ class LocalFolder:
                 path.unlink()
 
     def write_output(self, target: str, write: Sink) -> None:
-        atomic_write(Path(target), write)
+        atomic_write(Path(storage.local_path(target)), write)
+
+    def has_foreign_objects(self) -> bool:
+        return False  # NOTE: a local output is a file; its parts folder is ours by its name
 
     def finish(self, data: dict[str, Any]) -> None:
         """The output is assembled: the manifest goes first, so a kill while the folder is removed
@@ -165,8 +169,8 @@ def output_exists(output: str) -> bool:
         return Path(storage.local_path(output)).exists()
     if is_dataset(output):
         return bool(folder_for(output).read_manifest().get("complete"))
-    fs, key = storage.filesystem(output)
     try:
+        fs, key = storage.filesystem(output)
         return bool(fs.exists(key))
     except storage.errors() as exc:
         raise OutputError(f"cannot look at the output ({storage.failure(exc)})", path=storage.shown(output)) from None

@@ -37,6 +37,7 @@ class Lease:
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self.lost = False  # another run took the lease while this one ran
 
     def _body(self) -> bytes:
         holder = {
@@ -60,21 +61,32 @@ class Lease:
                 holder = self._read()
                 if holder is None:
                     continue
+                if holder.get("token") == self.token:
+                    break  # NOTE: our own put, retried after its answer was lost
                 if not _stale(holder):
                     raise OutputError(
                         f"another hpcinfer run ({_describe(holder)}) is writing this output; wait for it to end "
                         "or stop it",
                         path=storage.shown(self.output),
                     ) from None
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self.key)
+                self._remove_stale()
             except storage.errors() as exc:
                 raise self._fail("take the output's lease", exc) from None
         else:
-            raise OutputError("cannot take the output's lease: it keeps changing hands", path=self.output)
+            raise OutputError(
+                "cannot take the output's lease: it keeps changing hands", path=storage.shown(self.output)
+            )
         self._renewer = threading.Thread(target=self._renew, name="lease", daemon=True)
         self._renewer.start()
         return self
+
+    def _remove_stale(self) -> None:
+        try:
+            self.fs.rm_file(self.key)
+        except FileNotFoundError:
+            pass
+        except storage.errors() as exc:
+            raise self._fail("remove a stale lease", exc) from None
 
     def _read(self) -> dict[str, Any] | None:
         try:
@@ -88,16 +100,24 @@ class Lease:
         return data if isinstance(data, dict) else {}
 
     def _renew(self) -> None:
+        """Renews the lease while it is still ours; a lease another run took is left to it (the
+        manifest's conditional put stops this run at its next commit)."""
         while not self._stop.wait(self.lease_s / 3):
-            with contextlib.suppress(*storage.errors()):  # NOTE: a missed renewal is retried; the lease
-                self.fs.pipe_file(self.key, self._body())  # has two more thirds to run
+            try:
+                holder = self._read()
+                if holder is not None and holder.get("token") != self.token:
+                    self.lost = True
+                    return
+                self.fs.pipe_file(self.key, self._body())
+            except (OutputError, *storage.errors()):  # NOTE: a missed renewal is retried; the lease
+                continue  # has two more thirds to run
 
     def release(self) -> None:
         self._stop.set()
         if self._renewer is not None:
-            self._renewer.join()
+            self._renewer.join(timeout=self.lease_s)  # NOTE: a renewal stuck on the store must not hang the exit
             self._renewer = None
-            with contextlib.suppress(*storage.errors()):
+            with contextlib.suppress(OutputError, *storage.errors()):
                 holder = self._read()
                 if holder is not None and holder.get("token") == self.token:
                     self.fs.rm_file(self.key)

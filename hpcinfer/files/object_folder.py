@@ -41,8 +41,12 @@ class ObjectFolder:
         self.uri = uri.rstrip("/")
         self.where = storage.shown(self.uri)
         self.dataset = dataset
-        self.seq = 0  # the number of the newest manifest this run read or wrote
-        self.fs, self.key = storage.filesystem(self.uri)
+        self.seq = 0  # the highest manifest number this run has seen or written
+        self.older: set[int] = set()  # manifests seen or written that a newer one makes obsolete
+        try:
+            self.fs, self.key = storage.filesystem(self.uri)
+        except storage.errors() as exc:
+            raise OutputError(f"cannot open the output's store ({storage.failure(exc)})", path=self.where) from None
 
     def _key(self, name: str) -> str:
         return f"{self.key}/{name}"
@@ -70,7 +74,10 @@ class ObjectFolder:
         except storage.errors() as exc:
             raise self._fail("read", exc, name) from None
         with fh:
-            yield fh
+            try:
+                yield fh
+            except storage.errors() as exc:  # NOTE: a read fails here, after the open
+                raise self._fail("read", exc, name) from None
 
     def read_bytes(self, name: str) -> bytes | None:
         try:
@@ -81,8 +88,12 @@ class ObjectFolder:
             raise self._fail("read", exc, name) from None
 
     def delete(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.fs.rm_file(self._key(name))
+        except FileNotFoundError:
+            pass
+        except storage.errors() as exc:
+            raise self._fail("delete", exc, name) from None
 
     def names(self, pattern: str) -> list[str]:
         try:
@@ -96,21 +107,28 @@ class ObjectFolder:
     def _all(self) -> list[str]:
         try:
             self.fs.invalidate_cache(self.key)
-            return [p.rsplit("/", 1)[-1] for p in self.fs.find(self.key)]
+            return [p[len(self.key) + 1 :] for p in self.fs.find(self.key)]  # NOTE: relative, nested ones too
         except FileNotFoundError:
             return []
         except storage.errors() as exc:
             raise self._fail("list", exc) from None
 
     def clear(self) -> None:
-        """Everything but the lease, which this run holds."""
+        """Everything but the lease, which this run holds. Manifest numbers keep rising from the
+        highest there was: a writer that still counts on an old number finds it taken."""
         names = [n for n in self._all() if n != LEASE_NAME]
+        self._saw(names)
         if names:
             try:
                 self.fs.rm([self._key(n) for n in names])
             except storage.errors() as exc:
                 raise self._fail("delete the earlier run's parts", exc) from None
-        self.seq = 0
+        self.older.clear()
+
+    def has_foreign_objects(self) -> bool:
+        """Objects under the prefix, but no manifest of a run: not an output of ours."""
+        names = [n for n in self._all() if n != LEASE_NAME]
+        return bool(names) and not any(_MANIFEST.match(n) for n in names)
 
     def remove(self) -> None:
         names = self._all()
@@ -120,10 +138,16 @@ class ObjectFolder:
 
     # -- the manifest ------------------------------------------------------------------------------
 
+    def _saw(self, names: list[str]) -> list[int]:
+        """The manifest numbers among `names`, newest first; the next one written goes above them all."""
+        numbers = sorted((int(m.group(1)) for n in names if (m := _MANIFEST.match(n))), reverse=True)
+        self.seq = max([self.seq, *numbers])
+        self.older.update(numbers)
+        return numbers
+
     def read_manifest(self) -> dict[str, Any]:
         """The newest manifest that reads (a newer unreadable one is skipped, never trusted)."""
-        numbers = sorted((int(m.group(1)) for n in self._all() if (m := _MANIFEST.match(n))), reverse=True)
-        for seq in numbers:
+        for seq in self._saw(self._all()):
             try:
                 data = json.loads(self.fs.cat_file(self._key(_manifest_name(seq))))
             except (FileNotFoundError, ValueError):
@@ -131,29 +155,27 @@ class ObjectFolder:
             except storage.errors() as exc:
                 raise self._fail("read the manifest", exc) from None
             if isinstance(data, dict):
-                self.seq = max(self.seq, seq)
                 return data
         return {}
 
     def write_manifest(self, data: dict[str, Any]) -> None:
-        name = _manifest_name(self.seq + 1)
+        name, body = _manifest_name(self.seq + 1), json.dumps(data).encode()
         try:
-            self.fs.pipe_file(self._key(name), json.dumps(data).encode(), mode="create")
+            self.fs.pipe_file(self._key(name), body, mode="create")
         except FileExistsError:
-            raise OutputError(
-                f"another run committed to this output ({name} exists): this run stops without writing more",
-                path=self.where,
-            ) from None
+            if self.read_bytes(name) != body:  # NOTE: else our own put, retried after its answer was lost
+                raise OutputError(
+                    f"another run committed to this output ({name} exists): this run stops without writing more",
+                    path=self.where,
+                ) from None
         except storage.errors() as exc:
             raise self._fail("write the manifest", exc, name) from None
         self.seq += 1
-        for old in range(self.seq - 1, 0, -1):  # NOTE: only once a newer one is there
-            try:
+        self.older.add(self.seq - 1)
+        for old in sorted(self.older - {self.seq, 0}):  # NOTE: only once a newer one is there
+            with contextlib.suppress(*storage.errors()):  # a leftover is skipped by its number: no reason to fail
                 self.fs.rm_file(self._key(_manifest_name(old)))
-            except FileNotFoundError:
-                break  # older ones went at earlier commits
-            except storage.errors():
-                break  # a leftover manifest is skipped by its number; not worth failing a run
+        self.older.clear()
 
     # -- lock, leftovers, the end ------------------------------------------------------------------
 
@@ -166,8 +188,8 @@ class ObjectFolder:
 
     def write_output(self, target: str, write: Any) -> None:
         """Streams the assembled output into one object; aborted (nothing left) if writing fails."""
-        fs, key = storage.filesystem(target)
         try:
+            fs, key = storage.filesystem(target)
             fh = fs.open(key, "wb", block_size=64 << 20)
         except storage.errors() as exc:
             raise OutputError(f"cannot write ({storage.failure(exc)})", path=storage.shown(target)) from None

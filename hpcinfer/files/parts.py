@@ -73,6 +73,13 @@ class PartStore:
         data = self.folder.read_manifest()
         return bool(data.get("windows") or data.get("partial")) and not data.get("complete")
 
+    def nothing_to_keep(self) -> bool:
+        """The parts folder holds nothing a run should keep: no commits, no finished dataset (whose
+        folder is the output itself), no objects of anyone else's."""
+        data = self.folder.read_manifest()
+        kept = data.get("windows") or data.get("partial") or data.get("complete")
+        return not kept and not self.folder.has_foreign_objects()
+
     def load(self) -> None:
         """Reads an interrupted run's manifest; refuses one made with other inputs or options."""
         data = self.folder.read_manifest()

@@ -64,7 +64,12 @@ def _expand_uri(spec: str) -> list[str]:
         raise InputError(f"cannot list ({storage.failure(exc)})", path=storage.shown(spec)) from None
     if found is None:
         raise InputError("no such object or prefix", path=storage.shown(spec))
-    data = [p for p in found if Path(p).suffix.lower() in _SUFFIX_FORMATS] if not _is_single(spec, found) else found
+    if _is_single(spec, found):
+        data = found
+    else:  # NOTE: names starting with _ or . are a dataset's own files (manifests, rejects): skipped, as pyarrow does
+        data = [
+            p for p in found if Path(p).suffix.lower() in _SUFFIX_FORMATS and not Path(p).name.startswith(("_", "."))
+        ]
     if not data:
         raise InputError(
             "no file matches this pattern" if "*" in spec else "holds no .jsonl or .parquet file",

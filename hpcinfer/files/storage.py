@@ -142,9 +142,13 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
+_QUERY = re.compile(r"(\w+://[^\s?'\"]*)\?[^\s'\"]*")
+
+
 def _first_line(exc: BaseException) -> str:
+    """The error's first line, any URL in it without its query (a presigned URL's signature)."""
     text = str(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc) or type(exc).__name__
-    return text.splitlines()[0][:200]
+    return _QUERY.sub(r"\1", text.splitlines()[0])[:200]
 
 
 __all__ = [

@@ -7,11 +7,13 @@ run on the same output is refused, a run that fails before its first commit leav
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
 from ..config import OutputConfig
+from ..errors import HpcinferError
 from ..files.parts import PartStore
 from .output_checks import check_output_state
 
@@ -32,8 +34,11 @@ def claimed(store: PartStore, output: OutputConfig) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if not store.committed():  # nothing worth resuming: leave no trace
-            store.folder.remove()
+        # NOTE: nothing worth resuming: leave no trace (but never touch a prefix that is not ours);
+        # a store failing here too must not hide the error that ended the run
+        with contextlib.suppress(HpcinferError, OSError):
+            if store.nothing_to_keep():
+                store.folder.remove()
         raise
     finally:
         lock.release()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import OutputError
 from ..files import storage
-from ..files.folder import is_dataset, output_exists
+from ..files.folder import folder_for, is_dataset, output_exists
 
 
 class OutputComplete(OutputError):
@@ -50,10 +50,10 @@ def check_output(path: str) -> None:
 def check_remote_output(uri: str) -> None:
     """The bucket (container) is there and these credentials may look at it: a denied write shows
     at the lease, the run's first write, before any work."""
-    fs, key = storage.filesystem(uri)
-    bucket = key.split("/", 1)[0]
     where = storage.shown(uri)
     try:
+        fs, key = storage.filesystem(uri)
+        bucket = key.split("/", 1)[0]
         fs.info(bucket)
     except FileNotFoundError:
         raise OutputError(f"no such bucket '{bucket}'", path=where) from None
@@ -74,6 +74,11 @@ def check_output_state(path: str, overwrite: bool, resume: bool, committed: bool
     """
     if overwrite:
         return
+    if is_dataset(path) and folder_for(path).has_foreign_objects():  # NOTE: its start would delete them
+        raise OutputError(
+            "this prefix holds objects no hpcinfer run wrote: choose an empty prefix (or --overwrite to delete them)",
+            path=storage.shown(path),
+        )
     if output_exists(path) and not (resume and committed):
         if resume:
             raise OutputComplete("output exists and is complete: nothing to resume (--overwrite redoes it)", path=path)

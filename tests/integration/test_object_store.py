@@ -57,6 +57,8 @@ def shards(tmp_path_factory, s3):  # noqa: ANN001, ANN201
     for kind, files in local.items():
         for f in files:
             s3.upload(f, f"s3://data/{kind}/{f.name}")
+    # a dataset's own files (manifests, rejects) start with _: every read of these prefixes skips them
+    s3.fs.pipe_file("s3://data/jsonl/_rejects.jsonl", b'{"text": "not an input row"}\n')
     return local
 
 
@@ -125,6 +127,26 @@ def test_jsonl_output_and_a_dataset_prefix_equal_the_local_run(tmp_path, tiny_mo
     # a complete dataset is an output that exists: a second run is refused, --resume has nothing to do
     with pytest.raises(OutputError, match="output exists"):
         _run_in_process(_s3_config("s3://data/parquet/", "s3://out-ds/dataset/", tiny_model, s3))
+    # --overwrite starts again, and its manifests number on from the old ones: a writer still
+    # counting on an old number finds it taken
+    _run_in_process(
+        _s3_config("s3://data/parquet/", "s3://out-ds/dataset/", tiny_model, s3, output={"overwrite": True})
+    )
+    again = [k for k in s3.keys("out-ds", "dataset/") if "_manifest-" in k]
+    assert len(again) == 1 and again[0] > manifests[0]
+
+    # a prefix holding someone else's objects is not taken over, nor emptied
+    s3.fs.pipe_file("s3://out-ds/theirs/data.csv", b"a,b\n")
+    with pytest.raises(OutputError, match="holds objects no hpcinfer run wrote"):
+        _run_in_process(_s3_config("s3://data/parquet/", "s3://out-ds/theirs/", tiny_model, s3))
+    assert s3.keys("out-ds", "theirs/") == ["theirs/data.csv"]
+
+
+def test_a_file_uri_output_is_the_local_file(tmp_path, tiny_model, shards):
+    _, want = run_job(small_config(shards["jsonl"], tmp_path / "plain.parquet", tiny_model))
+    cfg = small_config(shards["jsonl"], tmp_path / "x.parquet", tiny_model)
+    _run_in_process(replace(cfg, output=replace(cfg.output, path=f"file://{tmp_path}/uri.parquet")))
+    assert pq.read_table(tmp_path / "uri.parquet").equals(want)
 
 
 def test_generation_from_s3_jsonl_to_s3_equals_the_local_run(tmp_path, s3):
@@ -238,8 +260,14 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_holds_its_le
             and time.monotonic() < deadline
         ):
             time.sleep(0.05)
-        second = subprocess.run(_command(*common), capture_output=True, text=True, env=ENV, timeout=300)
-        assert first.poll() is None, "the first run ended before the second started"
+        assert first.poll() is None, f"the first run ended before it was paused: {first.communicate()[1]}"
+        # NOTE: paused, so it holds its lease however slowly the second one starts (a live process,
+        # its lease unexpired: the two ways a lease stays valid)
+        first.send_signal(signal.SIGSTOP)
+        try:
+            second = subprocess.run(_command(*common), capture_output=True, text=True, env=ENV, timeout=300)
+        finally:
+            first.send_signal(signal.SIGCONT)
         _, first_err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:

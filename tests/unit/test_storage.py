@@ -38,6 +38,11 @@ def test_a_uri_is_shown_without_its_user_and_password():
     assert storage.shown("https://host/in.jsonl?X-Amz-Signature=abc") == "https://host/in.jsonl"
 
 
+def test_a_store_error_loses_any_url_query_it_quotes():
+    exc = FileNotFoundError("https://host/x.jsonl?X-Amz-Signature=abc")
+    assert "abc" not in storage.failure(exc) and "https://host/x.jsonl" in storage.failure(exc)
+
+
 def test_where_an_outputs_parts_and_rejects_go():
     assert parts_location("s3://b/out.parquet") == "s3://b/out.parquet.parts"
     assert is_dataset("s3://b/out/") and parts_location("s3://b/out/") == "s3://b/out/"
