@@ -54,7 +54,7 @@ def check_page(page: Path, report: dict[str, Any], charts: set[str], shot: Path)
     assert charts <= set(seen["charts"]), charts - set(seen["charts"])
     for key, points in seen["charts"].items():  # NOTE: the first renderer is the chart's own series, not its marks
         assert points and points[0] > 0, f"chart {key} has no points: {points}"
-    assert seen["charts"]["rows_per_s"][0] >= 3  # NOTE: a line over time, not a lone point
+    assert seen["charts"]["rows_per_s"][0] >= 2  # NOTE: a line over time, not a lone point (a fast run has few)
     f = seen["figures"]
     assert number(f["rows"]) == report["rows"]
     assert number(f["rows_rejected"]) == sum(report["rejects"].values())
