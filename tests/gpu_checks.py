@@ -269,7 +269,7 @@ def check_triton_attention(s: Setup) -> str:
 
     On the dry run the kernel runs in Triton's interpreter (gpu_check.sh sets TRITON_INTERPRET=1).
     """
-    from hpcinfer.engine import attention
+    from hpcinfer.engine import attention_choice
     from hpcinfer.engine.engine import Engine, EngineConfig
     from hpcinfer.engine.paged_kernel import paged_attention
     from hpcinfer.engine.sequence import SamplingParams
@@ -300,8 +300,8 @@ def check_triton_attention(s: Setup) -> str:
     want_tokens = [q.completion for q in Engine(model, replace(base, attention="torch")).generate(prompts, params)]
     with contextlib.ExitStack() as stack:
         if device.type != "cuda":  # the interpreter stands in for the GPU
-            stack.callback(setattr, attention, "triton_problem", attention.triton_problem)
-            attention.triton_problem = lambda layout, device: None
+            stack.callback(setattr, attention_choice, "triton_problem", attention_choice.triton_problem)
+            attention_choice.triton_problem = lambda layout, device: None
         same = []
         for graphs in (False, True):
             engine = Engine(model, replace(base, attention="triton", cuda_graphs=graphs))

@@ -30,7 +30,7 @@ from ..device.readback import Readback, readback
 from ..device.step_timer import step_timer
 from ..errors import ConfigError
 from ..models.llama import LlamaDecoder
-from .attention import attention_kind
+from .attention_choice import attention_kind
 from .block_manager import BlockManager, blocks_for
 from .decode_graphs import graph_peak
 from .engine_stats import EngineStats

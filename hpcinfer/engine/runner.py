@@ -15,7 +15,8 @@ import torch
 
 from ..device.cpu_shape import decode_group_bytes, matmul_slice_rows
 from ..models.llama import LlamaDecoder
-from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention, choose_attention
+from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention
+from .attention_choice import choose_attention
 from .block_manager import blocks_for
 from .decode_graphs import DecodeGraphs
 from .kv_cache import KVCache

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.engine.attention import attention_kind
+from hpcinfer.engine.attention_choice import attention_kind
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kv_cache import KVLayout
 from hpcinfer.engine.sequence import SamplingParams

@@ -14,15 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpcinfer.engine import attention as attention_module
-from hpcinfer.engine.attention import (
-    FlashAttnPagedAttention,
-    TorchPagedAttention,
-    TritonPagedAttention,
-    attention_kind,
-    choose_attention,
-    triton_problem,
-)
+from hpcinfer.engine import attention_choice as attention_module
+from hpcinfer.engine.attention import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
+from hpcinfer.engine.attention_choice import attention_kind, choose_attention, triton_problem
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kv_cache import KVCache, KVLayout
 from hpcinfer.engine.sequence import SamplingParams
