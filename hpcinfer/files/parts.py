@@ -47,8 +47,12 @@ def rejects_path(output: str) -> str:
 
 def has_commits(output: str) -> bool:
     """A readable manifest with at least one window or checkpoint: anything less is nothing committed."""
-    data = folder_for(output).read_manifest()
-    return bool(data.get("windows") or data.get("partial")) and not data.get("complete")
+    return _lists_commits(folder_for(output).read_manifest())
+
+
+def _lists_commits(manifest: dict[str, Any]) -> bool:
+    """A manifest of an unfinished run with at least one window or checkpoint committed."""
+    return bool(manifest.get("windows") or manifest.get("partial")) and not manifest.get("complete")
 
 
 class PartStore:
@@ -70,8 +74,7 @@ class PartStore:
     # -- state -------------------------------------------------------------------------------------
 
     def committed(self) -> bool:
-        data = self.folder.read_manifest()
-        return bool(data.get("windows") or data.get("partial")) and not data.get("complete")
+        return _lists_commits(self.folder.read_manifest())
 
     def nothing_to_keep(self) -> bool:
         """The parts folder holds nothing a run should keep: no commits, no finished dataset (whose
