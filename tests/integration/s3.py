@@ -79,6 +79,36 @@ def loopback_s3() -> Iterator[LoopbackS3]:
         server.stop()
 
 
+# A read-only user, said so that it holds whichever IAM action a mock version names a call by: AWS
+# maps HeadObject to s3:GetObject and ListObjectsV2 to s3:ListBucket, moto 5.2 asks for
+# s3:HeadObject and s3:ListObjectsV2. Reads are allowed by prefix; writes are denied by name and
+# also fall outside every allowed prefix, so a new name for a write is still refused.
+READ_EVERYTHING = {"Effect": "Allow", "Action": ["s3:Get*", "s3:List*", "s3:Head*"], "Resource": "*"}
+WRITES = ["Put", "Create", "Delete", "Upload", "Complete", "Abort", "Copy", "Restore", "Replicate"]
+WRITE_NOTHING = {"Effect": "Deny", "Action": [f"s3:{verb}*" for verb in WRITES], "Resource": "*"}
+
+
+def _check_read_only(endpoint: str, options: dict[str, Any]) -> None:
+    """The server refuses the user's write and serves its reads, checked with boto3 itself, so a
+    mock that maps calls to actions differently fails here, naming the call, not in the run."""
+    import boto3
+    import botocore.exceptions
+
+    reader = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=options["key"],
+                          aws_secret_access_key=options["secret"])  # fmt: skip
+    listed = reader.list_objects_v2(Bucket="read-only")
+    assert listed.get("KeyCount", 0) >= 1, "the read-only user cannot list its bucket"
+    first = listed["Contents"][0]["Key"]
+    reader.head_object(Bucket="read-only", Key=first)
+    reader.get_object(Bucket="read-only", Key=first, Range="bytes=0-0")["Body"].read()
+    try:
+        reader.put_object(Bucket="read-only", Key="probe", Body=b"x")
+    except botocore.exceptions.ClientError as exc:
+        assert exc.response["Error"]["Code"] == "AccessDenied", exc.response["Error"]
+    else:
+        raise AssertionError("the read-only user could write: the mock's policy check changed")
+
+
 @contextmanager
 def read_only_s3(objects: dict[str, bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
     """A moto server (its own process) that checks credentials: a bucket `read-only` holding
@@ -118,8 +148,7 @@ def read_only_s3(objects: dict[str, bytes]) -> Iterator[tuple[str, dict[str, Any
         iam = boto3.client("iam", **admin)
         iam.create_user(UserName="reader")
         key = iam.create_access_key(UserName="reader")["AccessKey"]
-        allow = {"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}
-        policy = json.dumps({"Version": "2012-10-17", "Statement": [allow]})
+        policy = json.dumps({"Version": "2012-10-17", "Statement": [READ_EVERYTHING, WRITE_NOTHING]})
         iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=policy)
         client = boto3.client("s3", **admin)
         client.create_bucket(Bucket="read-only")
@@ -127,6 +156,7 @@ def read_only_s3(objects: dict[str, bytes]) -> Iterator[tuple[str, dict[str, Any
             client.put_object(Bucket="read-only", Key=name, Body=data)
         options = {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
                    "client_kwargs": {"region_name": REGION}}  # fmt: skip
+        _check_read_only(endpoint, options)
         yield endpoint, options
     finally:
         server.kill()

@@ -379,13 +379,21 @@ def test_an_object_deleted_while_read_fails_in_one_line_and_keeps_the_committed_
     assert len(manifest["windows"]) >= 1
 
 
+def _listed(endpoint: str, options: dict, bucket: str) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(use_listings_cache=False, **{**options, "endpoint_url": endpoint})
+    return sorted(path.rsplit("/", 1)[-1] for path in fs.find(bucket))
+
+
 def test_a_denied_write_is_a_one_line_error_before_any_work(tmp_path, tiny_model, requests_jsonl):
-    with read_only_s3({"in.jsonl": requests_jsonl.read_bytes()}) as (_, options):
+    with read_only_s3({"in.jsonl": requests_jsonl.read_bytes()}) as (endpoint, options):
         args = ["s3://read-only/in.jsonl", "--model", str(tiny_model), "--progress", "off", "-q",
                 "--storage-options", json.dumps(options)]  # fmt: skip
         line = _one_line_error([*args, "-o", "s3://read-only/out.parquet"])
         assert "s3://read-only/out.parquet" in line and "access denied" in line, line
         assert options["secret"] not in line
+        assert _listed(endpoint, options, "read-only") == ["in.jsonl"]  # nothing was written, not even a lease
         # the same credentials read the input: a local output is written
         ok = subprocess.run(_command(*args, "-o", str(tmp_path / "o.parquet")), capture_output=True, text=True,
                             env=ENV, timeout=300)  # fmt: skip
