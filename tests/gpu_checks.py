@@ -105,10 +105,10 @@ def check_device_equals_cpu(s: Setup) -> str:
 @contextlib.contextmanager
 def _slot_written_after_its_copy(seen: list[bool]) -> Iterator[None]:
     """Records, at the moment the stage step writes into a staging slot, whether its last copy is done."""
-    import hpcinfer.tasks.embed.stage
+    import hpcinfer.pipeline.stage
 
     local = threading.local()
-    acquire, scatter = StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows
+    acquire, scatter = StagingRing.acquire, hpcinfer.pipeline.stage.scatter_rows
 
     def acquire_and_remember(self: StagingRing):  # noqa: ANN202
         local.slot = acquire(self)
@@ -119,11 +119,11 @@ def _slot_written_after_its_copy(seen: list[bool]) -> Iterator[None]:
         seen.append(done is None or done.query())  # queried before the write, not after a wait
         scatter(*args, **kwargs)
 
-    StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows = acquire_and_remember, checked_scatter
+    StagingRing.acquire, hpcinfer.pipeline.stage.scatter_rows = acquire_and_remember, checked_scatter
     try:
         yield
     finally:
-        StagingRing.acquire, hpcinfer.tasks.embed.stage.scatter_rows = acquire, scatter
+        StagingRing.acquire, hpcinfer.pipeline.stage.scatter_rows = acquire, scatter
 
 
 def _slow_copies(device: Device) -> None:

@@ -72,8 +72,8 @@ from hpcinfer.config import (  # noqa: E402
 from hpcinfer.errors import HpcinferError  # noqa: E402
 from hpcinfer.models.registry import inspect_embedder, load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from hpcinfer.obs.progress import Progress  # noqa: E402
-from hpcinfer.tasks.embed.plan import cut_batches  # noqa: E402
-from hpcinfer.tasks.embed.report import RunReport  # noqa: E402
+from hpcinfer.pipeline.plan import cut_batches  # noqa: E402
+from hpcinfer.pipeline.report import RunReport  # noqa: E402
 
 DEFAULT_INPUT = REPO_ROOT / "sample_data" / "requests.parquet"
 TEXT_COLUMN = "text"

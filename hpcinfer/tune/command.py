@@ -2,7 +2,7 @@
 
 One harness for every task: the options, the goal, the CSV of trials and the recipe are written
 here; what is sampled, which knobs are searched and how a trial runs are the task's (a
-`TuneTask`: tasks/embed/tuning.py, tasks/generate/tuning.py, handed out by the task's `tuning()`, registry.py).
+`TuneTask`: pipeline/tuning.py, tasks/generate/tuning.py, handed out by the task's `tuning()`, registry.py).
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ from hpcinfer.errors import ConfigError
 from hpcinfer.files.parts import PartStore
 from hpcinfer.job.rejects import RejectCounter
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.embed.held import Held, load_held
-from hpcinfer.tasks.embed.plan import Planner, TokenBudget, cut_batches
-from hpcinfer.tasks.embed.write import Writer
-from hpcinfer.types import Batch, Pending, TokenBlock, Window
+from hpcinfer.pipeline.held import Held, load_held
+from hpcinfer.pipeline.plan import Planner, TokenBudget, cut_batches
+from hpcinfer.pipeline.types import Batch, Pending, TokenBlock, Window
+from hpcinfer.pipeline.write import Writer
 
 from ..conftest import make_texts, write_jsonl
 from ..unit.test_cli_options import parsed

@@ -250,7 +250,7 @@ def test_auto_keeps_float32_below_the_cosine_bound_and_says_why(tmp_path):
 def test_auto_keeps_float32_where_int8_is_slower_on_this_cpu(tmp_path, monkeypatch):
     """A CPU without int8 dot products (no VNNI: int8 no faster than float32) is played by timing
     the int8 model 1 s slower: auto writes float32's output and says why, whatever the cosine."""
-    from hpcinfer.tasks.embed import quantize
+    from hpcinfer.pipeline import quantize
 
     timed = quantize._run_sorted
 

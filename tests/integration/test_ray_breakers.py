@@ -23,8 +23,8 @@ from hpcinfer.config import ClusterConfig, DeviceConfig, GenerateConfig, InputCo
 from hpcinfer.errors import ConfigError, DevicesFailed
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
+from hpcinfer.pipeline.cluster import EmbedCluster
 from hpcinfer.ray_engine.driver import run_on_ray
-from hpcinfer.tasks.embed.cluster import EmbedCluster
 from hpcinfer.tasks.generate.cluster import GenerateCluster
 
 from ..conftest import make_texts, read_output, run_job, small_config, write_jsonl

@@ -19,10 +19,10 @@ import pytest
 
 from hpcinfer.config import ClusterConfig, DeviceConfig
 from hpcinfer.errors import ConfigError, OutputError
-from hpcinfer.files.read import Reader
 from hpcinfer.obs.progress import Progress
+from hpcinfer.pipeline.read import Reader
+from hpcinfer.pipeline.replica import RangeReader
 from hpcinfer.ray_engine.units import plan_units
-from hpcinfer.tasks.embed.replica import RangeReader
 
 from ..conftest import REPO, make_texts, read_output, run_job, small_config, write_jsonl, write_parquet
 from .ray_helpers import local_ray
@@ -128,8 +128,8 @@ def test_ray_output_and_rejects_equal_the_local_engine(tmp_path, tiny_model, ray
 
 
 def test_an_actor_killed_mid_run_is_restarted_and_the_output_is_identical(tmp_path, tiny_model, ray_address):
+    from hpcinfer.pipeline.cluster import EmbedCluster
     from hpcinfer.ray_engine.driver import run_on_ray
-    from hpcinfer.tasks.embed.cluster import EmbedCluster
 
     from .ray_helpers import DiesOnceActor
 
@@ -213,8 +213,8 @@ def test_without_ray_installed_the_engine_says_how_to_get_it(tmp_path, tiny_mode
 
 def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_rejected_it_otherwise():
     from hpcinfer.files.ids import IdSet
-    from hpcinfer.tasks.embed.cluster import drop_repeated_ids
-    from hpcinfer.tasks.embed.replica import Committed
+    from hpcinfer.pipeline.cluster import drop_repeated_ids
+    from hpcinfer.pipeline.replica import Committed
 
     seen = IdSet()
     first = Committed(0, 0, 2, ["a", "b"], np.zeros((2, 3), np.float32), [])

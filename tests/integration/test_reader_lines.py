@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hpcinfer.config import InputConfig
 from hpcinfer.files.lines import BOM
-from hpcinfer.files.read import Reader
+from hpcinfer.pipeline.read import Reader
 
 CHUNK = 64  # the reader's chunk size in these tests: lines are drawn around it
 

@@ -14,8 +14,8 @@ import pytest
 
 from hpcinfer.config import InputConfig, RunConfig
 from hpcinfer.device.base import DeviceOutOfMemory
+from hpcinfer.pipeline.report import RunReport
 from hpcinfer.recipes import load_recipe
-from hpcinfer.tasks.embed.report import RunReport
 from hpcinfer.tune.command import parse_size
 from hpcinfer.tune.sample import stratified_indices
 from hpcinfer.tune.search import Goal, Search, Space, Trial

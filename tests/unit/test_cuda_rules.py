@@ -22,7 +22,7 @@ from hpcinfer.device.clock import EventClock
 from hpcinfer.device.graphs import GraphRunner, graph_widths, row_buckets
 from hpcinfer.device.simulated import CudaRuleBroken, SimulatedDevice
 from hpcinfer.models.tiny import build_tiny_bert
-from hpcinfer.tasks.embed.plan import cut_batches, max_padded_len
+from hpcinfer.pipeline.plan import cut_batches, max_padded_len
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 

@@ -125,7 +125,7 @@ def test_books_that_do_not_balance_fail_naming_the_file():
 
 def test_a_row_lost_inside_the_pipeline_fails_the_run(tmp_path, tiny_model, monkeypatch):
     """The invariant catches what no single stage's test would: here the planner drops one row."""
-    from hpcinfer.tasks.embed.plan import Planner
+    from hpcinfer.pipeline.plan import Planner
 
     real = Planner.process
 

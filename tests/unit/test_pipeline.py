@@ -14,10 +14,10 @@ from hpcinfer.api import run
 from hpcinfer.device import StagingRing
 from hpcinfer.device.simulated import CudaRuleBroken, SimulatedDevice
 from hpcinfer.errors import StageError
-from hpcinfer.job.pipeline import run_overlapped
 from hpcinfer.obs.progress import Progress
 from hpcinfer.obs.timing import Timings
-from hpcinfer.tasks.embed.write import Writer
+from hpcinfer.pipeline.overlap import run_overlapped
+from hpcinfer.pipeline.write import Writer
 
 from ..conftest import run_job, small_config
 

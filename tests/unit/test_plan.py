@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcinfer.config import PlanConfig
-from hpcinfer.tasks.embed.plan import Planner, cut_batches
-from hpcinfer.tasks.embed.stage import scatter_rows
-from hpcinfer.types import TokenBlock
+from hpcinfer.pipeline.plan import Planner, cut_batches
+from hpcinfer.pipeline.stage import scatter_rows
+from hpcinfer.pipeline.types import TokenBlock
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,8 +11,9 @@ from hpcinfer.config import PlanConfig
 from hpcinfer.errors import ConfigError
 from hpcinfer.files.arrivals import ArrivalReplay, slice_block
 from hpcinfer.obs.latency import LatencyLog
-from hpcinfer.tasks.embed.plan import Planner, TokenBudget
-from hpcinfer.types import Reject, RowBlock, TokenBlock
+from hpcinfer.pipeline.plan import Planner, TokenBudget
+from hpcinfer.pipeline.types import TokenBlock
+from hpcinfer.types import Reject, RowBlock
 
 from ..conftest import run_job, small_config
 

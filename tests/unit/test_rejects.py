@@ -179,7 +179,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_output(tmp_path, tiny_model,
 
 
 def test_the_seen_id_set_answers_the_same_across_bulk_merges(monkeypatch):
-    from hpcinfer.files.read import IdSet, id_key
+    from hpcinfer.pipeline.read import IdSet, id_key
 
     monkeypatch.setattr(IdSet, "_MERGE_AT", 7)
     seen, keys = IdSet(), [id_key(v) for v in [*range(300), *(f"s{i}" for i in range(300)), -1, 2**62]]

@@ -17,8 +17,8 @@ from hpcinfer.errors import ConfigError, InputError
 from hpcinfer.files import storage
 from hpcinfer.files.folder import is_dataset, parts_location, rejects_location
 from hpcinfer.files.lease import _stale
-from hpcinfer.files.read import Reader
 from hpcinfer.files.sources import expand_paths
+from hpcinfer.pipeline.read import Reader
 
 
 def test_uris_and_local_paths_are_told_apart():

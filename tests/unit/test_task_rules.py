@@ -14,7 +14,7 @@ from hpcinfer.device import resolve_dtype
 from hpcinfer.device.simulated import SimulatedDevice
 from hpcinfer.files.ids import IdSet, id_key
 from hpcinfer.models.tiny_decoder import build_tiny_decoder
-from hpcinfer.tasks.embed.job import run_embed
+from hpcinfer.pipeline.job import run_embed
 from hpcinfer.tasks.generate.cluster import drop_repeated_requests
 from hpcinfer.tasks.generate.job import run_generate
 from hpcinfer.tasks.generate.setup import generation_devices

@@ -9,8 +9,8 @@ from ...errors import ConfigError
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
+from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
-from ..embed.task import EncoderTask, openai_output
 from .labels import LabelStore
 
 

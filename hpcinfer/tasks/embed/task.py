@@ -1,122 +1,19 @@
-"""The embed task, and what every task on the encoder pipeline shares (`EncoderTask`).
-
-embed, classify, score and ner run the same job (read -> tokenize -> plan -> stage -> execute ->
-write, job.py): they differ in the checkpoint they load, the values a row's forward pass gives and
-the rows written for them. Each is an `EncoderTask` with its own claims, options and settling.
-"""
+"""The embed task: a vector per row (sentence embeddings, a decoder embedder's, token embeddings),
+pooled as the checkpoint's sentence-transformers files say, written in --precision or answered as
+OpenAI `/v1/embeddings` requests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ...config import RunConfig
 from ...errors import ConfigError
 from ...files.parts import PartStore
-from ...files.sources import Source, is_openai_input
+from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
-from ...registry import EVERY_TASK, Checkpoint, RunGiven
-
-# What the encoder pipeline reads, for every task on it: rows, tokenizing, batching, the stages.
-PIPELINE = (
-    "input.input_format",
-    "input.rate",
-    "input.rate_seed",
-    "tokenize",
-    "plan",
-    "pipeline",
-    "embed.prompt",
-    "embed.prompt_name",
-)
-ROW_TEXT = ("input.text_column", "input.prompt_column")  # where a plain row's text is (not an OpenAI body's)
-
-
-class EncoderTask:
-    """A task on the encoder pipeline; `own` are the options it reads besides the pipeline's."""
-
-    name = ""
-    own: tuple[str, ...] = ()
-    endpoints: tuple[str, ...] = ()
-
-    def claims(self, checkpoint: Checkpoint) -> str | None:
-        return None
-
-    def honours(self, config: RunConfig) -> Iterable[str]:
-        text = () if is_openai_input(config.input) else ROW_TEXT
-        return (*EVERY_TASK, *PIPELINE, *text, *self.own)
-
-    def hints(self) -> dict[str, str]:
-        return {
-            "input.text_column": "an OpenAI batch file's bodies hold their own input",
-            "input.prompt_column": "an OpenAI batch file's bodies hold their own input",
-            "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
-            "embed.all_scores": "every label's probability is what --task classify writes",
-            "generate": "sampling and the KV cache are generation's (a causal LM, --task generate)",
-        }
-
-    def settle(self, config: RunConfig) -> RunConfig:
-        if config.device.quantize == "fp8":
-            raise ConfigError("--quantize fp8 applies to causal LMs (generation); pooling tasks take int8 or auto")
-        if config.device.tensor_parallel > 1 and self.name != "embed":
-            raise ConfigError(
-                f"--tp splits a decoder (generation, decoder embedders); --task {self.name} runs an encoder"
-            )
-        return config
-
-    def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
-        """The checkpoint's facts for this task (`--backend transformers`: as transformers loads it)."""
-        if config.backend == "transformers":
-            from ...models.hf_backend import inspect_hf
-
-            return inspect_hf(path, self.name)
-        from ...models.registry import inspect_embedder
-
-        return inspect_embedder(path, self.name)
-
-    def store(
-        self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
-    ) -> PartStore:
-        """Where a window's values become output rows (`openai_output` says whether to answer in OpenAI's shape)."""
-        if openai_output(sources, fmt):
-            from .openai_answers import OpenAIEmbeddingStore
-
-            return OpenAIEmbeddingStore(config.output.path, info.output_dim, fp, config.model, info.pooling.normalize)
-        return PartStore(config.output.path, fmt, info.output_dim, fp)
-
-    def fingerprint(self, config: RunConfig) -> dict[str, Any]:
-        """Options of this task that change its output rows, besides the pipeline's (job.embed_fingerprint)."""
-        return {}
-
-    def run(self, config: RunConfig, given: RunGiven) -> Any:
-        from .given import RunExtras
-        from .job import run_embed
-
-        g = given
-        extras = RunExtras(g.progress, g.hooks, g.ranges, g.batch_profiler, g.model, stop=g.stop)
-        return run_embed(config, extras, device=given.device, devices=given.devices)
-
-    def cluster(self) -> Any:
-        from .cluster import EmbedCluster
-
-        return EmbedCluster()
-
-    def tuning(self) -> Any:
-        from .tuning import EmbedTuning
-
-        return EmbedTuning()
-
-
-def openai_output(sources: list[Source], fmt: str) -> bool:
-    """Whether the run answers an OpenAI batch file (all its inputs are one; in JSONL)."""
-    openai = [s.fmt == "openai" for s in sources]
-    if not any(openai):
-        return False
-    if not all(openai):
-        raise ConfigError("an OpenAI batch file and other inputs in one run: their answers have other shapes")
-    if fmt != "jsonl":
-        raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
-    return True
+from ...pipeline.task import EncoderTask, openai_output
+from ...registry import Checkpoint
 
 
 class EmbedTask(EncoderTask):
@@ -166,7 +63,9 @@ class EmbedTask(EncoderTask):
                     f"--precision {embed.precision}: an OpenAI batch file is answered in OpenAI's float or "
                     "base64-float32 embeddings"
                 )
-            return super().store(config, fmt, info, fp, sources)
+            from .openai_answers import OpenAIEmbeddingStore
+
+            return OpenAIEmbeddingStore(config.output.path, info.output_dim, fp, config.model, info.pooling.normalize)
         from .precision import precision_store
 
         return precision_store(config.output.path, fmt, info.output_dim, fp, embed.precision, embed.calibration)

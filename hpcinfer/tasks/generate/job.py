@@ -47,6 +47,7 @@ from ...models.int8_kernels import settled_int8
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
+from ...parallel.tp_groups import close_groups, start_run_groups, tensor_groups
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...registry import pick_task
@@ -67,7 +68,6 @@ from .setup import (
 )
 from .summary import summarise
 from .tally import SequenceTally
-from .tp_groups import close_groups, start_run_groups, tensor_groups
 
 
 def wants_generation(config: RunConfig) -> bool:

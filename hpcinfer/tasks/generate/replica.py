@@ -30,6 +30,7 @@ from ...files.ids import IdSet
 from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...parallel.tp import TensorParallel
+from ...parallel.tp_groups import replica_engine
 from ...place.faults import DeviceFault
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Unit
@@ -41,7 +42,6 @@ from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader
 from .setup import engine_config, first_device, request_reader, run_decoder_info
 from .tally import SequenceTally
-from .tp_groups import replica_engine
 
 
 @dataclass(slots=True)
@@ -149,7 +149,9 @@ class GenerateReplica:
         self.tp_threads: int | None = None
         with torch.inference_mode():
             if config.device.tensor_parallel > 1:
-                self.engine, self.tp, self.tp_threads = replica_engine(config, self.info, device, dtype, make)
+                self.engine, self.tp, self.tp_threads = replica_engine(
+                    config, self.info, device, dtype, engine_config(config), make
+                )
             else:
                 model = load_decoder(self.info, device, dtype, config.device.quantize, config.device.int8_kernel)
                 self.engine = make(model, engine_config(config))

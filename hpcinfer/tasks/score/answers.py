@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ...types import ScoreOptions
-from ..embed.openai_answers import RequestAnswerStore, answer_line
+from ...pipeline.fanout import RequestAnswerStore, answer_line
+from ...pipeline.types import ScoreOptions
 
 
 def score_body(row: int, scores: list[float], tokens: int, options: ScoreOptions, model: str) -> dict[str, Any]:

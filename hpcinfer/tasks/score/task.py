@@ -9,10 +9,10 @@ from ...config import RunConfig
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
+from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
 from ..classify.labels import LabelStore
 from ..classify.task import label_count
-from ..embed.task import EncoderTask, openai_output
 from .answers import ScoreAnswerStore
 from .pairs import with_pair_columns
 

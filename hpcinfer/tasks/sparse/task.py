@@ -15,8 +15,8 @@ from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
 from ...models.registry import resolve_model_path
 from ...models.st_files import read_model_json
+from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
-from ..embed.task import EncoderTask, openai_output
 from .checkpoint import inspect_splade, is_splade
 from .store import SparseVectorStore
 

@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from ...config import RunConfig
-from ...errors import HpcinferError, InputError, StageError
-from ...files.read import Reader
-from ...files.row_values import Rows
-from ...files.sources import Source
-from ...obs.progress import Progress
-from ...ray_engine.units import Unit
-from ...types import RowBlock
+from ..config import RunConfig
+from ..errors import HpcinferError, InputError, StageError
+from ..files.row_values import Rows
+from ..files.sources import Source
+from ..obs.progress import Progress
+from ..ray_engine.units import Unit
+from ..types import RowBlock
 from .faults import device_fault
 from .options import embed_checkpoint
+from .read import Reader
 from .report import RunReport
 
 
@@ -134,9 +134,9 @@ class EmbedReplica:
     """
 
     def __init__(self, config: RunConfig) -> None:
-        from ...device import resolve_dtype
-        from ...models.registry import load_model
-        from ...place.devices import make_run_devices
+        from ..device import resolve_dtype
+        from ..models.registry import load_model
+        from ..place.devices import make_run_devices
         from . import job
 
         self._job = job

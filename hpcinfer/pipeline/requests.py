@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import OpenAIOptions, ScoreOptions
-from .row_values import check_text
+from ..files.row_values import check_text
+from .types import OpenAIOptions, ScoreOptions
 
 Problem = tuple[str, str]  # (reason, message)
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from ...config import RunConfig
-from ...device import Device, OutputPool, StagingRing
-from ...errors import ConfigError
-from ...models.checkpoint import CheckpointInfo
-from ...models.registry import LoadedModel, load_model
+from ..config import RunConfig
+from ..device import Device, OutputPool, StagingRing
+from ..errors import ConfigError
+from ..models.checkpoint import CheckpointInfo
+from ..models.registry import LoadedModel, load_model
 from .execute import Executor
 from .plan import TokenBudget
 from .stage import StageStep
@@ -159,7 +159,7 @@ def _graphs(config: RunConfig, device: Device, model: Any, budget: TokenBudget, 
         return None
     if not device.supports_graphs:
         raise ConfigError("--cuda-graphs needs a CUDA device")
-    from ...device.graphs import GraphRunner
+    from ..device.graphs import GraphRunner
 
     plan = config.plan
     return GraphRunner(

@@ -9,9 +9,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ...job.accounting import accounting_line
-from ...obs.render import cluster_line, rows_table
-from ...obs.report_json import JsonReport, ratio
+from ..job.accounting import accounting_line
+from ..obs.render import cluster_line, rows_table
+from ..obs.report_json import JsonReport, ratio
 from .quantize import Int8Check
 
 

@@ -11,21 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from ...config import RunConfig, resolve_plan
-from ...errors import ConfigError
-from ...files.ids import IdSet
-from ...files.parts import PartStore
-from ...files.read import Reader
-from ...files.sources import Source
-from ...models.checkpoint import CheckpointInfo
-from ...models.int8_kernels import settled_int8
-from ...obs.timing import bottleneck
-from ...ray_engine.cluster import Pool
-from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
-from ...ray_engine.merge import cluster_figures, merge_stages, per_actor
-from ...ray_engine.units import Unit
+from ..config import RunConfig, resolve_plan
+from ..errors import ConfigError
+from ..files.ids import IdSet
+from ..files.parts import PartStore
+from ..files.sources import Source
+from ..models.checkpoint import CheckpointInfo
+from ..models.int8_kernels import settled_int8
+from ..obs.timing import bottleneck
+from ..ray_engine.cluster import Pool
+from ..ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
+from ..ray_engine.merge import cluster_figures, merge_stages, per_actor
+from ..ray_engine.units import Unit
 from .job import check_lengths, embed_fingerprint
 from .options import embed_checkpoint, encoder_task
+from .read import Reader
 from .replica import Committed, UnitResult
 from .report import RunReport
 
@@ -33,7 +33,7 @@ from .report import RunReport
 class EmbedCluster:
     """Embedding's `ClusterTask`: windows of --sort-window rows, committed as vectors."""
 
-    replica = "hpcinfer.tasks.embed.replica:EmbedReplica"
+    replica = "hpcinfer.pipeline.replica:EmbedReplica"
     window_flag, model = "--sort-window", ""
     token_kind = "input"
     info: CheckpointInfo | None = None  # set by prepare(), before Ray starts

@@ -13,13 +13,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ...config import RunConfig
-from ...device import Device
-from ...errors import DevicesFailed, StageError
-from ...obs.progress import Progress
-from ...obs.timing import Span
-from ...place.breaker import Breaker, BreakerLog, Transition, breaker_settings
-from ...place.devices import device_labels
+from ..config import RunConfig
+from ..device import Device
+from ..errors import DevicesFailed, StageError
+from ..obs.progress import Progress
+from ..obs.timing import Span
+from ..place.breaker import Breaker, BreakerLog, Transition, breaker_settings
+from ..place.devices import device_labels
 from .faults import device_fault
 from .given import RunExtras
 from .report import RunReport

@@ -5,7 +5,7 @@ and rank 0's engine of each group (parallel/tp.py starts the groups and runs the
     --devices all --tp 2 (8 GPUs)     ->  [cuda:0, cuda:1] ... [cuda:6, cuda:7]   4 engines
     --tp 2 (no --devices)             ->  [cpu, cpu] or [cuda:0, cuda:1]          1 engine
 
-Each group is one replica of generation's several-device path (devices.py): its rank 0 runs an
+Each group is one replica of generation's several-device path (tasks/generate/devices.py): its rank 0 runs an
 engine on a thread of the run's process, and the pool dispatches prompts between the groups by
 outstanding tokens, as between devices. Each group has a process group (and port) of its own.
 """
@@ -17,16 +17,15 @@ from dataclasses import replace
 
 import torch
 
-from ...config import RunConfig
-from ...device import accelerators
-from ...device.threads import set_torch_threads
-from ...engine.engine import Engine, EngineConfig
-from ...engine.runner import StepInputs
-from ...errors import ConfigError
-from ...models.decoder_inspect import DecoderInfo
-from ...parallel.decoder import ShardedDecoder, rank_config
-from ...parallel.tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
-from .setup import engine_config
+from ..config import RunConfig
+from ..device import accelerators
+from ..device.threads import set_torch_threads
+from ..engine.engine import Engine, EngineConfig
+from ..engine.runner import StepInputs
+from ..errors import ConfigError
+from ..models.decoder_inspect import DecoderInfo
+from .decoder import ShardedDecoder, rank_config
+from .tp import DEFAULT_TIMEOUT_S, RankFigures, RankSetup, TensorParallel, start_tensor_parallel
 
 MakeEngine = Callable[[ShardedDecoder, EngineConfig], Engine]  # rank 0's engine on its shard
 
@@ -154,11 +153,16 @@ def close_groups(groups: list[TensorParallel], steps: list[int]) -> list[RankFig
 
 
 def replica_engine(
-    config: RunConfig, info: DecoderInfo, device: torch.device, dtype: torch.dtype, make: MakeEngine
+    config: RunConfig,
+    info: DecoderInfo,
+    device: torch.device,
+    dtype: torch.dtype,
+    engine: EngineConfig,
+    make: MakeEngine,
 ) -> tuple[Engine, TensorParallel, int | None]:
     """A Ray replica's `--tp N` group: rank 0 in the actor, ranks 1..N-1 processes it starts, on
     the devices Ray gave the actor (N CPU ranks, or its N GPUs: --gpus-per-replica N). Returns
     rank 0's engine, the group, and rank 0's intra-op threads."""
     groups = tensor_groups(config, info, [device])
-    engines, started = start_run_groups(config, info, groups, dtype, engine_config(config), make)
+    engines, started = start_run_groups(config, info, groups, dtype, engine, make)
     return engines[0], started[0], rank_threads(config, groups)

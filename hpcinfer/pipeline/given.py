@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from ...config import RunConfig
-from ...device import Device
-from ...files.parts import PartStore
-from ...files.read import Reader
-from ...models.checkpoint import CheckpointInfo
-from ...models.registry import LoadedModel
-from ...obs.profile import RangeBackend
-from ...obs.progress import Progress
-from ...obs.timing import Span
+from ..config import RunConfig
+from ..device import Device
+from ..files.parts import PartStore
+from ..models.checkpoint import CheckpointInfo
+from ..models.registry import LoadedModel
+from ..obs.profile import RangeBackend
+from ..obs.progress import Progress
+from ..obs.timing import Span
+from .read import Reader
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...config import RunConfig
-from ...errors import InputError
-from ...files.part_format import id_array
-from ...files.read import Reader
-from ...models.registry import load_tokenizer
-from ...tune.sample import Sample, stratified_indices
+from ..config import RunConfig
+from ..errors import InputError
+from ..files.part_format import id_array
+from ..models.registry import load_tokenizer
+from ..tune.sample import Sample, stratified_indices
 from .options import embed_checkpoint
+from .read import Reader
 
 
 def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows: int) -> Sample:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ...device import Device, StagingRing
-from ...types import Batch, Staged
+from ..device import Device, StagingRing
+from .types import Batch, Staged
 
 
 def scatter_rows(

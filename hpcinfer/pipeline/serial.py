@@ -13,7 +13,7 @@ from typing import Any
 from ..obs.profile import RangeBackend
 from ..obs.timing import Timings
 from ..types import END
-from .pipeline import Fanout, Runner, Source, Stage, describe
+from .overlap import Fanout, Runner, Source, Stage, describe
 
 
 def run_serial(

@@ -10,8 +10,8 @@ is not a device's, and ends the run as it would on one device.
 
 from __future__ import annotations
 
-from ...errors import DeviceHung, DeviceResultFailed, HpcinferError, StageError
-from ...place.faults import DeviceFault, fault_text
+from ..errors import DeviceHung, DeviceResultFailed, HpcinferError, StageError
+from ..place.faults import DeviceFault, fault_text
 
 DEVICE_STAGES = ("stage", "execute", "collect")  # a device's steps; tokenize, plan and write are the host's
 

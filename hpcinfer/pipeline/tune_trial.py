@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import RunConfig
-from ...device import make_device, resolve_dtype
-from ...models.registry import LoadedModel, load_model
-from ...obs.progress import Progress
-from ...tune.trial import TrialRunner
+from ..config import RunConfig
+from ..device import make_device, resolve_dtype
+from ..models.registry import LoadedModel, load_model
+from ..obs.progress import Progress
+from ..tune.trial import TrialRunner
 from .given import RunExtras
 from .job import run_embed
 from .options import embed_checkpoint

@@ -25,11 +25,9 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from ..config import InputConfig
-from ..types import Reject, RequestPart, RowBlock
-from .ids import IdSet, check_id, id_key
-from .openai_requests import Request, parse_request
-from .row_source import Segment, jsonl_chunks, parquet_batches
-from .row_values import (
+from ..files.ids import IdSet, check_id, id_key
+from ..files.row_source import Segment, jsonl_chunks, parquet_batches
+from ..files.row_values import (
     Rows,
     arrow_ids,
     arrow_texts,
@@ -39,15 +37,10 @@ from .row_values import (
     duplicate_reason,
     pair_payload,
 )
-from .sources import (
-    TOKENS_COLUMN,
-    Source,
-    check_id_columns,
-    expand_paths,
-    is_id_type,
-    open_source,
-    read_schema,
-)
+from ..files.sources import TOKENS_COLUMN, Source, check_id_columns, expand_paths, is_id_type, open_source, read_schema
+from ..types import Reject, RowBlock
+from .requests import Request, parse_request
+from .types import RequestPart
 
 
 @dataclass(slots=True)

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...config import PlanConfig
-from ...types import Batch, Reject, TokenBlock, Window
+from ..config import PlanConfig
+from ..types import Reject
+from .types import Batch, TokenBlock, Window
 
 if TYPE_CHECKING:
     from .held import Held

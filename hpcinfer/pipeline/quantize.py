@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...config import RunConfig
-from ...errors import ConfigError
-from ...files.read import Reader
-from ...models.checkpoint import CheckpointInfo
-from ...models.int8 import Int8Kernel
-from ...models.int8_kernels import (
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..models.checkpoint import CheckpointInfo
+from ..models.int8 import Int8Kernel
+from ..models.int8_kernels import (
     accurate_kernels,
     available_engines,
     candidate_kernels,
@@ -31,8 +30,9 @@ from ...models.int8_kernels import (
     no_accurate_kernel,
     pick_kernel,
 )
-from ...models.int8_quantize import largest_weight, quantize_int8
-from ...models.registry import LoadedModel, load_model, load_tokenizer
+from ..models.int8_quantize import largest_weight, quantize_int8
+from ..models.registry import LoadedModel, load_model, load_tokenizer
+from .read import Reader
 from .tokenize import TokenizeStage
 
 SAMPLE_ROWS = 64  # half calibrate int8, half measure it

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ...config import EmbedConfig, RunConfig
-from ...errors import ConfigError
-from ...models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
-from ...models.registry import resolve_model_path
-from ...registry import pick_task, task_named
+from ..config import EmbedConfig, RunConfig
+from ..errors import ConfigError
+from ..models.checkpoint import POOLING_MODES, CheckpointInfo, PoolingSpec
+from ..models.registry import resolve_model_path
+from ..registry import pick_task, task_named
 
 
 def encoder_task(config: RunConfig) -> Any:

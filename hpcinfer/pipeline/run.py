@@ -9,28 +9,28 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...config import flatten
-from ...device.threads import set_torch_threads
-from ...errors import DeviceHung
-from ...files.sources import estimate_rows
-from ...job.pipeline import Fanout, run_overlapped
-from ...job.rejects import RejectCounter
-from ...job.serial import run_serial
-from ...models.registry import LoadedModel, load_tokenizer
-from ...obs.latency import LatencyLog
-from ...obs.progress import Progress
-from ...obs.timing import Span, Timings, bottleneck
-from ...obs.trace import write_trace
-from ...place.affinity import device_spec, pinned, resolve_affinity
-from ...place.devices import device_labels
-from ...place.dispatch import Dispatcher
-from ...types import Pending
+from ..config import flatten
+from ..device.threads import set_torch_threads
+from ..errors import DeviceHung
+from ..files.sources import estimate_rows
+from ..job.rejects import RejectCounter
+from ..models.registry import LoadedModel, load_tokenizer
+from ..obs.latency import LatencyLog
+from ..obs.progress import Progress
+from ..obs.timing import Span, Timings, bottleneck
+from ..obs.trace import write_trace
+from ..place.affinity import device_spec, pinned, resolve_affinity
+from ..place.devices import device_labels
+from ..place.dispatch import Dispatcher
 from .given import EmbedJob
 from .held import Held, load_held
+from .overlap import Fanout, run_overlapped
 from .plan import Planner, TokenBudget, max_padded_len
 from .replicas import DeviceLog, ResultWait, build_replicas
 from .report import RunReport
+from .serial import run_serial
 from .tokenize import TokenizeStage
+from .types import Pending
 from .write import Writer
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from ...config import RunConfig
-from ...device import Device
-from ...models.checkpoint import CheckpointInfo
-from ...models.decoder_embedder import DecoderEmbedder
-from ...models.registry import LoadedModel
-from ...parallel.tp import DEFAULT_TIMEOUT_S, EmbedBatch, RankSetup, TensorParallel, start_tensor_parallel
-from ..generate.tp_groups import rank_threads, tensor_groups
+from ..config import RunConfig
+from ..device import Device
+from ..models.checkpoint import CheckpointInfo
+from ..models.decoder_embedder import DecoderEmbedder
+from ..models.registry import LoadedModel
+from ..parallel.tp import DEFAULT_TIMEOUT_S, EmbedBatch, RankSetup, TensorParallel, start_tensor_parallel
+from ..parallel.tp_groups import rank_threads, tensor_groups
 
 KV_STUB_BYTES = 4 << 20  # the ranks' KV pool: a pooling forward reads none (generation's rank code sizes one)
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ...config import InputConfig, PlanConfig, RunConfig, resolve_plan
-from ...device import accelerators, dtype_for
-from ...models.registry import LoadedModel
-from ...tune.options import TuneOptions
-from ...tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
+from ..config import InputConfig, PlanConfig, RunConfig, resolve_plan
+from ..device import accelerators, dtype_for
+from ..models.registry import LoadedModel
+from ..tune.options import TuneOptions
+from ..tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
 from . import tune_view
 from .options import embed_checkpoint
 from .plan import round_up

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from ...device import Device, OutputPool, StagingRing
-from ...device.base import is_out_of_memory
-from ...device.graphs import GraphRunner
-from ...models.adapter import BatchModel
-from ...types import Pending, Staged
+from ..device import Device, OutputPool, StagingRing
+from ..device.base import is_out_of_memory
+from ..device.graphs import GraphRunner
+from ..models.adapter import BatchModel
 from .plan import TokenBudget
+from .types import Pending, Staged
 
 
 class Executor:

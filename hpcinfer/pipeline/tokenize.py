@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from ...types import Reject, RowBlock, TokenBlock
+from ..types import Reject, RowBlock
 from .fanout import whole_requests
+from .types import TokenBlock
 
 
 class TokenizeStage:

@@ -13,15 +13,22 @@ counted or committed stays per request:
 Windows end only on input-row edges and a read block holds whole requests, so a request's parts
 always share a window: a window commits whole requests or none, and --resume (which skips whole
 committed windows of input rows) never redoes or loses a part of one.
+
+`RequestAnswerStore` writes a window's requests back as OpenAI batch output lines, answered and
+rejected in input order; each endpoint (tasks/embed, tasks/score) says how one request's answer looks.
 """
 
 from __future__ import annotations
 
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...types import RequestPart, ScoreOptions
+from ..files.parts import PartStore
+from .types import RequestPart, ScoreOptions
 
 Problem = tuple[str, str]
 
@@ -84,4 +91,50 @@ def split_values(values: np.ndarray, counts: list[int]) -> list[np.ndarray]:
     return np.split(values, np.cumsum(counts)[:-1]) if counts else []
 
 
-__all__ = ["gathered_meta", "part_name", "request_firsts", "split_values", "whole_requests"]
+def answer_line(row: int, custom_id: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """An answered request's batch output line."""
+    response = {"status_code": 200, "request_id": f"req_{row}", "body": body}
+    return {"id": f"batch_req_{row}", "custom_id": custom_id, "response": response, "error": None}
+
+
+def error_line(reject: dict[str, Any]) -> dict[str, Any]:
+    """A rejected request's batch output line."""
+    error = {"code": reject["reason"], "message": reject["message"]}
+    return {"id": f"batch_req_{reject['row']}", "custom_id": reject["id"], "response": None, "error": error}
+
+
+class RequestAnswerStore(PartStore, ABC):
+    """Parts of answers to OpenAI-style requests: JSON lines, answered and rejected requests in
+    input order. `values` hold every part of the window's answered requests; `meta["counts"]` says
+    how many parts each request has, in order (above)."""
+
+    def __init__(self, output: str, dim: int, fp: dict[str, Any], model: str) -> None:
+        super().__init__(output, "jsonl", dim, fp)
+        self.model = model
+        self.id_column = "custom_id"
+
+    @abstractmethod
+    def answer(self, row: int, custom_id: Any, values: np.ndarray, tokens: int, options: Any) -> dict[str, Any]:
+        """One answered request's line, from its parts' values [parts, dim] (each endpoint's own shape)."""
+
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
+    ) -> None:
+        assert meta is not None, "requests carry their options"
+        groups = split_values(values, meta["counts"])
+        rows = zip(ids, meta["rows"], meta["tokens"], meta["options"], groups, strict=True)
+        answers = [(row, self.answer(row, i, group, tokens, options)) for i, row, tokens, options, group in rows]
+        lines = sorted([*answers, *((r["row"], error_line(r)) for r in rejects)], key=lambda item: item[0])
+        tmp.write_text("".join(json.dumps(line) + "\n" for _, line in lines), encoding="utf-8")
+
+
+__all__ = [
+    "RequestAnswerStore",
+    "answer_line",
+    "error_line",
+    "gathered_meta",
+    "part_name",
+    "request_firsts",
+    "split_values",
+    "whole_requests",
+]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ...tune.render import gain_line, params_line, trials_table
-from ...tune.search import Search, Trial
+from ..tune.render import gain_line, params_line, trials_table
+from ..tune.search import Search, Trial
 
 
 def table(search: Search, status: str = "") -> Table:

@@ -12,28 +12,28 @@ from dataclasses import asdict, replace
 
 import torch
 
-from ...config import RunConfig, resolve_plan
-from ...device import Device, resolve_dtype
-from ...errors import ConfigError, Interrupted
-from ...files.arrivals import ArrivalReplay
-from ...files.fingerprint import fingerprint
-from ...files.parts import PartStore
-from ...files.read import Reader
-from ...job.accounting import settle
-from ...job.claim import claimed, open_store
-from ...job.live import watch_output
-from ...job.output_checks import check_output, output_format
-from ...job.signals import signals_stop
-from ...models.checkpoint import CheckpointInfo
-from ...obs.meter import COUNTER
-from ...obs.progress import Progress
-from ...place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
-from ...place.devices import make_run_devices
+from ..config import RunConfig, resolve_plan
+from ..device import Device, resolve_dtype
+from ..errors import ConfigError, Interrupted
+from ..files.arrivals import ArrivalReplay
+from ..files.fingerprint import fingerprint
+from ..files.parts import PartStore
+from ..job.accounting import settle
+from ..job.claim import claimed, open_store
+from ..job.live import watch_output
+from ..job.output_checks import check_output, output_format
+from ..job.signals import signals_stop
+from ..models.checkpoint import CheckpointInfo
+from ..obs.meter import COUNTER
+from ..obs.progress import Progress
+from ..place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
+from ..place.devices import make_run_devices
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
 from .options import embed_checkpoint, encoder_task
 from .plan import max_padded_len
 from .quantize import int8_model
+from .read import Reader
 from .report import RunReport
 from .run import EmbedRun
 from .tensor_parallel import refusal as tp_refusal

@@ -17,14 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...device import OutputPool
-from ...errors import DeviceResultFailed
-from ...files.parts import PartStore
-from ...job.rejects import RejectCounter
-from ...obs.latency import LatencyLog
-from ...types import Pending, Reject, Window
+from ..device import OutputPool
+from ..errors import DeviceResultFailed
+from ..files.parts import PartStore
+from ..job.rejects import RejectCounter
+from ..obs.latency import LatencyLog
+from ..types import Reject
 from .fanout import gathered_meta, request_firsts, whole_requests
 from .held import Held, checkpoint_table, window_facts
+from .types import Pending, Window
 
 
 @dataclass(slots=True)

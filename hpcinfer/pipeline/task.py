@@ -1,0 +1,120 @@
+"""What every task on the encoder pipeline is (`EncoderTask`): embed, classify, score, ner and
+sparse run the same job (read -> tokenize -> plan -> stage -> execute -> write, job.py); they
+differ in the checkpoint they load, the values a row's forward pass gives and the rows written for
+them. Each task folder subclasses `EncoderTask` with its own claims, options and settling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..files.parts import PartStore
+from ..files.sources import Source, is_openai_input
+from ..models.checkpoint import CheckpointInfo
+from ..registry import EVERY_TASK, Checkpoint, RunGiven
+
+# What the encoder pipeline reads, for every task on it: rows, tokenizing, batching, the stages.
+PIPELINE = (
+    "input.input_format",
+    "input.rate",
+    "input.rate_seed",
+    "tokenize",
+    "plan",
+    "pipeline",
+    "embed.prompt",
+    "embed.prompt_name",
+)
+ROW_TEXT = ("input.text_column", "input.prompt_column")  # where a plain row's text is (not an OpenAI body's)
+
+
+class EncoderTask:
+    """A task on the encoder pipeline; `own` are the options it reads besides the pipeline's."""
+
+    name = ""
+    own: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = ()
+
+    def claims(self, checkpoint: Checkpoint) -> str | None:
+        return None
+
+    def honours(self, config: RunConfig) -> Iterable[str]:
+        text = () if is_openai_input(config.input) else ROW_TEXT
+        return (*EVERY_TASK, *PIPELINE, *text, *self.own)
+
+    def hints(self) -> dict[str, str]:
+        return {
+            "input.text_column": "an OpenAI batch file's bodies hold their own input",
+            "input.prompt_column": "an OpenAI batch file's bodies hold their own input",
+            "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
+            "embed.all_scores": "every label's probability is what --task classify writes",
+            "generate": "sampling and the KV cache are generation's (a causal LM, --task generate)",
+        }
+
+    def settle(self, config: RunConfig) -> RunConfig:
+        if config.device.quantize == "fp8":
+            raise ConfigError("--quantize fp8 applies to causal LMs (generation); pooling tasks take int8 or auto")
+        if config.device.tensor_parallel > 1 and self.name != "embed":
+            raise ConfigError(
+                f"--tp splits a decoder (generation, decoder embedders); --task {self.name} runs an encoder"
+            )
+        return config
+
+    def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
+        """The checkpoint's facts for this task (`--backend transformers`: as transformers loads it)."""
+        if config.backend == "transformers":
+            from ..models.hf_backend import inspect_hf
+
+            return inspect_hf(path, self.name)
+        from ..models.registry import inspect_embedder
+
+        return inspect_embedder(path, self.name)
+
+    def store(
+        self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]
+    ) -> PartStore:
+        """Where a window's values become output rows: plain rows here; a task that answers OpenAI
+        batch files (`openai_output`) returns its own store for them."""
+        if openai_output(sources, fmt):
+            raise ConfigError(f"an OpenAI batch file has no endpoint that --task {self.name} answers")
+        return PartStore(config.output.path, fmt, info.output_dim, fp)
+
+    def fingerprint(self, config: RunConfig) -> dict[str, Any]:
+        """Options of this task that change its output rows, besides the pipeline's (job.embed_fingerprint)."""
+        return {}
+
+    def run(self, config: RunConfig, given: RunGiven) -> Any:
+        from .given import RunExtras
+        from .job import run_embed
+
+        g = given
+        extras = RunExtras(g.progress, g.hooks, g.ranges, g.batch_profiler, g.model, stop=g.stop)
+        return run_embed(config, extras, device=given.device, devices=given.devices)
+
+    def cluster(self) -> Any:
+        from .cluster import EmbedCluster
+
+        return EmbedCluster()
+
+    def tuning(self) -> Any:
+        from .tuning import EmbedTuning
+
+        return EmbedTuning()
+
+
+def openai_output(sources: list[Source], fmt: str) -> bool:
+    """Whether the run answers an OpenAI batch file (all its inputs are one; in JSONL)."""
+    openai = [s.fmt == "openai" for s in sources]
+    if not any(openai):
+        return False
+    if not all(openai):
+        raise ConfigError("an OpenAI batch file and other inputs in one run: their answers have other shapes")
+    if fmt != "jsonl":
+        raise ConfigError("an OpenAI batch input is answered in JSONL: give a .jsonl output")
+    return True
+
+
+__all__ = ["PIPELINE", "ROW_TEXT", "EncoderTask", "openai_output"]
