@@ -66,6 +66,11 @@ class Checkpoint:
     causal_lm: bool  # a *ForCausalLM (or a GGUF file)
     sentence_transformers: bool  # it carries sentence-transformers modules (modules.json)
 
+    @property
+    def label_count(self) -> int:
+        """A classifier's labels, as transformers counts them (id2label, else num_labels, else 2)."""
+        return len(self.raw.get("id2label") or {}) or int(self.raw.get("num_labels", 2))
+
 
 @dataclass(frozen=True, slots=True)
 class RunGiven:

@@ -15,7 +15,7 @@ import torch
 
 if not torch.cuda.is_available():
     # NOTE: before anything imports Triton (transformers does): its kernels then run in Triton's
-    # interpreter, the only way they run without a GPU (engine/paged_kernel.py).
+    # interpreter, the only way they run without a GPU (engine/attention/triton_kernel.py).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -33,8 +33,8 @@ from hpcinfer.config import (
     PlanConfig,
     RunConfig,
 )
-from hpcinfer.models.tiny import build_tiny_bert
 from hpcinfer.obs.progress import Progress
+from tests.fixtures.tiny import build_tiny_bert
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -151,7 +151,7 @@ def tiny_llama(folder: Path, seed: int, prompts: int, max_length: int, text_seed
     from hpcinfer.models.decoder_checkpoint import load_decoder
     from hpcinfer.models.decoder_inspect import inspect_decoder
     from hpcinfer.models.registry import load_tokenizer
-    from hpcinfer.models.tiny_decoder import build_tiny_decoder
+    from tests.fixtures.tiny_decoder import build_tiny_decoder
 
     path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=seed)
     info = inspect_decoder(path)

@@ -269,9 +269,9 @@ def check_triton_attention(s: Setup) -> str:
 
     On the dry run the kernel runs in Triton's interpreter (gpu_check.sh sets TRITON_INTERPRET=1).
     """
-    from hpcinfer.engine import attention_choice
+    from hpcinfer.engine.attention import choice as attention_choice
+    from hpcinfer.engine.attention.triton_kernel import paged_attention
     from hpcinfer.engine.engine import Engine, EngineConfig
-    from hpcinfer.engine.paged_kernel import paged_attention
     from hpcinfer.engine.sequence import SamplingParams
 
     device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
@@ -342,7 +342,7 @@ def check_graph_memory_bound(s: Setup) -> str:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from hpcinfer.device.cuda import CaptureStream
-    from hpcinfer.engine.attention import TritonPagedAttention
+    from hpcinfer.engine.attention.paged import TritonPagedAttention
     from hpcinfer.engine.decode_graphs import DecodeGraphs
     from hpcinfer.engine.engine import Engine, EngineConfig, pool_reserve
     from hpcinfer.engine.sequence import SamplingParams

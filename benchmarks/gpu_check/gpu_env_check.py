@@ -77,7 +77,7 @@ def nvidia_smi() -> list[dict[str, str]] | str:
 
 def build_tools() -> dict[str, Any]:
     """The C compiler and Python headers Triton builds its launcher with, as Triton looks for them."""
-    from hpcinfer.engine.attention_choice import triton_build_problem
+    from hpcinfer.engine.attention.choice import triton_build_problem
 
     include = Path(sysconfig.get_paths()["include"])
     return {

@@ -91,7 +91,7 @@ def build_decoder(path: Path, shape: str, dtype: str, device: str, seed: int = 0
     the benchmark's prompts are token ids."""
     import torch
 
-    from hpcinfer.models.tiny_decoder import random_causal_lm
+    from tests.fixtures.tiny_decoder import random_causal_lm
 
     spec = dict(DECODERS[shape])
     arch, vocab, tie = spec.pop("architecture"), spec.pop("vocab"), spec.pop("tie")
@@ -118,8 +118,8 @@ def build_decoder(path: Path, shape: str, dtype: str, device: str, seed: int = 0
 def build_embedder(path: Path, shape: str, dtype: str, device: str, seed: int = 0) -> Path:
     """A random sentence-transformers embedder of `shape` (EMBEDDERS): BERT with mean pooling, or a
     decoder with last-token pooling (as Qwen3-Embedding), both normalised."""
-    from hpcinfer.models.tiny import build_tiny_bert
-    from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
+    from tests.fixtures.tiny import build_tiny_bert
+    from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 
     spec = dict(EMBEDDERS[shape])
     if spec.pop("kind") == "bert":
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     import time
 
     sys.path.insert(0, str(REPO))  # NOTE: runs from a checkout, installed or not
-    from hpcinfer.models.tiny import build_minilm_shaped
+    from tests.fixtures.tiny import build_minilm_shaped
 
     p = argparse.ArgumentParser(description="Writes random checkpoints of the GPU check's shapes.")
     p.add_argument("out", type=Path)

@@ -2,7 +2,7 @@
 
 For each context length: `--batch` sequences decoding one token each, all with that context, their
 blocks scattered over a pool (a random permutation). Timed per layer call:
-- triton: the in-place kernel (engine/paged_kernel.py), one launch;
+- triton: the in-place kernel (engine/attention/triton_kernel.py), one launch;
 - torch: the engine's torch path (TorchPagedAttention: the blocks gathered, then SDPA with a mask).
 Both outputs are compared (max difference), and each call's bytes (the K/V it must read) give its
 bandwidth and its share of `--peak-tbs` (4.8 TB/s, an H200's HBM3e). The defaults are
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from 
 
 from benchmarks.gpu_check.gpu_models import H200_TBPS  # noqa: E402
 from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, attempt, write_json  # noqa: E402
-from hpcinfer.engine.attention import DecodeGroup, PagedBatch, TorchPagedAttention  # noqa: E402
-from hpcinfer.engine.kv_cache import KVCache, KVLayout  # noqa: E402
+from hpcinfer.engine.attention.paged import DecodeGroup, PagedBatch, TorchPagedAttention  # noqa: E402
+from hpcinfer.engine.kvcache.pools import KVCache, KVLayout  # noqa: E402
 
 
 def timed(fn: Callable[[], torch.Tensor], device: torch.device, iters: int) -> float:
@@ -58,7 +58,7 @@ def timed(fn: Callable[[], torch.Tensor], device: torch.device, iters: int) -> f
 
 
 def one_context(args: argparse.Namespace, context: int) -> dict[str, Any]:
-    from hpcinfer.engine.paged_kernel import paged_attention
+    from hpcinfer.engine.attention.triton_kernel import paged_attention
 
     device, dtype, bs = args.device, args.torch_dtype, args.block_size
     width = -(-context // bs)

@@ -37,10 +37,10 @@ from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, write_json 
 from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
 from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
 from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
-from hpcinfer.models.tiny_decoder import build_tiny_decoder  # noqa: E402
 from hpcinfer.parallel.group import Collectives, Rendezvous, end_group, free_port  # noqa: E402
 from hpcinfer.parallel.shard_loader import load_shard  # noqa: E402
 from hpcinfer.parallel.tp import rss_bytes  # noqa: E402
+from tests.fixtures.tiny_decoder import build_tiny_decoder  # noqa: E402
 
 SHAPE = {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 4, "intermediate": 1536, "max_positions": 1024}
 TOKENIZER = Path(__file__).resolve().parents[1] / "minilm_tokenizer"

@@ -21,11 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcinfer.api import run
-from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
-from hpcinfer.device.simulated import SimulatedDevice
-from hpcinfer.models.tiny import build_tiny_bert
-from hpcinfer.obs.progress import Progress
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
+
+from hpcinfer.api import run  # noqa: E402
+from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig  # noqa: E402
+from hpcinfer.device.simulated import SimulatedDevice  # noqa: E402
+from hpcinfer.obs.progress import Progress  # noqa: E402
+from tests.fixtures.tiny import build_tiny_bert  # noqa: E402
 
 WORDS = [
     *("the", "quick", "brown", "fox", "measures", "latency", "and", "throughput"),

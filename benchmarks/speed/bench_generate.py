@@ -60,12 +60,12 @@ from benchmarks.gpu_check.gpu_models import (  # noqa: E402
 )
 from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, attempt, free_device_memory, write_json  # noqa: E402
 from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.engine.kv_cache import kv_storage, parse_kv_memory  # noqa: E402
+from hpcinfer.engine.kvcache.pools import kv_storage, parse_kv_memory  # noqa: E402
 from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
 from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
 from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
 from hpcinfer.models.fp8 import quantize_decoder_fp8  # noqa: E402
-from hpcinfer.models.tiny_decoder import build_tiny_decoder  # noqa: E402
+from tests.fixtures.tiny_decoder import build_tiny_decoder  # noqa: E402
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "minilm_tokenizer"
 SHAPES: dict[str, dict[str, Any]] = {  # built by build_tiny_decoder, with the tokenizer's vocabulary

@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
+
+from tests.fixtures.tiny_decoder import build_tiny_decoder  # noqa: E402
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engineers", "measure"]
 

@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"workdir: {workdir}", flush=True)
     try:
-        from hpcinfer.models.tiny import build_tiny_bert
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
+        from tests.fixtures.tiny import build_tiny_bert
 
         tiny = build_tiny_bert(workdir / "tiny", hidden=32, layers=1, heads=2, intermediate=64)
         results: list[RunResult] = []

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
 from benchmarks.speed.smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
 from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
-from hpcinfer.engine.sampling import sample_seed  # noqa: E402
+from hpcinfer.engine.sample.sampling import sample_seed  # noqa: E402
 from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
 
 

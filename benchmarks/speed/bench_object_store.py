@@ -227,7 +227,7 @@ def main() -> None:
             work = Path(tmp)
             model = args.model
             if model == "tiny":
-                from hpcinfer.models.tiny import build_tiny_bert
+                from tests.fixtures.tiny import build_tiny_bert
 
                 model = str(build_tiny_bert(work / "tiny"))
             if not args.memory_only:

@@ -93,11 +93,11 @@ OTHERS = {
 
 def build_model(task: str, folder: Path) -> Path:
     if task == "embed-decoder":
-        from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
+        from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 
         path = build_tiny_decoder(folder / "qwen2-embedder", "Qwen2ForCausalLM", seed=0, **QWEN2_SHAPE)
         return add_sentence_transformers_files(path, "last", normalize=True, max_seq_length=256)
-    from hpcinfer.models.tiny_classifier import build_tiny_classifier
+    from tests.fixtures.tiny_classifier import build_tiny_classifier
 
     labels = ("LABEL_0",) if task == "score" else ("negative", "neutral", "positive")
     return build_tiny_classifier(folder / task, "bert", labels, seed=0, **MINILM_SHAPE)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +26,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from hpcinfer.api import run
-from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.engine.block_manager import max_hit_rate
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
+
+from hpcinfer.api import run  # noqa: E402
+from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig  # noqa: E402
+from hpcinfer.engine.kvcache.block_manager import max_hit_rate  # noqa: E402
+from tests.fixtures.tiny_decoder import build_tiny_decoder  # noqa: E402
 
 RUNS = (
     ("caching off", {"prefix_cache": False, "prefix_order": False}),

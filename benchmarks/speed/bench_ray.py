@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,7 +81,8 @@ def generation_job(path: str, out: Path, model: str, args: argparse.Namespace, e
 
 def compare_generation(args: argparse.Namespace) -> None:
     """Local vs `--engine ray` x1 generation on a tiny decoder; the ray instance is already up."""
-    from hpcinfer.models.tiny_decoder import build_tiny_decoder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
+    from tests.fixtures.tiny_decoder import build_tiny_decoder
 
     texts = pq.read_table(args.input, columns=["text"]).column("text").to_pylist()[: args.rows]
     best: dict[str, tuple[float, float]] = {}

@@ -70,7 +70,7 @@ def write_corpus(texts: list[str], path: Path) -> None:
 
 def build_dense(folder: Path) -> Path:
     from hpcinfer.models.registry import resolve_model_path
-    from hpcinfer.models.tiny import build_minilm_shaped
+    from tests.fixtures.tiny import build_minilm_shaped
 
     return build_minilm_shaped(folder / "dense", resolve_model_path("default"))
 

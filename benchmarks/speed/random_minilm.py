@@ -16,7 +16,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # NOTE: runs from a checkout, installed or not
 
-from hpcinfer.models.tiny import build_minilm_shaped  # noqa: E402
+from tests.fixtures.tiny import build_minilm_shaped  # noqa: E402
 
 TOKENIZER_DIR = REPO_ROOT / "benchmarks" / "minilm_tokenizer"
 

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
 from benchmarks.speed.smollm2_chats import chat_prompts, load_smollm2  # noqa: E402
+from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec  # noqa: E402
 from hpcinfer.engine.engine import Engine, EngineConfig  # noqa: E402
 from hpcinfer.engine.sequence import SamplingParams  # noqa: E402
-from hpcinfer.engine.structured import Grammars, GrammarSpec  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..device.cuda import CaptureStream
 from ..models.llama import DecoderConfig, LlamaDecoder
-from .kv_cache import KVCache, KVLayout
+from .kvcache.pools import KVCache, KVLayout
 from .scheduler import Chunk
 from .staging import InFlightTokens
 

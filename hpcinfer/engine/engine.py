@@ -30,21 +30,21 @@ from ..device.readback import Readback, readback
 from ..device.step_timer import step_timer
 from ..errors import ConfigError
 from ..models.llama import LlamaDecoder
-from .attention_choice import attention_kind
-from .block_manager import BlockManager, blocks_for
+from .attention.choice import attention_kind
+from .constrained.structured import Grammars, StepMasks
 from .decode_graphs import graph_peak
 from .engine_stats import EngineStats
-from .kv_cache import KVCache, KVLayout, size_pool
-from .logprobs import StepLogprobs, step_logprobs
-from .penalties import penalize
+from .kvcache.block_manager import BlockManager, blocks_for
+from .kvcache.pools import KVCache, KVLayout, size_pool
 from .runner import ModelRunner
-from .samples import fork_samples, request_done
-from .sampling import Sampler
+from .sample.fork import fork_samples, request_done
+from .sample.logprobs import StepLogprobs, step_logprobs
+from .sample.penalties import penalize
+from .sample.sampling import Sampler
+from .sample.stopping import stop_reason
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
 from .staging import InFlightTokens
-from .stopping import stop_reason
-from .structured import Grammars, StepMasks
 
 
 @dataclass(frozen=True, slots=True)

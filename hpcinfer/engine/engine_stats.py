@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
+from .kvcache.block_manager import BlockManager
 from .scheduler import Scheduler, StepPlan
 
 

@@ -30,9 +30,9 @@ import torch
 
 from ..errors import ModelError
 from .engine_stats import EngineStats
-from .sampling import Sampler
+from .sample.sampling import Sampler
+from .sample.stopping import stop_reason
 from .sequence import SamplingParams, Sequence, Status
-from .stopping import stop_reason
 
 WHAT_IS_LOST = "static batches, no paged KV cache, continuous batching, prefix caching or chunked prefill"
 

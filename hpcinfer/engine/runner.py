@@ -15,11 +15,11 @@ import torch
 
 from ..device.cpu_shape import decode_group_bytes, matmul_slice_rows
 from ..models.llama import LlamaDecoder
-from .attention import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention
-from .attention_choice import choose_attention
-from .block_manager import blocks_for
+from .attention.choice import choose_attention
+from .attention.paged import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention
 from .decode_graphs import DecodeGraphs
-from .kv_cache import KVCache
+from .kvcache.block_manager import blocks_for
+from .kvcache.pools import KVCache
 from .scheduler import Chunk, StepPlan
 from .staging import InFlightTokens, StepStaging
 

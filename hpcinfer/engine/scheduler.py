@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
+from .kvcache.block_manager import BlockManager
 from .sequence import PENDING, Sequence, Status
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .structured import GrammarSpec
+    from .constrained.structured import GrammarSpec
 
 PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows

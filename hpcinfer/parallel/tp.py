@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..engine.kv_cache import KVLayout, size_pool
+from ..engine.kvcache.pools import KVLayout, size_pool
 from ..engine.runner import StepInputs
 from ..models.decoder_inspect import DecoderInfo
 from .decoder import ShardedDecoder

@@ -5,7 +5,7 @@ and rank 0's engine of each group (parallel/tp.py starts the groups and runs the
     --devices all --tp 2 (8 GPUs)     ->  [cuda:0, cuda:1] ... [cuda:6, cuda:7]   4 engines
     --tp 2 (no --devices)             ->  [cpu, cpu] or [cuda:0, cuda:1]          1 engine
 
-Each group is one replica of generation's several-device path (tasks/generate/devices.py): its rank 0 runs an
+Each group is one replica of generation's several-device path (engine/runtime/devices.py): its rank 0 runs an
 engine on a thread of the run's process, and the pool dispatches prompts between the groups by
 outstanding tokens, as between devices. Each group has a process group (and port) of its own.
 """

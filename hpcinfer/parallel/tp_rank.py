@@ -19,7 +19,7 @@ import torch
 
 from ..device import accelerators
 from ..device.threads import set_torch_threads
-from ..engine.kv_cache import KVCache
+from ..engine.kvcache.pools import KVCache
 from ..engine.runner import ModelRunner
 from ..errors import HpcinferError
 from ..models.decoder_embedder import padded_hidden

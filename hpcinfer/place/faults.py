@@ -1,7 +1,7 @@
 """A device's fault: what failed on which of the run's devices, as its circuit breaker counts it.
 
 One record for every engine: the encoder pipeline's classifier (pipeline/faults.py) and the
-generation engines' step rule (tasks/generate/devices.py) both give one, locally and on Ray.
+generation engines' step rule (engine/runtime/devices.py) both give one, locally and on Ray.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcinfer.models.tiny import build_minilm_shaped
+from tests.fixtures.tiny import build_minilm_shaped
 
 from ..gpu_checks import CHECKS, TOKENIZER_DIR, Setup, sample_input
 

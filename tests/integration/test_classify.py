@@ -13,7 +13,7 @@ import transformers
 from tokenizers import Tokenizer
 
 from hpcinfer.errors import ModelError
-from hpcinfer.models.tiny_classifier import build_tiny_classifier
+from tests.fixtures.tiny_classifier import build_tiny_classifier
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 
@@ -65,7 +65,7 @@ def test_jsonl_output_without_all_scores_and_bad_rows(tmp_path, one_torch_thread
 
 
 def test_an_embedding_checkpoint_is_not_a_classifier(tmp_path):
-    from hpcinfer.models.tiny import build_tiny_bert
+    from tests.fixtures.tiny import build_tiny_bert
 
     path = build_tiny_bert(tmp_path / "m")
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])

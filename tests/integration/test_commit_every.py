@@ -21,11 +21,11 @@ from hpcinfer.config import PlanConfig
 from hpcinfer.errors import ConfigError
 from hpcinfer.files.parts import PartStore
 from hpcinfer.job.rejects import RejectCounter
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.pipeline.held import Held, load_held
 from hpcinfer.pipeline.plan import Planner, TokenBudget, cut_batches
 from hpcinfer.pipeline.types import Batch, Pending, TokenBlock, Window
 from hpcinfer.pipeline.write import Writer
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 from ..unit.test_cli_options import parsed

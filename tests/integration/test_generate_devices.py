@@ -22,13 +22,13 @@ import pytest
 from rich.console import Console
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+from hpcinfer.engine.runtime.pool import EnginePool
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError, DevicesFailed
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.profile import RecordingRanges
 from hpcinfer.obs.progress import Progress
 from hpcinfer.tasks.generate.job import run_generate
-from hpcinfer.tasks.generate.pool import EnginePool
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 

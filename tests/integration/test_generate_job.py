@@ -16,8 +16,8 @@ import torch
 import transformers
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate, wants_generation
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, read_output, write_jsonl, write_parquet
 

@@ -20,8 +20,8 @@ from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder, is_causal_lm
 from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.registry import resolve_model_path
-from hpcinfer.models.tiny_gguf import CHATML, build_tiny_gguf
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_gguf import CHATML, build_tiny_gguf
 
 from ..conftest import SAMPLE_PARQUET, make_texts, write_jsonl
 

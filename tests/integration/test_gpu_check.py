@@ -189,7 +189,7 @@ def test_with_one_gpu_the_tensor_parallel_step_says_skipped_at_once(tmp_path, mo
 
 
 def test_the_tiny_decoder_builds_without_the_packaged_model(tmp_path, monkeypatch):
-    from hpcinfer.models import tiny_decoder
+    from tests.fixtures import tiny_decoder
 
     def no_package(_name):
         raise AssertionError("the GPU machine has no packaged model")

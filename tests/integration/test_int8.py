@@ -18,8 +18,8 @@ from hpcinfer.models.int8 import Int8Kernel, Int8Linear
 from hpcinfer.models.int8_kernels import ROUNDING_SLACK, accurate_kernels, probe_kernels, rounding_error
 from hpcinfer.models.int8_quantize import quantize_int8, smoothing
 from hpcinfer.models.llama import DenseCausalAttention
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, read_output, write_jsonl
 
@@ -330,7 +330,7 @@ def test_a_generation_run_with_int8_weights(tiny, tmp_path):
 def test_quantize_int8_reaches_a_cross_encoders_layers(tmp_path):
     from hpcinfer.models.int8_quantize import linear_layers
     from hpcinfer.models.registry import inspect_embedder, load_model
-    from hpcinfer.models.tiny_classifier import build_tiny_classifier
+    from tests.fixtures.tiny_classifier import build_tiny_classifier
 
     path = build_tiny_classifier(tmp_path / "ce", "bert", labels=("score",))
     info = inspect_embedder(path, "score")

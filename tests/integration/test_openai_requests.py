@@ -17,8 +17,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from hpcinfer.api import run
-from hpcinfer.models.tiny_classifier import build_tiny_classifier
 from hpcinfer.obs.progress import Progress
+from tests.fixtures.tiny_classifier import build_tiny_classifier
 
 from ..conftest import make_texts, small_config, write_jsonl
 

@@ -21,11 +21,11 @@ from rich.console import Console
 from hpcinfer.api import run
 from hpcinfer.config import ClusterConfig, DeviceConfig, GenerateConfig, InputConfig, OutputConfig, RunConfig
 from hpcinfer.errors import ConfigError, DevicesFailed
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.pipeline.cluster import EmbedCluster
 from hpcinfer.ray_engine.driver import run_on_ray
 from hpcinfer.tasks.generate.cluster import GenerateCluster
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, read_output, run_job, small_config, write_jsonl
 from .ray_helpers import FlakyActor, HangsActor, LostActor, PoisonedActor, local_ray

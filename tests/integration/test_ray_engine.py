@@ -236,7 +236,7 @@ def test_an_id_of_an_earlier_window_becomes_a_duplicate_even_where_the_replica_r
 def test_score_and_openai_embeddings_on_ray_equal_the_local_engine(tmp_path, tiny_model, ray_address):
     """Every pooling task runs on Ray as it does here: a cross-encoder's scores, and an OpenAI
     /v1/embeddings batch file's answer lines (error lines included)."""
-    from hpcinfer.models.tiny_classifier import build_tiny_classifier
+    from tests.fixtures.tiny_classifier import build_tiny_classifier
 
     scorer = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=2)
     texts = make_texts(120, seed=41)

@@ -34,13 +34,13 @@ from hpcinfer.config import (
 from hpcinfer.errors import ConfigError, OutputError
 from hpcinfer.models.decoder_checkpoint import load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.obs.render import render
 from hpcinfer.ray_engine.units import plan_units
 from hpcinfer.tasks.generate.cluster import GenerateCluster, request_source
 from hpcinfer.tasks.generate.replica import RangeRequestReader
 from hpcinfer.tasks.generate.setup import request_reader
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import REPO, make_texts, write_parquet
 from .ray_helpers import local_ray

@@ -13,7 +13,7 @@ from sentence_transformers import CrossEncoder
 from tokenizers import Tokenizer
 
 from hpcinfer.errors import ConfigError, ModelError
-from hpcinfer.models.tiny_classifier import build_tiny_classifier
+from tests.fixtures.tiny_classifier import build_tiny_classifier
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl, write_parquet
 

@@ -21,8 +21,8 @@ import pytest
 from openai.types import Batch, Completion, CreateEmbeddingResponse, FileObject
 from openai.types.chat import ChatCompletion
 
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.serve.state import BatchRow, State
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 KEY = "sk-test-serve"
 

@@ -15,8 +15,8 @@ from hpcinfer import registry
 from hpcinfer.api import run
 from hpcinfer.config import InputConfig, OutputConfig, RunConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.report_json import JsonReport
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import write_jsonl
 

@@ -13,7 +13,7 @@ import pytest
 from hpcinfer.api import run
 from hpcinfer.config import DeviceConfig, InputConfig, OutputConfig, PipelineConfig, PlanConfig, RunConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
+from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 
 from ..conftest import make_texts, read_output, write_jsonl
 

@@ -19,8 +19,8 @@ import pytest
 from hpcinfer.api import run
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 

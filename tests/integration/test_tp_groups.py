@@ -11,8 +11,8 @@ import pytest
 
 from hpcinfer.config import DeviceConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import write_jsonl
 from .test_tp_generate import _config, _rows

@@ -213,8 +213,8 @@ def test_row_caps_that_cannot_bind_are_not_measured_again():
 def test_tune_a_reranker_on_its_pairs(tmp_path):
     """tune samples text pairs as the run reads them (query + document found by themselves)."""
     from hpcinfer.config import InputConfig
-    from hpcinfer.models.tiny_classifier import build_tiny_classifier
     from hpcinfer.tune.command import TuneOptions, tune
+    from tests.fixtures.tiny_classifier import build_tiny_classifier
 
     model = build_tiny_classifier(tmp_path / "ce", "bert", ("LABEL_0",), seed=1)
     texts = make_texts(120, seed=5)

@@ -17,7 +17,6 @@ from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.recipes import load_recipe
 from hpcinfer.tasks.generate.requests import RequestReader
 from hpcinfer.tasks.generate.tune_search import (
@@ -31,6 +30,7 @@ from hpcinfer.tasks.generate.tune_trial import GenerationTrialRunner, draw_reque
 from hpcinfer.tasks.generate.tuning import generation_recipe_values
 from hpcinfer.tune.command import TuneOptions, tune
 from hpcinfer.tune.search import Goal, Trial
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 

@@ -21,8 +21,8 @@ from hpcinfer.device.base import DeviceOutOfMemory, OutputPool
 from hpcinfer.device.clock import EventClock
 from hpcinfer.device.graphs import GraphRunner, graph_widths, row_buckets
 from hpcinfer.device.simulated import CudaRuleBroken, SimulatedDevice
-from hpcinfer.models.tiny import build_tiny_bert
 from hpcinfer.pipeline.plan import cut_batches, max_padded_len
+from tests.fixtures.tiny import build_tiny_bert
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 

@@ -11,8 +11,8 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from hpcinfer.config import RunConfig
-from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 from hpcinfer.registry import pick_task
+from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 

@@ -13,7 +13,7 @@ from sentence_transformers import SentenceTransformer
 
 from hpcinfer.cli.options import build_run_config, declared
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny import build_tiny_bert
+from tests.fixtures.tiny import build_tiny_bert
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl, write_parquet
 

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.engine.attention_choice import attention_kind
+from hpcinfer.engine.attention.choice import attention_kind
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.kvcache.pools import KVLayout
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder
@@ -22,9 +22,9 @@ from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.fp8 import FP8, Fp8Linear
 from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.registry import resolve_model_path
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.chat import ChatRenderer
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, read_output, write_jsonl
 

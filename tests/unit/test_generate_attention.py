@@ -14,17 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpcinfer.engine import attention_choice as attention_module
-from hpcinfer.engine.attention import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
-from hpcinfer.engine.attention_choice import attention_kind, choose_attention, triton_problem
+from hpcinfer.engine.attention import choice as attention_module
+from hpcinfer.engine.attention.choice import attention_kind, choose_attention, triton_problem
+from hpcinfer.engine.attention.paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.kv_cache import KVCache, KVLayout
+from hpcinfer.engine.kvcache.pools import KVCache, KVLayout
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts
 
@@ -92,7 +92,7 @@ def reference_attention(q, pool_k, pool_v, tables, rows, context):  # noqa: ANN0
     ids=["gqa", "group-of-3-odd-dim", "half-mha"],
 )
 def test_the_triton_kernel_reads_blocks_in_place_as_the_reference_computes(dtype, heads, kv_heads, dim, block):
-    from hpcinfer.engine.paged_kernel import paged_attention
+    from hpcinfer.engine.attention.triton_kernel import paged_attention
 
     gen = torch.Generator().manual_seed(3)
     pool_k = torch.randn(40, block, kv_heads, dim, generator=gen).to(dtype)
@@ -216,7 +216,7 @@ def test_the_staged_step_arrays_start_on_16_byte_boundaries():
 def test_the_table_stride_is_not_specialised():
     # NOTE: a step's table is as wide as its widest sequence: a stride Triton specialised on (1, or
     # a multiple of 16) would compile the kernel again whenever that changes
-    from hpcinfer.engine import paged_kernel
+    from hpcinfer.engine.attention import triton_kernel as paged_kernel
 
     kernel = paged_kernel._kernel  # interpreted here (TRITON_INTERPRET), compiled on a GPU
     marked = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")

@@ -8,8 +8,8 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.chat import ChatError, ChatRenderer
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 CHATML = (
     "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"

@@ -9,8 +9,8 @@ import pytest
 
 from hpcinfer.config import RunConfig
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import generate_config, write_jsonl
 

@@ -11,12 +11,12 @@ import torch
 import transformers
 
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.kvcache.pools import KVLayout
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts
 

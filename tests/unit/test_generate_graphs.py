@@ -13,16 +13,16 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hpcinfer.engine.block_manager import blocks_for
 from hpcinfer.engine.decode_graphs import DecodeGraphs, buckets
 from hpcinfer.engine.engine import Engine, EngineConfig, pool_reserve
-from hpcinfer.engine.kv_cache import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
+from hpcinfer.engine.kvcache.block_manager import blocks_for
+from hpcinfer.engine.kvcache.pools import CUDA_DEFAULT_FRACTION, KVCache, KVLayout, size_pool
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts
 from ..gpu_checks import peak_allocated

@@ -13,8 +13,8 @@ import transformers
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import generate_config, write_jsonl
 

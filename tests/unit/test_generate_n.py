@@ -16,7 +16,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.sampling import sample_seed
+from hpcinfer.engine.sample.sampling import sample_seed
 from hpcinfer.engine.sequence import SamplingParams
 
 from ..conftest import generate_config, run_job, tiny_llama, write_jsonl
@@ -142,7 +142,7 @@ def test_plain_rows_with_n_are_lists(llama, tmp_path: Path) -> None:
 
 def test_n_with_structured_output(tmp_path: Path, one_torch_thread) -> None:
     """Every fork holds a matcher of its own."""
-    from hpcinfer.models.tiny_gguf import build_tiny_gguf
+    from tests.fixtures.tiny_gguf import build_tiny_gguf
 
     model = build_tiny_gguf(tmp_path / "tiny.gguf", seed=4)
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "pick", "choice": ["alpha", "beta", "gamma"]}])

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.penalties import penalize
+from hpcinfer.engine.sample.penalties import penalize
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.tasks.generate.job import run_generate
 

@@ -9,14 +9,14 @@ import random
 import pytest
 import torch
 
-from hpcinfer.engine.block_manager import ROOT, BlockManager, block_key, max_hit_rate, prefix_keys
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.kv_cache import KVLayout
+from hpcinfer.engine.kvcache.block_manager import ROOT, BlockManager, block_key, max_hit_rate, prefix_keys
+from hpcinfer.engine.kvcache.pools import KVLayout
 from hpcinfer.engine.scheduler import Scheduler
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 BS = 4
 

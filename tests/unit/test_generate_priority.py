@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.engine.block_manager import BlockManager, max_hit_rate
 from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.kvcache.block_manager import BlockManager, max_hit_rate
 from hpcinfer.engine.scheduler import Scheduler, WaitQueue
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.job import run_generate
 from hpcinfer.tasks.generate.report import percentiles
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import write_jsonl
 

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.obs.progress import Progress
 from hpcinfer.tasks.generate.job import run_generate
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 

@@ -9,8 +9,8 @@ import torch
 
 from hpcinfer.config import GenerateConfig, InputConfig, RunConfig
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.tasks.generate.setup import ROW_DEFAULTS, generation_fingerprint, sampling_defaults
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 CHANGED = {  # a valid value other than the default, per option
     "max_tokens": 17,

@@ -12,12 +12,12 @@ from transformers.generation.logits_process import (
 )
 
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.sampling import Sampler, candidates, filtered_probs
+from hpcinfer.engine.sample.sampling import Sampler, candidates, filtered_probs
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts
 
@@ -147,7 +147,7 @@ def test_invalid_parameters_are_named():
 
 def test_a_long_list_is_drawn_in_two_rounds_with_its_own_distribution():
     """Past 512 candidates the race picks a block of 256, then a token in it: still exact."""
-    from hpcinfer.engine.sampling import RACE_BLOCK, draw
+    from hpcinfer.engine.sample.sampling import RACE_BLOCK, draw
 
     weights = torch.rand(1000, generator=torch.Generator().manual_seed(1)) ** 4  # a flat tail, a few peaks
     assert weights.numel() > 2 * RACE_BLOCK

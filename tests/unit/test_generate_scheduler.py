@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcinfer.engine.block_manager import BlockManager
+from hpcinfer.engine.kvcache.block_manager import BlockManager
 from hpcinfer.engine.scheduler import Scheduler
 from hpcinfer.engine.sequence import SamplingParams, Sequence, Status
 
@@ -132,7 +132,7 @@ def test_blocks_are_recycled_and_the_peak_recorded():
 
 def test_scheduler_and_block_manager_import_no_torch():
     root = Path(__file__).resolve().parents[2] / "hpcinfer" / "engine"
-    for name in ("scheduler.py", "block_manager.py", "sequence.py"):
+    for name in ("scheduler.py", "kvcache/block_manager.py", "sequence.py"):
         tree = ast.parse((root / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

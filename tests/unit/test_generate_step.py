@@ -18,7 +18,7 @@ from hpcinfer.engine.staging import StepStaging
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts
 

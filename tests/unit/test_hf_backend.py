@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hpcinfer.errors import ConfigError, ModelError
-from hpcinfer.models.tiny import build_tiny_bert, write_sentence_transformers_files
-from hpcinfer.models.tiny_classifier import build_tiny_classifier
-from hpcinfer.models.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
+from tests.fixtures.tiny import build_tiny_bert, write_sentence_transformers_files
+from tests.fixtures.tiny_classifier import build_tiny_classifier
+from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_tiny_decoder
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 

@@ -114,9 +114,17 @@ def layer_violations(graph: dict[str, set[str]], layer: str, forbidden: tuple[st
     )
 
 
+RUNTIME_MAY_NOT_IMPORT = ("hpcinfer.tasks", "hpcinfer.cli", "hpcinfer.api")
+
+
 def test_the_engine_imports_no_task_file_job_or_command_line_module():
-    """engine/ is the generation engine alone: requests in, finished sequences out."""
-    assert layer_violations(import_graph(PACKAGE), "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == []
+    """engine/ is the generation engine alone: requests in, finished sequences out. Its runtime
+    (engine/runtime/: engines driven across devices) meets the job (its window book, the arrival
+    clock of --rate) but knows no task either."""
+    graph = import_graph(PACKAGE)
+    core = {name: edges for name, edges in graph.items() if not name.startswith("hpcinfer.engine.runtime")}
+    assert layer_violations(core, "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == []
+    assert layer_violations(graph, "hpcinfer.engine.runtime", RUNTIME_MAY_NOT_IMPORT) == []
 
 
 def test_the_layer_check_sees_a_back_edge():
@@ -175,7 +183,7 @@ def cuda_calls(package: Path) -> dict[str, int]:
 
 # NOTE: the profiler's CUDA ranges, Triton's interpreter switch (read when Triton is first imported)
 # and the engine's CUDA graph capture; everything else asks device/ (accelerators.py, cuda.py).
-CUDA_OUTSIDE_DEVICE = {"obs/profile.py", "engine/paged_kernel.py", "engine/decode_graphs.py"}
+CUDA_OUTSIDE_DEVICE = {"obs/profile.py", "engine/attention/triton_kernel.py", "engine/decode_graphs.py"}
 
 
 def test_torch_cuda_is_asked_through_the_device_layer():
@@ -186,3 +194,22 @@ def test_the_cuda_check_sees_a_call_outside_the_device_layer(tmp_path):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "job.py").write_text("import torch\nfree = torch.cuda.mem_get_info(0)\n")
     assert cuda_calls(tmp_path) == {"tasks/job.py": 1}
+
+
+def task_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for each import from one task folder (tasks/X) into another (tasks/Y)."""
+
+    def task_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "tasks" else None
+
+    edges = [(a, b) for a, targets in graph.items() for b in targets]
+    return sorted(f"{a} -> {b}" for a, b in edges if task_of(a) and task_of(b) not in (None, task_of(a)))
+
+
+def test_no_task_imports_another():
+    """What two tasks share lives outside tasks/ (the encoder pipeline, the engine), so a task folder
+    can be read, changed or removed alone."""
+    assert task_crossings(import_graph(PACKAGE)) == []
+    crossing = {"hpcinfer.tasks.score.task": {"hpcinfer.tasks.classify.labels", "hpcinfer.pipeline.task"}}
+    assert task_crossings(crossing) == ["hpcinfer.tasks.score.task -> hpcinfer.tasks.classify.labels"]

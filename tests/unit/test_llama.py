@@ -12,7 +12,7 @@ from hpcinfer.errors import ModelError
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder, is_causal_lm
 from hpcinfer.models.llama import DenseCausalAttention
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 LLAMA3 = {
     "rope_type": "llama3",

@@ -8,7 +8,7 @@ import torch
 
 from hpcinfer.models.checkpoint import inspect_checkpoint
 from hpcinfer.models.registry import load_model, load_tokenizer
-from hpcinfer.models.tiny import build_tiny_bert
+from tests.fixtures.tiny import build_tiny_bert
 
 from ..conftest import make_texts
 

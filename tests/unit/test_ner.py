@@ -13,9 +13,9 @@ import transformers
 
 from hpcinfer.api import run
 from hpcinfer.errors import ConfigError
-from hpcinfer.models.tiny_classifier import CONFIGS, build_tiny_classifier
 from hpcinfer.obs.progress import Progress
 from hpcinfer.registry import auto_task
+from tests.fixtures.tiny_classifier import CONFIGS, build_tiny_classifier
 
 from ..conftest import (
     assert_a_late_fault_resumes_to_the_whole_run,

@@ -25,8 +25,8 @@ from tokenizers import Tokenizer
 from hpcinfer.errors import ModelError
 from hpcinfer.models.registry import inspect_embedder
 from hpcinfer.models.st_files import pooling_mode
-from hpcinfer.models.tiny import build_tiny_bert, write_sentence_transformers_files
-from hpcinfer.models.tiny_decoder import CHAT_TEMPLATE, build_tiny_decoder
+from tests.fixtures.tiny import build_tiny_bert, write_sentence_transformers_files
+from tests.fixtures.tiny_decoder import CHAT_TEMPLATE, build_tiny_decoder
 
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 
@@ -130,7 +130,7 @@ def test_what_hpcinfer_cannot_do_is_a_clear_error(tmp_path, raw):
 
 
 # The 2.x-5.x layout: the installed library no longer writes these files (no `max_seq_length`
-# key, no `pooling_mode_*` flags), so the tests below write them, with hpcinfer.models.tiny; the
+# key, no `pooling_mode_*` flags), so the tests below write them, with tests/fixtures/tiny.py; the
 # installed library still reads them, and is the oracle for what they mean.
 
 

@@ -20,15 +20,15 @@ import torch
 from openai.types.chat import ChatCompletion
 from rich.console import Console
 
+from hpcinfer.engine.constrained.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
+from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
 from hpcinfer.engine.sequence import SamplingParams
-from hpcinfer.engine.structured import Grammars, GrammarSpec, StepMasks, consume, spec_from_body
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.gguf_tokenizer import byte_alphabet
-from hpcinfer.models.tiny_gguf import build_tiny_gguf
+from tests.fixtures.tiny_gguf import build_tiny_gguf
 
 from ..conftest import generate_config, read_output, run_job, tiny_llama, write_jsonl
 

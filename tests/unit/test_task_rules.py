@@ -13,12 +13,12 @@ from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputCon
 from hpcinfer.device import resolve_dtype
 from hpcinfer.device.simulated import SimulatedDevice
 from hpcinfer.files.ids import IdSet, id_key
-from hpcinfer.models.tiny_decoder import build_tiny_decoder
 from hpcinfer.pipeline.job import run_embed
 from hpcinfer.tasks.generate.cluster import drop_repeated_requests
 from hpcinfer.tasks.generate.job import run_generate
 from hpcinfer.tasks.generate.setup import generation_devices
 from hpcinfer.types import Reject
+from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import write_jsonl
 

@@ -21,9 +21,9 @@ from sentence_transformers.base.modules.normalize import Normalize
 from hpcinfer.api import run
 from hpcinfer.config import PlanConfig
 from hpcinfer.errors import ConfigError, ModelError
-from hpcinfer.models.tiny import build_tiny_bert
 from hpcinfer.obs.progress import Progress
 from hpcinfer.tasks.embed.task import TASK
+from tests.fixtures.tiny import build_tiny_bert
 
 from ..conftest import (
     assert_a_late_fault_resumes_to_the_whole_run,

@@ -9,13 +9,9 @@ from ...errors import ConfigError
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
+from ...pipeline.labels import LabelStore
 from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
-from .labels import LabelStore
-
-
-def label_count(checkpoint: Checkpoint) -> int:
-    return len(checkpoint.raw.get("id2label") or {}) or int(checkpoint.raw.get("num_labels", 2))
 
 
 class ClassifyTask(EncoderTask):
@@ -24,7 +20,7 @@ class ClassifyTask(EncoderTask):
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         arch = checkpoint.architecture
-        if arch.endswith("ForSequenceClassification") and (labels := label_count(checkpoint)) > 1:
+        if arch.endswith("ForSequenceClassification") and (labels := checkpoint.label_count) > 1:
             return f"a {arch} with {labels} labels"
         return None
 

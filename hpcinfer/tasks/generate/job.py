@@ -30,6 +30,9 @@ from ...device import accelerators
 from ...device.threads import PROCESS, ThreadGovernor, set_torch_threads
 from ...engine.engine import Engine, EngineConfig
 from ...engine.hf_engine import WHAT_IS_LOST, transformers_engine
+from ...engine.runtime.admission import Admission
+from ...engine.runtime.loop import EngineSink, run_loop
+from ...engine.runtime.on_devices import run_on_devices
 from ...engine.sequence import Sequence
 from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
@@ -51,12 +54,9 @@ from ...parallel.tp_groups import close_groups, start_run_groups, tensor_groups
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...registry import pick_task
-from .admission import Admission
 from .answers import GenerationStore, answer_row, answers_table, with_errors
 from .held import answers_chunk, held_answers
 from .live import watch_engines
-from .loop import EngineSink, run_loop
-from .on_devices import run_on_devices
 from .report import GenerateReport
 from .requests import Request
 from .setup import (

@@ -24,6 +24,9 @@ import torch
 from ...config import RunConfig
 from ...device.threads import set_torch_threads
 from ...engine.engine import Engine, EngineConfig
+from ...engine.runtime.admission import Admission
+from ...engine.runtime.devices import step_fault
+from ...engine.runtime.loop import EngineSink, run_loop
 from ...engine.sequence import Sequence
 from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
@@ -35,10 +38,7 @@ from ...place.faults import DeviceFault
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Unit
 from ...types import Reject
-from .admission import Admission
 from .answers import answer_row
-from .devices import step_fault
-from .loop import EngineSink, run_loop
 from .requests import Request, RequestReader
 from .setup import engine_config, first_device, request_reader, run_decoder_info
 from .tally import SequenceTally

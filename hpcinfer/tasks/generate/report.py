@@ -11,7 +11,6 @@ from rich.table import Table
 from ...job.accounting import accounting_line
 from ...obs.report_json import JsonReport, ratio
 from ...obs.timing import Span
-from ...place.breaker import CLOSED, BreakerLog
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -151,23 +150,6 @@ class GenerateReport(JsonReport):
                     f"{d['rows']:,} rows, {d['completion_tokens']:,} tokens ({d['token_share']:.0%}), "
                     f"busy {d['busy_share']:.0%}, idle tail {d['idle_tail_s']:.2f} s",
                 )
-
-
-def share_after_recovery(
-    log: BreakerLog, finished_at: list[tuple[float, int, int]], labels: list[str]
-) -> dict[str, float]:
-    """Per device whose breaker closed again: its share of the tokens generated since then
-    (`finished_at`: (finish time, device index, completion tokens) per finished request)."""
-    shares = {}
-    for t in log.transitions:
-        if t.state != CLOSED:
-            continue
-        since = log.start + t.at_s
-        after = [(device, tokens) for at, device, tokens in finished_at if at >= since]
-        total = sum(tokens for _, tokens in after)
-        mine = sum(tokens for device, tokens in after if labels[device] == t.device)
-        shares[t.device] = round(mine / total, 4) if total else 0.0
-    return shares
 
 
 def engine_trace(

@@ -18,8 +18,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ...engine.constrained.structured import Grammars, spec_from_body
 from ...engine.sequence import SamplingParams
-from ...engine.structured import Grammars, spec_from_body
 from ...errors import InputError
 from ...files.ids import IdSet, check_id, id_key, is_unicode
 from ...files.lines import CHUNK_BYTES
@@ -48,16 +48,6 @@ class Request:
     read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
     listed: bool = False  # a run with --n > 1: a plain answer's text and finish_reason are lists
     model: str | None = None  # an OpenAI body's `model`, echoed in its answer
-
-
-def prefix_order(requests: list[Request]) -> list[Request]:
-    """A window's requests sorted by token ids: rows sharing a prefix become neighbours.
-
-    NOTE: lexicographic order is the depth-first walk of the prompts' trie, so every shared
-    prefix is one contiguous run; admitted in this order, the first row of a run computes the
-    prefix and the rest find it cached. Ties keep input order (the sort is stable).
-    """
-    return sorted(requests, key=lambda r: r.tokens)
 
 
 def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:

@@ -13,11 +13,11 @@ from tokenizers import Tokenizer
 
 from ...config import GenerateConfig, RunConfig
 from ...device import accelerators, dtype_for
+from ...engine.constrained.structured import Grammars, GrammarSpec
 from ...engine.engine import EngineConfig
 from ...engine.hf_engine import row_problem
-from ...engine.kv_cache import kv_storage, parse_kv_memory
+from ...engine.kvcache.pools import kv_storage, parse_kv_memory
 from ...engine.sequence import SamplingParams
-from ...engine.structured import Grammars, GrammarSpec
 from ...errors import ConfigError
 from ...files.fingerprint import fingerprint
 from ...models.decoder_inspect import DecoderInfo, inspect_decoder

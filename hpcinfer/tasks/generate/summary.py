@@ -7,9 +7,9 @@ from typing import Any
 
 from ...config import flatten
 from ...engine.engine import Engine
+from ...engine.runtime.devices import combined_stats, device_summary
 from ...obs.histogram import histogram_ms
 from ...obs.trace import write_trace
-from .devices import combined_stats, device_summary
 from .report import GenerateReport, engine_trace, percentiles
 
 

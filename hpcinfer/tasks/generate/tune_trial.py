@@ -24,6 +24,8 @@ import torch
 from ...device import accelerators
 from ...device.base import is_out_of_memory
 from ...engine.engine import Engine, EngineConfig
+from ...engine.runtime.admission import Admission
+from ...engine.runtime.loop import EngineSink, run_loop
 from ...engine.sequence import Sequence
 from ...errors import InputError
 from ...job.windows import WindowBook
@@ -31,8 +33,6 @@ from ...models.llama import LlamaDecoder
 from ...tune.sample import stratified_indices
 from ...tune.search import Trial
 from ...tune.trial import CLEARLY_WORSE, PeakRss, release_memory
-from .admission import Admission
-from .loop import EngineSink, run_loop
 from .report import percentiles
 from .requests import Request, RequestReader
 from .tally import SequenceTally

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...config import GenerateConfig, RunConfig
 from ...device.threads import set_torch_threads
 from ...engine.engine import pool_reserve
-from ...engine.kv_cache import KVLayout, size_pool
+from ...engine.kvcache.pools import KVLayout, size_pool
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief

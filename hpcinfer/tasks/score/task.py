@@ -9,10 +9,9 @@ from ...config import RunConfig
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
+from ...pipeline.labels import LabelStore
 from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
-from ..classify.labels import LabelStore
-from ..classify.task import label_count
 from .answers import ScoreAnswerStore
 from .pairs import with_pair_columns
 
@@ -24,7 +23,7 @@ class ScoreTask(EncoderTask):
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         arch = checkpoint.architecture
-        if arch.endswith("ForSequenceClassification") and label_count(checkpoint) == 1:
+        if arch.endswith("ForSequenceClassification") and checkpoint.label_count == 1:
             return f"a {arch} with one label: a cross-encoder"
         return None
 

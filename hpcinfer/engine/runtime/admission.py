@@ -17,11 +17,30 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...engine.sequence import SamplingParams
 from ...files.arrivals import poisson_gaps_ns
 from ...job.windows import WindowBook
 from ...types import Reject
-from .requests import Request, prefix_order
+from ..sequence import SamplingParams
+
+
+class PromptRow(Protocol):
+    """What admission reads of a row that will run (tasks/generate/requests.py's `Request` is one)."""
+
+    row: int  # global input row number
+    tokens: list[int]
+    params: SamplingParams
+    priority: int
+    read_s: float  # when it was read, or arrived (perf_counter): the start of its latency
+
+
+def prefix_order(requests: list[PromptRow]) -> list[PromptRow]:
+    """A window's requests sorted by token ids: rows sharing a prefix become neighbours.
+
+    NOTE: lexicographic order is the depth-first walk of the prompts' trie, so every shared
+    prefix is one contiguous run; admitted in this order, the first row of a run computes the
+    prefix and the rest find it cached. Ties keep input order (the sort is stable).
+    """
+    return sorted(requests, key=lambda r: r.tokens)
 
 
 class Sink(Protocol):
@@ -52,7 +71,7 @@ class Admission:
         rate: float | None,
         rate_seed: int,
         *,
-        held: Callable[[Any, Request], bool] | None = None,
+        held: Callable[[Any, PromptRow], bool] | None = None,
     ) -> None:
         self.book = book
         self.window_rows = book.window_rows
@@ -61,12 +80,12 @@ class Admission:
         self.rate = rate
         self.window_for, self.close, self.reject = book.window_for, book.close, book.reject
         self.held = held
-        self._ready: deque[tuple[Any, Request]] = deque()  # read, ordered, not yet in the engine
-        self._next: Request | Reject | None = None  # read ahead: the first row of the next window
+        self._ready: deque[tuple[Any, PromptRow]] = deque()  # read, ordered, not yet in the engine
+        self._next: PromptRow | Reject | None = None  # read ahead: the first row of the next window
         self._rng = np.random.default_rng(rate_seed)
         self.next_at: float | None = None  # --rate: when `_next` arrives (perf_counter seconds)
 
-    def feed(self, source: Iterator[Request | Reject], sink: Sink) -> bool:
+    def feed(self, source: Iterator[PromptRow | Reject], sink: Sink) -> bool:
         """Queues prompts until the sink has a queue to admit from; False once the input is exhausted."""
         if self.rate is not None:
             return self._feed_arrived(source, sink)
@@ -80,7 +99,7 @@ class Admission:
             sink.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
         return more or bool(self._ready)
 
-    def _book(self, window: Any, item: Request | Reject) -> bool:
+    def _book(self, window: Any, item: PromptRow | Reject) -> bool:
         """Counts `item` in its window; True for a request that will run, False for a reject or a held row."""
         window.input_rows += 1
         if isinstance(item, Reject):
@@ -91,7 +110,7 @@ class Admission:
         window.pending += 1
         return True
 
-    def _feed_arrived(self, source: Iterator[Request | Reject], sink: Sink) -> bool:
+    def _feed_arrived(self, source: Iterator[PromptRow | Reject], sink: Sink) -> bool:
         now = time.perf_counter()
         while True:
             if self._next is None:
@@ -106,13 +125,13 @@ class Admission:
                 return True
             item, self._next = self._next, None
             window = self.window_for(item.row)
-            if self._book(window, item) and isinstance(item, Request):
+            if self._book(window, item):
                 item.read_s = arrived_at
                 sink.add(item.tokens, item.params, tag=(window, item), seq_id=item.row, priority=item.priority)
 
-    def _read_window(self, source: Iterator[Request | Reject]) -> bool:
+    def _read_window(self, source: Iterator[PromptRow | Reject]) -> bool:
         """Reads the rest of one window into `_ready`, ordered; False once the input is exhausted."""
-        requests: list[Request] = []
+        requests: list[PromptRow] = []
         window: Any = None
         while True:
             item, self._next = self._next or next(source, None), None
@@ -121,7 +140,7 @@ class Admission:
                 self.close()  # every row of the window is read
                 break
             window = self.window_for(item.row)
-            if self._book(window, item) and isinstance(item, Request):
+            if self._book(window, item):
                 item.read_s = time.perf_counter()
                 requests.append(item)
         if self.prefix_ordered:

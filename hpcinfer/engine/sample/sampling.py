@@ -13,7 +13,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from .sequence import SamplingParams, Sequence
+from ..sequence import SamplingParams, Sequence
 
 
 class Sampler:

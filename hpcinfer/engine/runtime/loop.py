@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ...device.threads import ThreadGovernor
-from ...engine.engine import Engine
-from ...engine.sequence import Sequence
 from ...obs.profile import RangeBackend
 from ...types import Reject
-from .admission import Admission, Sink
-from .requests import Request
+from ..engine import Engine
+from ..sequence import Sequence
+from .admission import Admission, PromptRow, Sink
 
 IDLE_WAIT_S = 0.05  # the longest a loop waits for finished work before it feeds again
 
@@ -93,7 +92,7 @@ class EngineSink:
 
 def run_loop(
     admission: Admission,
-    source: Iterator[Request | Reject],
+    source: Iterator[PromptRow | Reject],
     sink: Drivable,
     on_finished: Callable[[Sequence, int], None],
     *,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 
-from .sequence import Sequence
-from .structured import consume
+from ..constrained.structured import consume
+from ..sequence import Sequence
 
 
 def stop_reason(

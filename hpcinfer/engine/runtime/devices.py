@@ -39,13 +39,13 @@ import torch
 
 from ...device import accelerators
 from ...device.threads import set_torch_threads
-from ...engine.engine import Engine
-from ...engine.engine_stats import EngineStats
-from ...engine.sequence import SamplingParams, Sequence
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
 from ...place.faults import DeviceFault, fault_text
+from ..engine import Engine
+from ..engine_stats import EngineStats
+from ..sequence import SamplingParams, Sequence
 from .loop import engine_step
 
 

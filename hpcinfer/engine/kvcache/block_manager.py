@@ -23,7 +23,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from .sequence import PENDING, Sequence
+from ..sequence import PENDING, Sequence
 
 ROOT = b""  # the parent key of a sequence's first block
 

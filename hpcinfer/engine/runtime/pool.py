@@ -10,12 +10,12 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from ...engine.block_manager import prefix_keys
-from ...engine.sequence import SamplingParams, Sequence
 from ...errors import DevicesFailed, HpcinferError, StageError
 from ...place.breaker import Breaker, BreakerLog, BreakerSettings
 from ...place.dispatch import POLICIES, soonest
 from ...place.faults import DeviceFault
+from ..kvcache.block_manager import prefix_keys
+from ..sequence import SamplingParams, Sequence
 from .devices import EngineWorker, Prompt
 from .loop import IDLE_WAIT_S
 

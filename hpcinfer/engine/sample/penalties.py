@@ -21,8 +21,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from .sequence import PENDING, Sequence
-from .staging import InFlightTokens
+from ..sequence import PENDING, Sequence
+from ..staging import InFlightTokens
 
 
 def penalize(

@@ -10,13 +10,12 @@ from typing import Any
 
 import torch
 
-from ...engine.engine import Engine
 from ...obs.profile import RangeBackend
-from ...place.breaker import BreakerSettings
+from ...place.breaker import CLOSED, BreakerLog, BreakerSettings
+from ..engine import Engine
 from .devices import EngineWorker
 from .loop import run_loop
 from .pool import EnginePool
-from .report import share_after_recovery
 
 
 def run_on_devices(
@@ -53,3 +52,20 @@ def run_on_devices(
         job.report.share_after_recovery = share_after_recovery(pool.breaker_log, job.finished_at, job.labels)
     for counts, worker in zip(job.by_device, workers, strict=True):
         counts.last_step_end = worker.stats.last_step_end
+
+
+def share_after_recovery(
+    log: BreakerLog, finished_at: list[tuple[float, int, int]], labels: list[str]
+) -> dict[str, float]:
+    """Per device whose breaker closed again: its share of the tokens generated since then
+    (`finished_at`: (finish time, device index, completion tokens) per finished request)."""
+    shares = {}
+    for t in log.transitions:
+        if t.state != CLOSED:
+            continue
+        since = log.start + t.at_s
+        after = [(device, tokens) for at, device, tokens in finished_at if at >= since]
+        total = sum(tokens for _, tokens in after)
+        mine = sum(tokens for device, tokens in after if labels[device] == t.device)
+        shares[t.device] = round(mine / total, 4) if total else 0.0
+    return shares

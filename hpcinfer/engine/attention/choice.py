@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from .attention import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
-from .kv_cache import KVCache, KVLayout
+from ...errors import ConfigError
+from ..kvcache.pools import KVCache, KVLayout
+from .paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
 
 ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256

@@ -12,7 +12,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 class StepLogprobs:

@@ -1,6 +1,6 @@
-"""`--task classify` and `--task score` output: a window's label probabilities become `label` and
-`score` columns (and, with --all-scores, `scores`: every label's probability in the checkpoint's
-label order); a cross-encoder's one value per row becomes `score`."""
+"""A classifier head's rows (`--task classify`, and `--task score`'s plain rows): a window's label
+probabilities become `label` and `score` columns (and, with --all-scores, `scores`: every label's
+probability in the checkpoint's label order); a cross-encoder's one value per row becomes `score`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...files.part_format import id_array
-from ...files.table_store import TableStore
-from ...models.checkpoint import CheckpointInfo
+from ..files.part_format import id_array
+from ..files.table_store import TableStore
+from ..models.checkpoint import CheckpointInfo
 
 
 def labels_table(

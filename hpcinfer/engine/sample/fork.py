@@ -11,10 +11,10 @@ on as its first sample with all of them in `samples`, when its last sample finis
 
 from __future__ import annotations
 
-from .kv_cache import KVCache
-from .scheduler import Scheduler
-from .sequence import Sequence, Status
-from .structured import Grammars
+from ..constrained.structured import Grammars
+from ..kvcache.pools import KVCache
+from ..scheduler import Scheduler
+from ..sequence import Sequence, Status
 
 
 def fork_samples(

@@ -16,7 +16,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import KVCache
+from ..kvcache.pools import KVCache
 
 
 @dataclass(slots=True)
@@ -232,7 +232,7 @@ class TritonPagedAttention(_BoundToStep):
     gather_s = 0.0  # no gathers
 
     def __init__(self, cache: KVCache) -> None:
-        from .paged_kernel import paged_attention
+        from .triton_kernel import paged_attention
 
         self.cache = cache
         self.kernel = paged_attention
