@@ -216,9 +216,29 @@ class StagingRing:
 
 @dataclass(slots=True)
 class OutputBuffer:
+    """Where one batch's results land on the host: dense rows in `host`, or a head's ragged items
+    in `arenas` (one growable host buffer per field, `items` of them used by this batch)."""
+
     index: int
     host: torch.Tensor  # float32 [max_batch_size, dim]
+    device: Device
     events: dict[str, Event] = field(default_factory=dict)
+    arenas: dict[str, torch.Tensor] = field(default_factory=dict)
+    views: dict[str, torch.Tensor] = field(default_factory=dict)  # this batch's part of each arena
+    items: int | None = None  # ragged results: items in the arenas; None for dense rows
+
+    def arena(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer of `shape` for field `name` (page-locked on CUDA), grown (doubled) only when
+        a batch needs more than it ever did: after the first batches, none is allocated."""
+        need = 1
+        for size in shape:
+            need *= size
+        buf = self.arenas.get(name)
+        if buf is None or buf.dtype != dtype or buf.numel() < need:
+            grown = max(need, 2 * buf.numel() if buf is not None and buf.dtype == dtype else 0, 1)
+            buf = self.arenas[name] = self.device.host_buffer((grown,), dtype)
+        view = self.views[name] = buf[:need].view(shape)
+        return view
 
 
 class OutputPool:
@@ -231,12 +251,16 @@ class OutputPool:
         self.stop = stop
         self._free: queue.Queue[OutputBuffer] = queue.Queue()
         for i in range(count):
-            self._free.put(OutputBuffer(i, device.host_buffer((max_rows, dim), torch.float32)))
+            self._free.put(OutputBuffer(i, device.host_buffer((max_rows, dim), torch.float32), device))
 
     def acquire(self) -> OutputBuffer:
         buf = get_unless_stopped(self._free, self.stop)
         self.device.on_reuse(buf.host)
+        for arena in buf.arenas.values():
+            self.device.on_reuse(arena)
         self.device.on_reuse_events(buf.events)
+        buf.items = None
+        buf.views.clear()
         return buf
 
     def release(self, buf: OutputBuffer) -> None:

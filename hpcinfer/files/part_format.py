@@ -50,10 +50,47 @@ class PartSource(Protocol):
     def source(self, name: str) -> AbstractContextManager[Path | IO[bytes]]: ...
 
 
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How parts and outputs are written: zstd, and dictionary pages only for columns whose values
+    can repeat (ids, labels, token ids); floats (embeddings, scores) are written plain, since
+    building a dictionary of them costs time (a third of a token-embedding part's write) for none.
+    """
+
+    def leaves(name: str, kind: pa.DataType) -> list[tuple[str, pa.DataType]]:
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            return leaves(f"{name}.list.element", kind.value_type)
+        if pa.types.is_struct(kind):
+            fields = [kind.field(i) for i in range(kind.num_fields)]
+            return [leaf for f in fields for leaf in leaves(f"{name}.{f.name}", f.type)]
+        return [(name, kind)]
+
+    paths = [leaf for field in schema for leaf in leaves(field.name, field.type)]
+    return {"compression": "zstd", "use_dictionary": [p for p, kind in paths if not pa.types.is_floating(kind)]}
+
+
+ROW_GROUP_BYTES = 32 << 20  # NOTE: the writer holds a row group's pages until it ends: a bounded one reuses them
+
+
+def write_parquet(table: pa.Table, where: Any) -> None:
+    """A part or a checkpoint chunk, as `parquet_options` says, in row groups of about
+    ROW_GROUP_BYTES: a window of large rows (token embeddings: 128 MB a thousand rows) written as
+    one row group costs twice the time in fresh memory the writer takes and touches."""
+    rows = max(1, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes))
+    pq.write_table(table, where, row_group_size=rows, **parquet_options(table.schema))
+
+
 def concat_parquet(sink: Path | IO[bytes], folder: PartSource, parts: list[str], empty_schema: pa.Schema) -> None:
     """Every Parquet part into one file (at a path, or into an open file), in order, under `unified_schema`."""
     schema = unified_schema(folder, parts, empty_schema)
-    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+    if len(parts) == 1:
+        with folder.source(parts[0]) as where:
+            own = pq.read_schema(where)
+        if own.equals(schema, check_metadata=False):
+            # NOTE: one part already in the output's schema is the output: its bytes are copied,
+            # not decoded and encoded again (a large output's assembly would cost seconds per GB)
+            concat_bytes(sink, folder, parts)
+            return
+    with pq.ParquetWriter(sink, schema, **parquet_options(schema)) as writer:
         for part in parts:
             # NOTE: streamed a record batch at a time, single-threaded: reading a whole part
             # (multi-threaded decode) costs a transient RSS spike of several times its size at
@@ -98,6 +135,8 @@ def concat_bytes(sink: Path | IO[bytes], folder: PartSource, parts: list[str]) -
 
 
 __all__ = [
+    "parquet_options",
+    "write_parquet",
     "ASSEMBLE_BATCH_ROWS",
     "RAW_LINE",
     "concat_bytes",

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from ..errors import OutputError
 from .fingerprint import fingerprint_difference
 from .folder import Folder, folder_for, parts_location, rejects_location
-from .part_format import RAW_LINE, concat_bytes, concat_parquet, opened, results_table, write_jsonl_rows
+from .part_format import RAW_LINE, concat_bytes, concat_parquet, opened, results_table, write_jsonl_rows, write_parquet
 
 MANIFEST_VERSION = 1
 
@@ -57,6 +57,8 @@ def _lists_commits(manifest: dict[str, Any]) -> bool:
 
 class PartStore:
     """The parts directory of one output: commit windows, read the manifest, assemble the result."""
+
+    ragged: Any = None  # a head's values.RaggedSpec where a row's values are ragged items; None: dense rows
 
     def __init__(self, output: str, fmt: str, dim: int, fp: dict[str, Any]) -> None:
         self.output = output
@@ -146,7 +148,7 @@ class PartStore:
         for window_id, table, facts in chunks:
             entry = self.partial.setdefault(window_id, {"window": window_id, "chunks": [], "rows": 0, **facts})
             name = f"{self.aux}chunk-{window_id:06d}-{len(entry['chunks']):03d}.parquet"
-            self.folder.write(name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
+            self.folder.write(name, lambda tmp, t=table: write_parquet(t, tmp))
             entry["chunks"].append(name)
             entry["rows"] += table.num_rows
         self._write_manifest()
@@ -197,7 +199,7 @@ class PartStore:
 
         def write(tmp: Path) -> None:
             if self.fmt == "parquet":
-                pq.write_table(table, tmp, compression="zstd")
+                write_parquet(table, tmp)
             elif RAW_LINE in table.column_names:  # rows already JSON, each exactly as its task wrote it
                 tmp.write_text("".join(line + "\n" for line in table.column(RAW_LINE).to_pylist()), encoding="utf-8")
             else:
@@ -248,7 +250,7 @@ class PartStore:
         """A window's part file; `meta` and `rejects` are there for a task whose part shows them
         (OpenAI answers write an error line per rejected request)."""
         if self.fmt == "parquet":
-            pq.write_table(results_table(ids, values, self.dim), tmp, compression="zstd")
+            write_parquet(results_table(ids, values, self.dim), tmp)
         else:
             rows = ({"id": i, "embedding": v} for i, v in zip(ids, values.tolist(), strict=True))
             write_jsonl_rows(tmp, rows)

@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .part_format import write_jsonl_rows
+from .part_format import write_jsonl_rows, write_parquet
 from .parts import PartStore
 
 
@@ -19,17 +18,18 @@ class TableStore(PartStore, ABC):
     """`table(ids, values)`: a window's rows as the task writes them; the rest is PartStore's."""
 
     @abstractmethod
-    def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
-        """A window's ids and values [rows, dim] as the output table's rows."""
+    def table(self, ids: list[Any], values: Any) -> pa.Table:
+        """A window's ids and values (dense [rows, dim], or a head's `values.Ragged` items) as the output rows."""
 
     def empty_schema(self) -> pa.Schema:
-        return self.table([], np.zeros((0, self.dim), np.float32)).schema
+        empty = self.ragged.empty() if self.ragged is not None else np.zeros((0, self.dim), np.float32)
+        return self.table([], empty).schema
 
     def _write_part(
         self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
     ) -> None:
         table = self.table(ids, values)
         if self.fmt == "parquet":
-            pq.write_table(table, tmp, compression="zstd")
+            write_parquet(table, tmp)
         else:
             write_jsonl_rows(tmp, table.to_pylist())

@@ -52,6 +52,12 @@ class CheckpointInfo:
     head: Any = None
 
     @property
+    def ragged(self) -> Any:
+        """The head's `values.RaggedSpec` where a row's values are ragged items (NER, SPLADE, token
+        embeddings); None where they are a dense vector of `output_dim` values."""
+        return getattr(self.head, "ragged", None)
+
+    @property
     def output_dim(self) -> int:
         """Values per row: the embedding's dimensions, a classifier's labels, or a task's own head's width."""
         if self.head is not None:

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from ..device import Device, OutputPool, StagingRing
-from ..device.base import is_out_of_memory
+from ..device.base import OutputBuffer, is_out_of_memory
 from ..device.graphs import GraphRunner
 from ..models.adapter import BatchModel
+from ..values import Ragged
 from .plan import TokenBudget
 from .types import Pending, Staged
 
@@ -68,7 +69,7 @@ class Executor:
         lengths_all = slot.dev_lengths[:n]
         host_lengths = batch.lengths
 
-        pieces: list[tuple[int, int, torch.Tensor]] = []  # (lo, hi, result rows) on the device
+        pieces: list[tuple[int, int, Any]] = []  # (lo, hi, result rows: a tensor or Ragged) on the device
 
         def run_rows(lo: int, hi: int) -> None:
             """Forward rows [lo, hi) of the batch, halving on out-of-memory."""
@@ -97,8 +98,11 @@ class Executor:
             pieces.append((lo, hi, y))
 
         def d2h() -> None:
-            for lo, hi, y in pieces:
-                out.host[lo:hi].copy_(y, non_blocking=True)
+            if pieces and isinstance(pieces[0][2], Ragged):
+                ragged_to_host(out, n, pieces)
+            else:
+                for lo, hi, y in pieces:
+                    out.host[lo:hi].copy_(y, non_blocking=True)
             pieces.clear()
 
         stream.wait(staged.h2d_done)
@@ -122,3 +126,28 @@ class Executor:
         if self.graphs is not None:
             self.graphs.close()  # the graphs' memory goes back as soon as the last batch is issued
         return iter(())
+
+
+def ragged_to_host(out: OutputBuffer, rows: int, pieces: list[tuple[int, int, Ragged]]) -> None:
+    """A batch's ragged items into `out`'s arenas: each row's item count (0 for a row that could not
+    run) and each field's items, the pieces' rows in order (issued on the batch's compute stream).
+
+    NOTE: an item count a head knows only from its data (SPLADE's non-zero entries) is a tensor
+    shape read here: on CUDA, reading it waits for that batch's forward.
+    """
+    counts = out.arena("counts", (rows,), torch.int64)
+    counts.zero_()
+    names = list(pieces[0][2].fields)
+    sizes = [int(y.fields[names[0]].shape[0]) for _, _, y in pieces]
+    total = sum(sizes)
+    arenas = {}
+    for name in names:
+        first = pieces[0][2].fields[name]
+        arenas[name] = out.arena(name, (total, *first.shape[1:]), first.dtype)
+    at = 0
+    for (lo, hi, y), size in zip(pieces, sizes, strict=True):
+        counts[lo:hi].copy_(y.counts, non_blocking=True)
+        for name in names:
+            arenas[name][at : at + size].copy_(y.fields[name], non_blocking=True)
+        at += size
+    out.items = total

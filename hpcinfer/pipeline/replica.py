@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from ..config import RunConfig
 from ..errors import HpcinferError, InputError, StageError
 from ..files.row_values import Rows
@@ -80,7 +78,7 @@ class Committed:
     first_row: int
     input_rows: int
     ids: list[Any]
-    values: np.ndarray
+    values: Any  # float32 [rows, dim], or a head's Ragged items
     rejects: list[dict[str, Any]]
     meta: dict[str, list[Any]] | None = None  # OpenAI answers' per-row options, rows and token counts
 
@@ -88,12 +86,13 @@ class Committed:
 class CollectedStore:
     """Stands in for `PartStore` inside a replica: commits are kept in memory for the driver."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, ragged: Any = None) -> None:
         self.dim = dim
+        self.ragged = ragged  # the head's RaggedSpec, as the run's own store has it
         self.windows: list[Committed] = []
 
     def commit(  # noqa: ANN201
-        self, window_id: int, first_row: int, input_rows: int, ids: list, values: np.ndarray, rejects: list, meta=None
+        self, window_id: int, first_row: int, input_rows: int, ids: list, values: Any, rejects: list, meta=None
     ):
         self.windows.append(Committed(window_id, first_row, input_rows, list(ids), values.copy(), rejects, meta))
 
@@ -160,7 +159,7 @@ class EmbedReplica:
         result = UnitResult(unit.window_id, self.name, started=time.time())
         try:
             reader = RangeReader(self.config.input, self.config.plan.sort_window, unit)
-            store = CollectedStore(self.info.output_dim)
+            store = CollectedStore(self.info.output_dim, self.info.ragged)
             job = self._job.EmbedJob(
                 self.config, self.devices, store, reader, self.info, self.max_length, self.dtype, unit.window_id
             )

@@ -118,7 +118,7 @@ class EmbedRun:
         job, config = self.job, self.config
         if job.first_window is not None or config.input.rate is not None or config.plan.batch_timeout_ms is not None:
             return 0.0, {}
-        return config.output.commit_every_s, load_held(job.store, job.store.dim)
+        return config.output.commit_every_s, load_held(job.store)
 
     def on_batch(self, pending: Pending) -> None:
         """A batch's results are written: its device time, tokens and rows into the report."""

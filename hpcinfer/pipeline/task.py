@@ -7,10 +7,11 @@ them. Each task folder subclasses `EncoderTask` with its own claims, options and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig
+from ..config import PlanConfig, RunConfig
 from ..errors import ConfigError
 from ..files.parts import PartStore
 from ..files.sources import Source, is_openai_input
@@ -29,6 +30,10 @@ PIPELINE = (
     "embed.prompt_name",
 )
 ROW_TEXT = ("input.text_column", "input.prompt_column")  # where a plain row's text is (not an OpenAI body's)
+
+# NOTE: the writer holds a window's values until its commit; a head whose rows can hold many items
+# (token states, vocabulary entries) has its default window cut so that, at worst, they fit this
+WINDOW_BYTES = 1 << 30
 
 
 class EncoderTask:
@@ -117,4 +122,15 @@ def openai_output(sources: list[Source], fmt: str) -> bool:
     return True
 
 
-__all__ = ["PIPELINE", "ROW_TEXT", "EncoderTask", "openai_output"]
+def window_cut(config: RunConfig, info: CheckpointInfo) -> RunConfig:
+    """The run's config with a default --sort-window cut so that a window of rows at their most
+    items (`info.ragged.row_bytes`) holds at most WINDOW_BYTES; a sort window given is kept."""
+    if info.ragged is None or config.plan.sort_window != PlanConfig().sort_window:
+        return config
+    rows = max(1, WINDOW_BYTES // max(1, info.ragged.row_bytes))
+    if rows >= config.plan.sort_window:
+        return config
+    return replace(config, plan=replace(config.plan, sort_window=rows))
+
+
+__all__ = ["PIPELINE", "ROW_TEXT", "WINDOW_BYTES", "EncoderTask", "openai_output", "window_cut"]

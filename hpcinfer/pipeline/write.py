@@ -1,10 +1,12 @@
 """Stage 6, write: Pending -> committed windows, in input order.
 
-Waits on each result's d2h_done, scatters it into its window's buffer, and commits a window as
-one atomic part (results + rejects) as soon as all its batches are in, windows in order.
+Waits on each result's d2h_done, scatters it into its window's buffer (dense rows), or keeps the
+batch's items (a head's ragged items: `values.Ragged`, gathered in input order at the commit), and
+commits a window as one atomic part (results + rejects) as soon as all its batches are in, windows
+in order.
 
 With `commit_every_s`, rows that landed in windows not yet complete are checkpointed (the
-store's chunks: window-local row index, failed flag, vector) once the oldest of them started
+store's chunks: window-local row index, failed flag, values) once the oldest of them started
 computing that long ago, so a kill loses at most about that much work. A resumed run's writer is
 handed those rows back (`held`) and fills them in before its own batches land.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,15 +26,70 @@ from ..files.parts import PartStore
 from ..job.rejects import RejectCounter
 from ..obs.latency import LatencyLog
 from ..types import Reject
+from ..values import Ragged, RaggedSpec
 from .fanout import gathered_meta, request_firsts, whole_requests
 from .held import Held, checkpoint_table, window_facts
 from .types import Pending, Window
 
 
+class DenseRows:
+    """A window's dense rows: one float32 [rows, dim] buffer, filled in as batches land."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        self.values = np.empty((rows, dim), np.float32)
+
+    def put(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self.values[rows] = values
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.values[rows]
+
+
+class RaggedRows:
+    """A window's ragged rows: each landed batch's items as they came, gathered by window row on demand."""
+
+    def __init__(self, rows: int, spec: RaggedSpec) -> None:
+        self.rows, self.spec = rows, spec
+        self.pieces: list[tuple[np.ndarray, Ragged]] = []
+
+    def put(self, rows: np.ndarray, values: Ragged) -> None:
+        self.pieces.append((np.asarray(rows, np.int64), values))
+
+    def take(self, rows: np.ndarray) -> Ragged:
+        """The items of window rows `rows` (distinct, every one landed), in that order: each field's
+        items copied once, straight from the batch they landed in to their place."""
+        where = np.full(self.rows, -1, np.int64)  # window row -> its place in the answer
+        where[rows] = np.arange(len(rows))
+        counts = np.zeros(len(rows), np.int64)
+        for landed, piece in self.pieces:
+            wanted = where[landed] >= 0
+            counts[where[landed[wanted]]] = np.asarray(piece.counts)[wanted]
+        out = self.spec.empty(len(rows))
+        out.counts = counts
+        starts = out.offsets()[:-1]
+        total = int(counts.sum())
+        fields = {f.name: np.empty((total, *f.shape), f.dtype) for f in self.spec.fields}
+        found = 0
+        for landed, piece in self.pieces:
+            wanted = where[landed] >= 0
+            if not wanted.any():
+                continue
+            part = piece if wanted.all() else piece[wanted]
+            n = np.asarray(part.counts, np.int64)
+            within = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+            into = np.repeat(starts[where[landed[wanted]]], n) + within
+            for name, values in fields.items():
+                values[into] = part.fields[name]
+            found += int(wanted.sum())
+        assert found == len(rows), "rows asked for that never landed"
+        out.fields = fields
+        return out
+
+
 @dataclass(slots=True)
 class _WindowState:
     window: Window
-    values: np.ndarray  # float32 [rows, dim]
+    values: DenseRows | RaggedRows
     failed: list[int] = field(default_factory=list)  # window rows that could not run
     batches_done: int = 0
     fresh: list[np.ndarray] = field(default_factory=list)  # window rows landed since the last checkpoint
@@ -58,6 +116,7 @@ class Writer:
     ) -> None:
         self.store = store
         self.dim = store.dim
+        self.ragged: RaggedSpec | None = store.ragged  # a head's ragged items, or None: dense rows
         self.outputs = outputs if isinstance(outputs, list) else [outputs]  # one pool per device
         self.rejects = rejects
         self.on_batch = on_batch
@@ -81,7 +140,7 @@ class Writer:
             state = self._open[w.window_id] = self._open_window(w)
         if out is not None:
             self.wait_result(pending)
-            state.values[batch.rows] = out.host[: batch.num_rows].numpy()
+            state.values.put(batch.rows, self._landed(out, batch.num_rows))
             state.failed.extend(int(batch.rows[i]) for i in pending.failed_rows)
             if self.latency is not None:
                 self.latency.batch_done(batch.started_ns, self.clock())
@@ -102,12 +161,23 @@ class Writer:
             self.checkpoint()
         return iter(())
 
+    def _landed(self, out: Any, rows: int) -> np.ndarray | Ragged:
+        """A batch's results as the window keeps them (copied: the buffer goes back to the executor)."""
+        if self.ragged is None:
+            return out.host[:rows].numpy()
+        if out.items is None:  # NOTE: no row of the batch could run: none has an item
+            return self.ragged.empty(rows)
+        counts = out.views["counts"][:rows].numpy().copy()
+        fields = {f.name: out.views[f.name].numpy().copy() for f in self.ragged.fields}
+        return Ragged(counts, fields)
+
     def _open_window(self, w: Window) -> _WindowState:
         """A window's buffer; a resumed window's held rows are filled in (they are not computed again)."""
-        state = _WindowState(w, np.empty((len(w), self.dim), np.float32))
+        values = DenseRows(len(w), self.dim) if self.ragged is None else RaggedRows(len(w), self.ragged)
+        state = _WindowState(w, values)
         held = self.held.pop(w.window_id, None)
         if held is not None and held.fits(w.first_row, w.input_rows):
-            state.values[held.rows] = held.values
+            state.values.put(held.rows, held.values)
             state.failed.extend(held.rows[held.failed].tolist())
             self.rows_held += int((~held.failed).sum())
         return state
@@ -127,7 +197,7 @@ class Writer:
                 continue
             rows = np.sort(np.concatenate(state.fresh))
             failed = np.isin(rows, np.asarray(state.failed, dtype=np.int64))
-            table = checkpoint_table(rows, state.values[rows], failed, self.dim)
+            table = checkpoint_table(rows, state.values.take(rows), failed)
             w = state.window
             chunks.append((window_id, table, window_facts(w.first_row, w.input_rows, w.cut_tokens)))
             state.fresh, state.fresh_since_ns = [], None
@@ -169,7 +239,8 @@ class Writer:
             answered = np.flatnonzero(keep)
         ids = [w.ids[i] for i in answered.tolist()] if late or w.options is not None else w.ids
         rows = [r.to_json() for r in rejects]
-        self.store.commit(w.window_id, w.first_row, w.input_rows, ids, state.values[keep], rows, meta)
+        values = state.values.take(np.flatnonzero(keep))
+        self.store.commit(w.window_id, w.first_row, w.input_rows, ids, values, rows, meta)
         self.rows_written += len(ids)
         blocks, counts = np.unique(w.block_ids[answered], return_counts=True)
         for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):

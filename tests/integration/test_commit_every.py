@@ -104,7 +104,7 @@ def test_rows_are_checkpointed_once_the_oldest_started_commit_every_ago(tmp_path
     assert [(p["window"], p["rows"], p["first_row"], p["input_rows"], p["cut_tokens"]) for p in partial] == [
         (0, 5, 0, 6, 64)
     ]
-    held = load_held(store, DIM)[0]
+    held = load_held(store)[0]
     assert held.rows.tolist() == [0, 1, 2, 4, 5]
     assert np.array_equal(held.values, values[[0, 1, 2, 4, 5]]) and not held.failed.any()
     chunk = Path(f"{out}.parts") / partial[0]["chunks"][0]

@@ -98,16 +98,18 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, tiny_model, one_tor
 
 
 def test_the_default_window_is_cut_to_a_gibibyte(tmp_path, tiny_model):
+    """A window of rows at their longest (256 tokens of 32 float32 states) holds at most 1 GiB."""
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 0, "text": "hi"}])
     cfg = small_config(src, tmp_path / "out.parquet", tiny_model, embed=TOKENS)
     settled = TASK.settle(replace(cfg, plan=PlanConfig()))
-    assert settled.plan.sort_window == (1 << 30) // (4 * (1 + 256 * 32))
+    assert settled.plan.sort_window == (1 << 30) // (256 * 32 * 4)
     assert TASK.settle(cfg).plan.sort_window == 120  # NOTE: a window the run sets is kept
     assert TASK.fingerprint(cfg)["output_value"] == "token_embeddings"
     assert TASK.fingerprint(replace(cfg, embed=replace(cfg.embed, output_value="sentence_embedding"))) == {
         "precision": None,
         "calibration": None,
         "output_value": None,
+        "outputs": None,
     }
 
 

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from ...config import PRECISIONS
 from ...errors import ConfigError, OutputError
 from ...files.fingerprint import file_digest
-from ...files.part_format import id_array, write_jsonl_rows
+from ...files.part_format import id_array, write_jsonl_rows, write_parquet
 from ...files.parts import PartStore
 
 CALIBRATED = ("int8", "uint8")  # the precisions that need per-dimension ranges
@@ -163,7 +163,7 @@ class QuantizedStore(PartStore):
     ) -> None:
         quantized = self._quantized(values)
         if self.fmt == "parquet":
-            pq.write_table(self._table(ids, quantized), tmp, compression="zstd")
+            write_parquet(self._table(ids, quantized), tmp)
         else:
             rows = ({"id": i, "embedding": v} for i, v in zip(ids, quantized.tolist(), strict=True))
             write_jsonl_rows(tmp, rows)

@@ -80,6 +80,7 @@ class EmbedTask(EncoderTask):
             "precision": None if precision == "float32" else precision,
             "calibration": calibration_digest(config.embed.calibration),
             "output_value": None if output_value == "sentence_embedding" else output_value,
+            "outputs": "ragged" if output_value == "token_embeddings" else None,
         }
 
     def claims(self, checkpoint: Checkpoint) -> str | None:

@@ -2,10 +2,9 @@
 style), as sentence-transformers' `encode(texts, output_value="token_embeddings")` gives them: the
 BERT encoder's last hidden states for the row's real tokens, special tokens included, padding not.
 
-The encoder pipeline moves one fixed-width float32 vector per row, so a row travels packed:
-`width` = 1 + max_length x dim, the row's token count first (exact in float32 below 2**24), then
-its tokens' states one after another, zeros past its end. The store unpacks them into a
-`token_embeddings` column: Parquet `list<fixed_size_list<float32, dim>>`, JSONL lists of lists.
+A row's values are ragged items (`values.Ragged`): one `token_embeddings` item (a float32 vector
+of the hidden size) per real token, nothing for padding. The store writes them as they come: a
+Parquet `list<fixed_size_list<float32, dim>>` column, JSONL lists of lists.
 
 sentence-transformers takes `token_embeddings` from the Transformer module's output: a Pooling,
 Dense or Normalize module writes `sentence_embedding` (their default `module_input_name`) and leaves
@@ -15,15 +14,14 @@ Dense or Normalize acts on `token_embeddings` would change them and is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import torch
 
-from ...config import PlanConfig, RunConfig
+from ...config import RunConfig
 from ...errors import ConfigError, ModelError
 from ...files.part_format import id_array
 from ...files.sources import is_openai_input
@@ -33,10 +31,9 @@ from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_c
 from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
 from ...models.registry import resolve_model_path
 from ...models.st_files import check_transformer_output, read_model_json, truncation_length
+from ...pipeline.task import window_cut
+from ...values import Ragged, RaggedField, RaggedSpec
 
-# NOTE: a window's values are held whole until written ([rows, 1 + max_length x dim] float32: 39 GiB
-# for the default 100,000 rows of a 256-token, 384-dim model), so a window left at the default is cut to this
-WINDOW_BYTES = 1 << 30
 TOKEN_STATES = "token_embeddings"  # sentence-transformers' name for the Transformer module's token states
 # The module classes that leave the token states as the Transformer gave them (unless aimed at them)
 _KEPT = ("Transformer", "Pooling", "Dense", "Normalize", "Dropout")
@@ -44,14 +41,15 @@ _KEPT = ("Transformer", "Pooling", "Dense", "Normalize", "Dropout")
 
 @dataclass(frozen=True, slots=True)
 class TokenEmbeddingHead:
-    """CheckpointInfo.head for token embeddings: the longest row it packs and the states' width."""
+    """CheckpointInfo.head for token embeddings: the longest row and the states' width."""
 
     max_length: int
     dim: int
+    width = 0  # no dense values: a row's are its tokens' states (ragged)
 
     @property
-    def width(self) -> int:
-        return 1 + self.max_length * self.dim
+    def ragged(self) -> RaggedSpec:
+        return RaggedSpec((RaggedField(TOKEN_STATES, "float32", (self.dim,)),), self.max_length)
 
     def load(
         self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
@@ -63,25 +61,20 @@ class TokenEmbeddingHead:
 
 
 class TokenEmbedder(BatchSteps):
-    """The encoder as SentenceEmbedder runs it, its token states packed (see the module) instead of pooled."""
+    """The encoder as SentenceEmbedder runs it, its real tokens' states given as ragged items instead of pooled."""
+
+    output_dim = 0
 
     def __init__(self, encoder: BertEncoder, max_length: int, dim: int) -> None:
         self.encoder, self.max_length, self.dim = encoder, max_length, dim
-        self.output_dim = 1 + max_length * self.dim
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         return self.encoder(ids, lengths, padded)
 
-    def postprocess(self, outputs: object) -> torch.Tensor:
+    def postprocess(self, outputs: object) -> Ragged:
         hidden, token_mask = outputs  # type: ignore[misc]
-        rows = hidden.shape[0]
-        # NOTE: a batch is padded to a multiple of --pad-multiple, so it may be wider than any row in it
-        n = min(hidden.shape[1], self.max_length)
-        states = hidden[:, :n].float().masked_fill(~token_mask[:, :n, None], 0.0)
-        out = torch.zeros((rows, self.output_dim), dtype=torch.float32, device=hidden.device)
-        out[:, 0] = token_mask.sum(dim=1).float()
-        out[:, 1 : 1 + n * self.dim] = states.reshape(rows, n * self.dim)
-        return out
+        # NOTE: row after row, each row's tokens in order (a boolean mask selects row-major)
+        return Ragged(token_mask.sum(dim=1), {TOKEN_STATES: hidden[token_mask].float()})
 
 
 def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo:
@@ -147,7 +140,8 @@ def _check_modules(path: Path) -> None:
 
 
 def settle_token_embeddings(config: RunConfig) -> RunConfig:
-    """The options token embeddings cannot take, refused in one line; the default window cut to 1 GiB."""
+    """The options token embeddings cannot take, refused in one line; the default window cut to what
+    its rows' states may hold (pipeline/task.py's `window_cut`)."""
     embed = config.embed
     refused = [
         (embed.precision != "float32", f"--precision {embed.precision} quantizes sentence embeddings"),
@@ -163,31 +157,18 @@ def settle_token_embeddings(config: RunConfig) -> RunConfig:
             raise ConfigError(f"--output-value token_embeddings: {why}; drop it")
     if is_openai_input(config.input):
         raise ConfigError("--output-value token_embeddings: an OpenAI batch file has no token-embedding endpoint")
-    info = inspect_token_embedder(resolve_model_path(config.model), config.tokenize.max_length)
-    if config.plan.sort_window == PlanConfig().sort_window:
-        rows = max(1, WINDOW_BYTES // (4 * info.output_dim))
-        if rows < config.plan.sort_window:
-            config = replace(config, plan=replace(config.plan, sort_window=rows))
-    return config
+    return window_cut(config, inspect_token_embedder(resolve_model_path(config.model), config.tokenize.max_length))
 
 
 class TokenEmbeddingStore(TableStore):
-    """Parts of token-embedding rows, unpacked from the writer's packed [rows, 1 + max_length x dim] values."""
+    """Parts of token-embedding rows: each row's tokens' states, as the head gave them."""
 
     def __init__(self, output: str, fmt: str, info: CheckpointInfo, fp: dict[str, Any]) -> None:
         super().__init__(output, fmt, info.output_dim, fp)
-        self.tokens, self.states = info.head.max_length, info.head.dim
+        self.ragged = info.ragged
 
-    def table(self, ids: list[Any], values: np.ndarray) -> pa.Table:
-        counts = values[:, 0].astype(np.int32)
-        body = values[:, 1:].reshape(len(values), self.tokens, self.states)
-        kept = body[np.arange(self.tokens)[None, :] < counts[:, None]]  # row-major: each row's tokens in order
-        offsets = np.zeros(len(values) + 1, np.int32)
-        np.cumsum(counts, out=offsets[1:])
-        flat = pa.array(np.ascontiguousarray(kept, np.float32).reshape(-1), pa.float32())
-        vectors = pa.FixedSizeListArray.from_arrays(flat, self.states)
-        column = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), vectors)
-        return pa.table({"id": id_array(ids), TOKEN_STATES: column})
+    def table(self, ids: list[Any], values: Ragged) -> pa.Table:
+        return pa.table({"id": id_array(ids), TOKEN_STATES: values.columns()[TOKEN_STATES]})
 
 
 __all__ = ["TokenEmbeddingHead", "TokenEmbeddingStore", "inspect_token_embedder", "settle_token_embeddings"]

@@ -1,10 +1,8 @@
 """A `*ForTokenClassification` checkpoint as the encoder pipeline runs it: the BERT-family encoder,
 then a linear layer over every token's state.
 
-The pipeline moves one fixed-width float32 vector per row, so a row's tokens travel packed:
-`width` = 3 x the longest row, each token as (label index, its probability, token id), and -1 in
-all three past the row's end. The store unpacks them (store.py). Float32 holds every label index
-and every token id below 2**24 exactly.
+A row's values are ragged items (`values.Ragged`): one per real token, its `label` index, that
+label's probability (`score`) and its `token` id; the store names them (store.py).
 """
 
 from __future__ import annotations
@@ -19,21 +17,23 @@ from ...models.batch_model import BatchSteps
 from ...models.bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
 from ...models.classifier import ClassifierSpec, split_weights
+from ...values import Ragged, RaggedField, RaggedSpec
 
-FIELDS = 3  # label index, probability, token id
+FIELDS = (RaggedField("label", "int32"), RaggedField("score", "float32"), RaggedField("token", "int32"))
 
 
 @dataclass(frozen=True, slots=True)
 class TokenHead:
-    """What the checkpoint's head is (CheckpointInfo.head): its labels and the longest row it packs."""
+    """What the checkpoint's head is (CheckpointInfo.head): its labels and the longest row."""
 
     labels: tuple[str, ...]
     family: str  # bert | roberta | distilbert: how its encoder's weights are named
     max_length: int
+    width = 0  # no dense values: a row's are its tokens' labels (ragged)
 
     @property
-    def width(self) -> int:
-        return FIELDS * self.max_length
+    def ragged(self) -> RaggedSpec:
+        return RaggedSpec(FIELDS, self.max_length)
 
     def load(
         self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
@@ -64,22 +64,19 @@ def load_token_classifier(info: CheckpointInfo, head: TokenHead) -> tuple[BertEn
 
 
 class TokenLabeller(BatchSteps):
-    """Encoder + linear head; a `BatchModel` whose row vector is its tokens packed (see the module)."""
+    """Encoder + linear head; a `BatchModel` whose rows are their tokens' labels (ragged items)."""
+
+    output_dim = 0
 
     def __init__(self, encoder: BertEncoder, linear: nn.Linear, max_length: int) -> None:
         self.encoder, self.linear, self.max_length = encoder, linear, max_length
-        self.output_dim = FIELDS * max_length
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         hidden, token_mask = self.encoder(ids, lengths, padded)
         return self.linear(hidden), token_mask, ids
 
-    def postprocess(self, outputs: object) -> torch.Tensor:
+    def postprocess(self, outputs: object) -> Ragged:
         logits, token_mask, ids = outputs  # type: ignore[misc]
         score, label = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        n = min(ids.shape[1], self.max_length)
-        packed = torch.stack((label.float(), score, ids.float()), dim=-1)[:, :n]  # [rows, n, 3]
-        packed = packed.masked_fill(~token_mask[:, :n, None], -1.0)
-        out = torch.full((ids.shape[0], self.max_length, FIELDS), -1.0, device=ids.device)
-        out[:, :n] = packed
-        return out.reshape(ids.shape[0], self.output_dim)
+        fields = {"label": label[token_mask].int(), "score": score[token_mask], "token": ids[token_mask].int()}
+        return Ragged(token_mask.sum(dim=1), fields)

@@ -44,7 +44,7 @@ class NerTask(EncoderTask):
         return TokenLabelStore(config.output.path, fmt, info, fp)
 
     def fingerprint(self, config: RunConfig) -> dict[str, Any]:
-        return {"task": self.name}
+        return {"task": self.name, "outputs": "ragged"}
 
 
 TASK = NerTask()

@@ -3,8 +3,9 @@
 `SpladePooling` computes it: log(1 + relu(logits)) (twice log1p for `log1p_relu`) over the row's
 tokens, padding as zeros, then the max (or sum) over tokens.
 
-The pipeline moves one fixed-width float32 vector per row: here the row's whole vocabulary-wide
-vector; the store keeps its non-zero entries (store.py).
+A row's values are ragged items (`values.Ragged`): its non-zero vocabulary entries, `index`
+ascending and `value`, picked on the device (the `max_active_dims` largest first, where set), so
+no vocabulary-wide row leaves the head.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ...errors import ModelError
 from ...models.batch_model import BatchSteps
 from ...models.bert import _ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
+from ...values import Ragged, RaggedField, RaggedSpec
 
 # NOTE: the logits of a batch are rows x tokens x vocabulary: pooled a slice of tokens at a time so
 # a token-budget batch never holds them all (~2 GiB for 16k tokens over BERT's 30522 words)
@@ -35,9 +37,12 @@ class SpladeHead:
     top_k: int | None = None
     tied: bool = True
 
+    width = 0  # no dense values: a row's are its non-zero vocabulary entries (ragged)
+
     @property
-    def width(self) -> int:
-        return self.vocab_size
+    def ragged(self) -> RaggedSpec:
+        fields = (RaggedField("index", "int32"), RaggedField("value", "float32"))
+        return RaggedSpec(fields, min(self.top_k or self.vocab_size, self.vocab_size))
 
     def load(self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> SpladeModel:
         encoder, mlm = load_splade(info, self)
@@ -95,32 +100,40 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
 
 
 class SpladeModel(BatchSteps):
-    """Encoder + masked-LM head + SPLADE pooling; a `BatchModel` whose row vector is vocabulary-wide."""
+    """Encoder + masked-LM head + SPLADE pooling; a `BatchModel` whose rows are their non-zero entries."""
+
+    output_dim = 0
 
     def __init__(self, encoder: BertEncoder, mlm: MLMHead, head: SpladeHead) -> None:
         self.encoder, self.mlm, self.head = encoder, mlm, head
-        self.output_dim = head.vocab_size
+        self.vocab = head.vocab_size
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         return self.encoder(ids, lengths, padded)
 
-    def postprocess(self, outputs: object) -> torch.Tensor:
+    def postprocess(self, outputs: object) -> Ragged:
         hidden, token_mask = outputs  # type: ignore[misc]
-        step = max(1, LOGITS_BUDGET // max(1, token_mask.shape[0] * self.output_dim))
+        step = max(1, LOGITS_BUDGET // max(1, token_mask.shape[0] * self.vocab))
         pool = self._max_pool if self.head.strategy == "max" else self._pool_each_token
-        pooled = pool(hidden, token_mask, step)
-        if self.head.top_k is not None and self.head.top_k < self.output_dim:
-            # NOTE: as SparseEncoder's max_active_dims: the k largest (absolute) values kept, the rest 0
+        pooled = pool(hidden, token_mask, step)  # [rows, vocab]: the head's own, never handed on
+        if self.head.top_k is not None and self.head.top_k < self.vocab:
+            # NOTE: as SparseEncoder's max_active_dims: the k largest (absolute) values kept, in
+            # vocabulary order; one of them that is 0 is no entry
             _, index = torch.topk(pooled.abs(), self.head.top_k, dim=-1)
-            pooled = torch.zeros_like(pooled).scatter_(-1, index, pooled.gather(-1, index))
-        return pooled
+            index = index.sort(dim=-1).values
+            value = pooled.gather(-1, index)
+        else:
+            index = torch.arange(self.vocab, device=pooled.device).expand_as(pooled)
+            value = pooled
+        kept = value != 0
+        return Ragged(kept.sum(dim=1), {"index": index[kept].int(), "value": value[kept].float()})
 
     def _max_pool(self, hidden: torch.Tensor, token_mask: torch.Tensor, step: int) -> torch.Tensor:
         """Max pooling with the activation taken once per row, not once per token: log1p and relu
         never decrease, so the max of log1p(relu(logit)) over tokens is log1p(relu(the max logit)),
         the same float. Padding's logits are -inf, so they never win the max (SpladePooling's zeros
         for padding are relu's floor); one pass over the logits besides the matmul that makes them."""
-        pooled = torch.full((hidden.shape[0], self.output_dim), -torch.inf, device=hidden.device)
+        pooled = torch.full((hidden.shape[0], self.vocab), -torch.inf, device=hidden.device)
         for start in range(0, hidden.shape[1], step):
             logits = self.mlm(hidden[:, start : start + step]).float()
             logits.masked_fill_(~token_mask[:, start : start + step, None], -torch.inf)
@@ -130,7 +143,7 @@ class SpladeModel(BatchSteps):
 
     def _pool_each_token(self, hidden: torch.Tensor, token_mask: torch.Tensor, step: int) -> torch.Tensor:
         rows, n = token_mask.shape
-        pooled = torch.zeros(rows, self.output_dim, device=hidden.device)
+        pooled = torch.zeros(rows, self.vocab, device=hidden.device)
         for start in range(0, n, step):
             logits = self.mlm(hidden[:, start : start + step]).float()
             # NOTE: as SpladePooling: padding's logits become 0 before relu and log1p, so they pool as 0

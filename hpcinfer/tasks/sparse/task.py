@@ -8,21 +8,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...config import PlanConfig, RunConfig
+from ...config import RunConfig
 from ...errors import ConfigError
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
 from ...models.registry import resolve_model_path
-from ...models.st_files import read_model_json
-from ...pipeline.task import EncoderTask, openai_output
+from ...pipeline.task import EncoderTask, openai_output, window_cut
 from ...registry import Checkpoint
 from .checkpoint import inspect_splade, is_splade
 from .store import SparseVectorStore
-
-# NOTE: a window's values are held dense until written ([rows, vocabulary] float32: 12 GiB for the
-# default 100,000 rows over BERT's 30522 words), so a window left at the default is cut to this
-WINDOW_BYTES = 1 << 30
 
 
 class SparseTask(EncoderTask):
@@ -52,11 +47,7 @@ class SparseTask(EncoderTask):
             )
         if config.generate.top_k < 0:
             raise ConfigError(f"--top-k must be 0 (all entries) or more (got {config.generate.top_k})")
-        if config.plan.sort_window == PlanConfig().sort_window:
-            rows = max(1, WINDOW_BYTES // (4 * _vocab_size(config)))
-            if rows < config.plan.sort_window:
-                config = replace(config, plan=replace(config.plan, sort_window=rows))
-        return config
+        return window_cut(config, self.inspect(resolve_model_path(config.model), config))
 
     def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
         info = inspect_splade(path)
@@ -69,20 +60,12 @@ class SparseTask(EncoderTask):
     ) -> PartStore:
         if any(s.fmt == "openai" for s in sources) and openai_output(sources, fmt):
             raise ConfigError("an OpenAI batch file has no sparse-embedding endpoint: give JSONL or Parquet rows")
-        return SparseVectorStore(config.output.path, fmt, info.output_dim, fp)
+        return SparseVectorStore(config.output.path, fmt, info, fp)
 
     def fingerprint(self, config: RunConfig) -> dict[str, Any]:
         # NOTE: the pooling's settings live in the checkpoint's files, which the weights' digest does not cover
         head = self.inspect(resolve_model_path(config.model), config).head
-        return {"task": self.name, "splade": [head.strategy, head.activation, head.top_k]}
-
-
-def _vocab_size(config: RunConfig) -> int:
-    """config.json's vocab_size (BERT's where it names none: the window cap is only a memory bound)."""
-    file = resolve_model_path(config.model) / "config.json"
-    raw = read_model_json(file) if file.is_file() else {}
-    size = raw.get("vocab_size") if isinstance(raw, dict) else None
-    return size if isinstance(size, int) and size > 0 else 30522
+        return {"task": self.name, "splade": [head.strategy, head.activation, head.top_k], "outputs": "ragged"}
 
 
 TASK = SparseTask()
