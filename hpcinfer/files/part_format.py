@@ -96,7 +96,10 @@ def concat_parquet(sink: Path | IO[bytes], folder: PartSource, parts: list[str],
             # (multi-threaded decode) costs a transient RSS spike of several times its size at
             # the very end of the run, which is where the run's peak would otherwise be.
             with folder.source(part) as where, pq.ParquetFile(where) as source:
-                for batch in source.iter_batches(batch_size=ASSEMBLE_BATCH_ROWS, use_threads=False):
+                # NOTE: a row group at most (about ROW_GROUP_BYTES): rows of token embeddings are large
+                group = source.metadata.row_group(0).num_rows if source.metadata.num_row_groups else 1
+                rows = max(1, min(ASSEMBLE_BATCH_ROWS, group))
+                for batch in source.iter_batches(batch_size=rows, use_threads=False):
                     writer.write_table(pa.Table.from_batches([batch]).cast(schema))
 
 

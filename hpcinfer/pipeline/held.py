@@ -2,7 +2,8 @@
 
 A checkpoint chunk (files/parts.py) of a window is a table of the rows that had landed: `index`
 (window-local row), `failed` (out of memory even alone), then their values: `embedding` (a
-fixed-size list) for dense rows, or one list column per field for a head's ragged items. Its facts
+fixed-size list) for dense rows, or one list column per field for a head's ragged items (`item_`
+and the field's name). Its facts
 are the window's first row and input rows (a resumed window must be the same window) and the token
 budget its batches were cut to (a resumed window is cut to it again, so its batches are the same ones).
 """
@@ -16,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..values import Ragged, RaggedSpec
+
+ITEM = "item_"  # a ragged field's column in a chunk: this, then the field's name
 
 
 @dataclass(slots=True)
@@ -41,8 +44,8 @@ def window_facts(first_row: int, input_rows: int, cut_tokens: int) -> dict[str, 
 def checkpoint_table(rows: np.ndarray, values: np.ndarray | Ragged, failed: np.ndarray) -> pa.Table:
     """A chunk of a window's finished rows."""
     columns = {"index": pa.array(rows, pa.int64()), "failed": pa.array(failed, pa.bool_())}
-    if isinstance(values, Ragged):
-        return pa.table(columns | values.columns())
+    if isinstance(values, Ragged):  # NOTE: prefixed: a field may be called `index` (SPLADE's)
+        return pa.table(columns | {ITEM + name: column for name, column in values.columns().items()})
     dim = values.shape[1]
     flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1), type=pa.float32())
     return pa.table(columns | {"embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
@@ -51,7 +54,7 @@ def checkpoint_table(rows: np.ndarray, values: np.ndarray | Ragged, failed: np.n
 def held_rows(table: pa.Table, facts: dict[str, Any], dim: int, ragged: RaggedSpec | None = None) -> Held:
     """A window's chunks (concatenated) and facts -> Held."""
     if ragged is not None:
-        values: Any = Ragged.from_columns({f.name: table.column(f.name) for f in ragged.fields}, ragged)
+        values: Any = Ragged.from_columns({f.name: table.column(ITEM + f.name) for f in ragged.fields}, ragged)
     else:
         flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         values = flat.astype(np.float32, copy=False).reshape(table.num_rows, dim)

@@ -19,11 +19,12 @@ from ...errors import ModelError
 from ...models.batch_model import BatchSteps
 from ...models.bert import _ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
+from ...models.meta import empty_modules
 from ...values import Ragged, RaggedField, RaggedSpec
 
 # NOTE: the logits of a batch are rows x tokens x vocabulary: pooled a slice of tokens at a time so
 # a token-budget batch never holds them all (~2 GiB for 16k tokens over BERT's 30522 words)
-LOGITS_BUDGET = 1 << 25  # float elements of logits alive at once (128 MiB in float32)
+LOGITS_BUDGET = 1 << 22  # float elements of logits alive at once (16 MiB in float32: SPLADE peaks near dense)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,10 @@ class SpladeHead:
         encoder = encoder.to(device=device, dtype=dtype)
         if cpu_fast_path and can_pack_for_cpu(encoder):
             encoder = pack_for_cpu(encoder)
-        return SpladeModel(encoder, mlm.to(device=device, dtype=dtype), self)
+        mlm = mlm.to(device=device, dtype=dtype)
+        if self.tied:  # NOTE: one vocabulary x hidden matrix (47 MB for BERT's) on the device too, as tied
+            mlm.decoder.weight = encoder.word_embeddings.weight
+        return SpladeModel(encoder, mlm, self)
 
 
 class MLMHead(nn.Module):
@@ -88,14 +92,15 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
         "norm.bias": named(p + "transform.LayerNorm.bias", p + "transform.LayerNorm.beta"),
         # NOTE: transformers saves a tied decoder as the word embeddings alone, and its bias as
         # `cls.predictions.bias` (decoder.bias is tied to it)
-        "decoder.weight": words if head.tied else named(p + "decoder.weight"),
+        "decoder.weight": words if head.tied else named(p + "decoder.weight"),  # NOTE: tied: shared after the load
         "decoder.bias": named(p + "decoder.bias", p + "bias"),
     }
     missing = sorted(k for k, v in found.items() if v is None)
     if missing:
         raise ModelError(f"the masked-LM head's weights are missing {missing}", path=str(file))
-    mlm = MLMHead(info.config)
-    mlm.load_state_dict({k: v.float() for k, v in found.items()})  # type: ignore[union-attr]
+    with empty_modules():  # NOTE: the head takes the checkpoint's tensors as they are: no second copy
+        mlm = MLMHead(info.config)
+    mlm.load_state_dict({k: v.float() for k, v in found.items()}, assign=True)  # type: ignore[union-attr]
     return encoder_from_weights(info.config, weights, file), mlm.eval().requires_grad_(False)
 
 
