@@ -1,8 +1,13 @@
 """Every input row accounted for: rows read = rows written + rows rejected + rows resumed, per file.
 
-The reader counts the rows it takes from each file; the writer counts the rows it writes, the
-reject counter the rows it sets aside, and the reader the rows an interrupted run had committed
-already. A run whose books do not balance fails naming the file: a lost row is never a success.
+The reader counts the rows it takes from each file; the writer counts the rows this run computed
+and wrote, the reject counter the rows it set aside; resumed are the rows an interrupted run had
+finished: those of its committed windows (written or rejected then), and those its checkpoints
+hold (taken back, not run again; written into this run's parts, but not by this run). A run whose
+books do not balance fails naming the file: a lost row is never a success.
+
+Every task reports the same three numbers in its table, its accounting line and its JSON: `rows`
+(written by this run) is `accounting.rows_written`, `rows_resumed` is `accounting.rows_resumed`.
 """
 
 from __future__ import annotations
@@ -55,6 +60,13 @@ def settle(read: Iterable[tuple[str, int, int]], written: dict[str, int], reject
         "balanced": True,
         "files": [asdict(f) for f in files],
     }
+
+
+def books(report: Any) -> None:
+    """The report's `rows` and `rows_resumed` as its accounting has them (one set of books)."""
+    if report.accounting:
+        report.rows = report.accounting["rows_written"]
+        report.rows_resumed = report.accounting["rows_resumed"]
 
 
 def accounting_line(accounting: dict[str, Any]) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import OutputConfig
 from ..errors import HpcinferError
+from ..files.folder import folder_for
 from ..files.parts import PartStore
 from .output_checks import check_output_state
 
@@ -42,6 +43,17 @@ def claimed(store: PartStore, output: OutputConfig) -> Iterator[None]:
         raise
     finally:
         lock.release()
+
+
+def recorded_fingerprint(output: OutputConfig) -> dict[str, Any] | None:
+    """The fingerprint of the interrupted run a `--resume` continues (None: not resuming, or nothing
+    committed to resume), so a run can take over a choice that run made on its own (the int8 kernel)."""
+    if not output.resume:
+        return None
+    manifest = folder_for(output.path).read_manifest()
+    if not (manifest.get("windows") or manifest.get("partial")):
+        return None
+    return dict(manifest.get("fingerprint") or {})
 
 
 def open_store(store: PartStore, reader: ResumableReader, output: OutputConfig) -> int:

@@ -7,9 +7,11 @@ is first checked against float32 on a probe built to saturate (`probe_kernels`),
 stay within what int8 rounding predicts (`rounding_error`); a library that fails at 8 bits is tried
 with 7-bit activations (`reduce_range`, torch's own guard on such CPUs), and a kernel that fails
 both is never used. Only then does speed choose: `pick_kernel` times the accurate candidates on the
-model's own largest layer at the row count the job will run, once at load, and keeps the fastest.
-A run that starts several processes decides once (`settled_int8`) and passes the kernel's name on
-(`Int8Kernel.parse`), so every process computes the same way.
+model's own largest layer at the row count the job will run, and keeps the first in the libraries'
+order unless another is faster by KERNEL_MARGIN: two kernels round differently, so a choice that
+followed noise would give one command different answers from run to run. A run decides once
+(`settled_int8`), records the kernel's name in its report and its resume fingerprint, and passes
+it on (`Int8Kernel.parse`), so every process of the run, and a resumed run, computes the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -77,6 +79,9 @@ def rounding_error(x: torch.Tensor, weight: torch.Tensor, reference: torch.Tenso
 
 
 ROUNDING_SLACK = 1.5  # an accurate kernel's error over rounding_error (measured 1.00 +- 0.02; saturation: 14x)
+# NOTE: timings of two kernels on one layer vary by a few percent run to run; a kernel takes over from
+# the first accurate one only when it is this much faster, so a near tie always goes the same way
+KERNEL_MARGIN = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +145,8 @@ def probe_summary() -> str:
 
 
 def pick_kernel(weight: torch.Tensor, rows: int, kernels: list[Int8Kernel] | None = None) -> Int8Kernel:
-    """Of the accurate kernels (or `kernels`), the one that multiplies `rows` rows by `weight`
-    fastest on this CPU, timed here.
+    """Of the accurate kernels (or `kernels`, in order of preference), the first, unless another
+    multiplies `rows` rows by `weight` faster by KERNEL_MARGIN on this CPU, timed here.
 
     NOTE: the kernels take turns, five rounds, and each keeps its best time, so a busy moment
     on the machine cannot decide the choice by landing on one kernel's runs only.
@@ -162,7 +167,14 @@ def pick_kernel(weight: torch.Tensor, rows: int, kernels: list[Int8Kernel] | Non
             start = time.perf_counter()
             layer(x)
             best[kernel] = min(best[kernel], time.perf_counter() - start)
-    return min(kernels, key=best.__getitem__)
+    return preferred(kernels, best)
+
+
+def preferred(kernels: list[Int8Kernel], seconds: dict[Int8Kernel, float]) -> Int8Kernel:
+    """The first of `kernels`, unless another took under (1 - KERNEL_MARGIN) of its `seconds`: then
+    the fastest."""
+    fastest = min(kernels, key=seconds.__getitem__)
+    return fastest if seconds[fastest] < (1 - KERNEL_MARGIN) * seconds[kernels[0]] else kernels[0]
 
 
 def candidate_kernels(name: str = "auto") -> list[Int8Kernel]:
@@ -205,6 +217,17 @@ def settled_int8(device: DeviceConfig, model_config: object, rows: int) -> Devic
     return replace(device, int8_kernel=kernel.name)
 
 
+def resumed_int8(device: DeviceConfig, recorded: dict[str, Any]) -> DeviceConfig:
+    """`--resume`: the weights and int8 kernel the output began with, where the run leaves them to
+    hpcinfer (`--quantize auto`, `--int8-kernel auto`): rows of one output are computed one way.
+    A kernel named otherwise than the recorded one is refused by the fingerprint, naming both."""
+    if device.quantize == "auto":
+        device = replace(device, quantize="int8" if recorded.get("quantize") == "int8" else "none")
+    if device.quantize == "int8" and device.int8_kernel == "auto" and recorded.get("int8_kernel"):
+        device = replace(device, int8_kernel=str(recorded["int8_kernel"]))
+    return device
+
+
 def no_accurate_kernel() -> str:
     missing = missing_int8_instructions()
     return f"no int8 kernel is accurate on this CPU ({probe_summary()}){'; ' + missing if missing else ''}"
@@ -225,6 +248,7 @@ def int8_problem(device: torch.device, dtype: torch.dtype) -> str | None:
 
 __all__ = [
     "INT8_INSTRUCTIONS",
+    "KERNEL_MARGIN",
     "ROUNDING_SLACK",
     "KernelProbe",
     "accurate_kernels",
@@ -236,9 +260,11 @@ __all__ = [
     "missing_int8_instructions",
     "no_accurate_kernel",
     "pick_kernel",
+    "preferred",
     "probe_kernel",
     "probe_kernels",
     "probe_summary",
+    "resumed_int8",
     "rounding_error",
     "settle_kernel",
     "settled_int8",

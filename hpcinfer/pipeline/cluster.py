@@ -16,8 +16,9 @@ from ..errors import ConfigError
 from ..files.ids import IdSet
 from ..files.parts import PartStore
 from ..files.sources import Source
+from ..job.claim import recorded_fingerprint
 from ..models.checkpoint import CheckpointInfo
-from ..models.int8_kernels import settled_int8
+from ..models.int8_kernels import resumed_int8, settled_int8
 from ..obs.timing import bottleneck
 from ..ray_engine.cluster import Pool
 from ..ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
@@ -56,7 +57,10 @@ class EmbedCluster:
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         weights = "int8" if config.device.quantize == "int8" else "float"
-        # NOTE: the int8 kernel decided here once, so every replica computes alike
+        # NOTE: the int8 kernel decided here once (or taken over from the output resumed), so every
+        # replica computes alike
+        if config.device.quantize == "int8" and (recorded := recorded_fingerprint(config.output)) is not None:
+            config = replace(config, device=resumed_int8(config.device, recorded))
         rows = config.plan.max_batch_tokens or 2048
         config = replace(config, device=settled_int8(config.device, self.info.config, rows))
         fp = embed_fingerprint(config, self.info, self.reader, max_length, dtype, weights)

@@ -19,11 +19,12 @@ from ..files.arrivals import ArrivalReplay
 from ..files.fingerprint import fingerprint
 from ..files.parts import PartStore
 from ..job.accounting import settle
-from ..job.claim import claimed, open_store
+from ..job.claim import claimed, open_store, recorded_fingerprint
 from ..job.live import watch_output
 from ..job.output_checks import check_output, output_format
 from ..job.signals import signals_stop
 from ..models.checkpoint import CheckpointInfo
+from ..models.int8_kernels import resumed_int8
 from ..obs.meter import COUNTER
 from ..obs.progress import Progress
 from ..place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
@@ -76,11 +77,15 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
     dtype = resolve_dtype(config.device.dtype, devices[0])
+    if config.device.quantize in ("int8", "auto") and (recorded := recorded_fingerprint(config.output)) is not None:
+        config = replace(config, device=resumed_int8(config.device, recorded))
     weights = "int8" if config.device.quantize == "int8" else "float"
     if extras.model is None and (weights == "int8" or (config.device.quantize == "auto" and devices[0].kind == "cpu")):
         model, check = int8_model(config, info, devices[0].torch_device, dtype, max_length)
         extras = replace(extras, model=model, quantize=check.as_dict())
         weights = check.chosen
+        if weights == "int8":  # NOTE: the kernel that ran, in the fingerprint and the report's config
+            config = replace(config, device=replace(config.device, int8_kernel=check.engine))
     if config.device.tensor_parallel > 1 and (why := tp_refusal(config, info, devices)) is not None:
         raise ConfigError(why)
     fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)
@@ -126,7 +131,7 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
             done = store.rows_done if isinstance(store, PartStore) else store.rows_written
             raise Interrupted(interrupted[0], done, config.output.path)
         run.report.accounting = settle(
-            ((c.path, c.read, c.resumed) for c in reader.counts.values()),
+            ((c.path, c.read, c.resumed + writer.held_by_source.get(c.path, 0)) for c in reader.counts.values()),
             writer.written_by_source,
             run.rejects.by_source,
         )
@@ -176,6 +181,8 @@ def embed_fingerprint(
     extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
     if weights != "float" and weights != "float32":  # NOTE: --quantize auto enters as what it chose
         extra["quantize"] = weights
+    if weights == "int8":  # NOTE: two kernels round differently: a resumed run goes on with the one that began
+        extra["int8_kernel"] = config.device.int8_kernel
     if config.backend != "native":
         extra["backend"] = config.backend
     extra |= encoder_task(config).fingerprint(config)

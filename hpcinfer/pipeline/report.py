@@ -105,7 +105,8 @@ def summary_table(report: RunReport) -> Table:
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     for name, value in (
-        ("rows", f"{report.rows:,}"),
+        ("rows written", f"{report.rows:,}"),
+        ("rows resumed", f"{report.rows_resumed:,}"),
         ("real tokens", f"{report.real_tokens:,}"),
         ("padded tokens", f"{report.padded_tokens:,}"),
         ("padding efficiency", f"{report.padding_efficiency:.2%}"),

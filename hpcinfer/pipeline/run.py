@@ -13,6 +13,7 @@ from ..config import flatten
 from ..device.threads import set_torch_threads
 from ..errors import DeviceHung
 from ..files.sources import estimate_rows
+from ..job.accounting import books
 from ..job.rejects import RejectCounter
 from ..models.registry import LoadedModel, load_tokenizer
 from ..obs.latency import LatencyLog
@@ -188,6 +189,7 @@ class EmbedRun:
         report, config, devices, store = self.report, self.config, self.job.devices, self.job.store
         report.rows = store.rows_written
         report.rows_resumed = store.rows_written - written_now
+        books(report)  # NOTE: the rows resumed as the accounting counts them: input rows, rejects included
         report.windows = windows
         report.rejects = dict(sorted(self.rejects.by_reason.items()))
         report.final_max_batch_tokens = final_tokens

@@ -41,7 +41,7 @@ class DenseRows:
     def put(self, rows: np.ndarray, values: np.ndarray) -> None:
         self.values[rows] = values
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
+    def take(self, rows: np.ndarray, consume: bool = False) -> np.ndarray:
         return self.values[rows]
 
 
@@ -55,9 +55,10 @@ class RaggedRows:
     def put(self, rows: np.ndarray, values: Ragged) -> None:
         self.pieces.append((np.asarray(rows, np.int64), values))
 
-    def take(self, rows: np.ndarray) -> Ragged:
+    def take(self, rows: np.ndarray, consume: bool = False) -> Ragged:
         """The items of window rows `rows` (distinct, every one landed), in that order: each field's
-        items copied once, straight from the batch they landed in to their place."""
+        items copied once, straight from the batch they landed in to their place. `consume` (the
+        commit) lets each batch go as soon as it is copied: the window is never held twice."""
         where = np.full(self.rows, -1, np.int64)  # window row -> its place in the answer
         where[rows] = np.arange(len(rows))
         counts = np.zeros(len(rows), np.int64)
@@ -70,7 +71,10 @@ class RaggedRows:
         total = int(counts.sum())
         fields = {f.name: np.empty((total, *f.shape), f.dtype) for f in self.spec.fields}
         found = 0
-        for landed, piece in self.pieces:
+        pieces = self.pieces
+        if consume:
+            pieces, self.pieces = _draining(self.pieces), []
+        for landed, piece in pieces:
             wanted = where[landed] >= 0
             if not wanted.any():
                 continue
@@ -86,10 +90,18 @@ class RaggedRows:
         return out
 
 
+def _draining(items: list) -> Iterator:
+    """`items` one by one, each dropped from the list as it is handed out (so it can be freed)."""
+    items.reverse()
+    while items:
+        yield items.pop()
+
+
 @dataclass(slots=True)
 class _WindowState:
     window: Window
     values: DenseRows | RaggedRows
+    held: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # window rows taken from a checkpoint
     failed: list[int] = field(default_factory=list)  # window rows that could not run
     batches_done: int = 0
     fresh: list[np.ndarray] = field(default_factory=list)  # window rows landed since the last checkpoint
@@ -129,6 +141,7 @@ class Writer:
         self.commit_every_ns = int(commit_every_s * 1e9)  # 0: no checkpoints
         self.held = held if held is not None else {}  # NOTE: the planner's own: shared, see Planner
         self.rows_held = 0  # rows taken from an interrupted run's checkpoints (and written again)
+        self.held_by_source: dict[str, int] = {}  # input file -> of those, resumed, not written by this run
         self.checkpoints = 0
         self._last_checkpoint_ns = 0
 
@@ -179,7 +192,8 @@ class Writer:
         if held is not None and held.fits(w.first_row, w.input_rows):
             state.values.put(held.rows, held.values)
             state.failed.extend(held.rows[held.failed].tolist())
-            self.rows_held += int((~held.failed).sum())
+            state.held = held.rows[~held.failed]
+            self.rows_held += len(state.held)
         return state
 
     def _checkpoint_due(self) -> bool:
@@ -239,16 +253,30 @@ class Writer:
             answered = np.flatnonzero(keep)
         ids = [w.ids[i] for i in answered.tolist()] if late or w.options is not None else w.ids
         rows = [r.to_json() for r in rejects]
-        values = state.values.take(np.flatnonzero(keep))
+        kept = np.flatnonzero(keep)
+        values = state.values.take(kept, consume=True)
         self.store.commit(w.window_id, w.first_row, w.input_rows, ids, values, rows, meta)
         self.rows_written += len(ids)
-        blocks, counts = np.unique(w.block_ids[answered], return_counts=True)
-        for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
-            source = w.sources[block]
-            self.written_by_source[source] = self.written_by_source.get(source, 0) + count
+        resumed = self._resumed(state, answered)
+        for rows, books in ((answered[~resumed], self.written_by_source), (answered[resumed], self.held_by_source)):
+            blocks, counts = np.unique(w.block_ids[rows], return_counts=True)
+            for block, count in zip(blocks.tolist(), counts.tolist(), strict=True):
+                source = w.sources[block]
+                books[source] = books.get(source, 0) + count
         if self.latency is not None and w.arrival_ns is not None:
             self.latency.requests_done(w.arrival_ns[answered], self.clock())
         self.rejects.check_fraction(self.store.rows_committed)
+
+    @staticmethod
+    def _resumed(state: _WindowState, answered: np.ndarray) -> np.ndarray:
+        """Of the rows written (a request: its first part's row), those a checkpoint held (a request:
+        every part of it): resumed, not written by this run."""
+        held = np.zeros(len(state.window), bool)
+        held[state.held] = True
+        options = state.window.options
+        if options is None:
+            return held[answered]
+        return np.array([held[i : i + options[i].count].all() for i in answered.tolist()], bool)
 
     @staticmethod
     def _reject(w: Window, i: int, reason: str, message: str) -> Reject:

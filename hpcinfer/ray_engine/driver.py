@@ -32,7 +32,7 @@ from ..errors import HpcinferError, Interrupted, OutputError, StageError
 from ..files.ids import IdSet, id_key
 from ..files.parts import PartStore
 from ..files.sources import Source
-from ..job.accounting import AccountingError, settle
+from ..job.accounting import AccountingError, books, settle
 from ..job.claim import claimed, open_store
 from ..job.live import watch_output
 from ..job.output_checks import check_output, output_format
@@ -171,6 +171,7 @@ class ClusterJob:
         store.assemble()
         report.wall_s = time.perf_counter() - start
         report.rows, report.rows_resumed = store.rows_written, resumed_written
+        books(report)
         report.rejects = dict(sorted(self.rejects.by_reason.items()))
         n = self.pool.replicas
         report.device = f"ray: {n} replica{'s' if n > 1 else ''} ({self.pool.kind})"

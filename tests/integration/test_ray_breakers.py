@@ -118,7 +118,7 @@ def test_every_replica_failing_names_each_and_resume_completes(tmp_path, tiny_mo
     assert [w["window"] for w in manifest["windows"]] == [0, 1]  # committed before the failures: kept
     local = replace(cfg, cluster=ClusterConfig(), output=replace(cfg.output, resume=True))
     report, _ = run_job(local)  # NOTE: either engine resumes the other's output
-    assert report.rows_resumed == sum(w["rows"] for w in manifest["windows"]) > 0
+    assert report.rows_resumed == sum(w["input_rows"] for w in manifest["windows"]) > 0
     _same(out, healthy)
 
 

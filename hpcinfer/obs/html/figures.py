@@ -21,7 +21,7 @@ def headline(report: dict[str, Any]) -> tuple[str, list[Row]]:
         return tune_headline(report)
     rows: list[Row] = [
         ("rows", "rows written", _n(report.get("rows", 0))),
-        ("rows_resumed", "of which resumed", _n(report.get("rows_resumed", 0))),
+        ("rows_resumed", "rows resumed", _n(report.get("rows_resumed", 0))),
         ("rows_rejected", "rows rejected", _n(sum((report.get("rejects") or {}).values()))),
         ("wall_s", "wall time", f"{report.get('wall_s', 0.0):,.3f} s"),
     ]

@@ -23,10 +23,11 @@ from ...files.ids import IdSet
 from ...files.parts import PartStore
 from ...files.sources import Source
 from ...job.accounting import AccountingError
+from ...job.claim import recorded_fingerprint
 from ...models.decoder_checkpoint import load_tokenizer
 from ...models.decoder_inspect import DecoderInfo
 from ...models.decoder_int8 import INT8_ROWS
-from ...models.int8_kernels import settled_int8
+from ...models.int8_kernels import resumed_int8, settled_int8
 from ...obs.render import cluster_line, rows_table
 from ...ray_engine.cluster import Pool
 from ...ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
@@ -57,7 +58,10 @@ class GenerateCluster:
 
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
         assert self.info is not None and self.reader is not None
-        # NOTE: the int8 kernel decided once, so every replica computes alike
+        # NOTE: the int8 kernel decided once (or taken over from the output resumed), so every replica
+        # computes alike
+        if config.device.quantize == "int8" and (recorded := recorded_fingerprint(config.output)) is not None:
+            config = replace(config, device=resumed_int8(config.device, recorded))
         config = replace(config, device=settled_int8(config.device, self.info.config, INT8_ROWS))
         fp = generation_fingerprint(config, self.info, self.reader.files, dtype)
         return config, GenerationStore(config.output.path, fmt, fp, config.generate.n > 1)

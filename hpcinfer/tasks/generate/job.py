@@ -37,7 +37,7 @@ from ...engine.sequence import Sequence
 from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle
-from ...job.claim import claimed, open_store
+from ...job.claim import claimed, open_store, recorded_fingerprint
 from ...job.live import watch_output
 from ...job.output_checks import check_output, output_format
 from ...job.read_ahead import ReadAhead
@@ -46,7 +46,7 @@ from ...job.signals import signals_stop
 from ...job.windows import OpenWindow, WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...models.decoder_int8 import INT8_ROWS
-from ...models.int8_kernels import settled_int8
+from ...models.int8_kernels import resumed_int8, settled_int8
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
@@ -100,7 +100,9 @@ class GenerationJob:
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = run_decoder_info(config)
-        if config.device.devices:  # NOTE: one int8 kernel for every engine
+        if config.device.quantize == "int8":  # NOTE: one kernel for every engine, and for the output's whole life
+            if (recorded := recorded_fingerprint(config.output)) is not None:
+                config = replace(config, device=resumed_int8(config.device, recorded))
             self.config = config = replace(config, device=settled_int8(config.device, self.info.config, INT8_ROWS))
         self.devices, self.dtype = generation_devices(config)
         self.tps: list[TensorParallel] = []  # --tp N: rank 0 of each running group
@@ -125,7 +127,10 @@ class GenerationJob:
         self.progress = progress or Progress(config.pipeline.progress)
         self.rejects = RejectCounter(config.output.max_rejects, config.output.max_reject_fraction)
         self.report = GenerateReport(
-            device=", ".join(self.labels), dtype=str(self.dtype).removeprefix("torch."), model=str(self.info.path)
+            device=", ".join(self.labels),
+            dtype=str(self.dtype).removeprefix("torch."),
+            model=str(self.info.path),
+            int8_kernel=config.device.int8_kernel if config.device.quantize == "int8" else "",
         )
         self.affinity: AffinityPlan | None = resolve_affinity(
             config.device.cpu_affinity, [device_spec(str(d), d.type) for d in self.devices]
@@ -148,7 +153,8 @@ class GenerationJob:
         )
         self.held: dict[int, dict[str, Any]] = {}  # a resumed run: answers the checkpoints hold, by input row
         self._last_checkpoint = 0.0
-        self.written_by_source: dict[str, int] = {}
+        self.written_by_source: dict[str, int] = {}  # input file -> rows this run answered
+        self.held_by_source: dict[str, int] = {}  # input file -> rows a checkpoint answered (resumed)
         self.finished_at: list[tuple[float, int, int]] = []  # (finish time, device, completion tokens)
 
     def _held_row(self, window: OpenWindow, request: Request) -> bool:
@@ -157,7 +163,7 @@ class GenerationJob:
         if answer is None:
             return False
         self.windows.answered(window, request.row, answer)
-        self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
+        self.held_by_source[request.source] = self.held_by_source.get(request.source, 0) + 1
         return True
 
     def finish(self, seq: Sequence, device: int = 0) -> None:
@@ -239,8 +245,9 @@ class GenerationJob:
                     source = self._source()
                     run_on_devices(self, engines, source, stop, ranges)
             if not stop.is_set():
+                held = self.held_by_source
                 self.report.accounting = settle(
-                    ((path, read, resumed) for path, (read, resumed) in self.reader.counts.items()),
+                    ((path, read, resumed + held.get(path, 0)) for path, (read, resumed) in self.reader.counts.items()),
                     self.written_by_source,
                     self.rejects.by_source,
                 )

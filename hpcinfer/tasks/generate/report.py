@@ -41,6 +41,7 @@ class GenerateReport(JsonReport):
     wall_s: float = 0.0
     device: str = ""
     dtype: str = ""
+    int8_kernel: str = ""  # --quantize int8: the kernel every engine ran (models/int8_kernels.py)
     model: str = ""
     output: str = ""
     steps: int = 0
@@ -86,9 +87,9 @@ class GenerateReport(JsonReport):
         table.add_column(style="bold")
         table.add_column(justify="right")
         rejected = sum(self.rejects.values())
-        table.add_row(
-            "rows written", f"{self.rows:,}" + (f" ({self.rows_resumed:,} resumed)" if self.rows_resumed else "")
-        )
+        table.add_row("rows written", f"{self.rows:,}")
+        if self.rows_resumed:
+            table.add_row("rows resumed", f"{self.rows_resumed:,}")
         table.add_row("rows rejected", f"{rejected:,}" + (f" {self.rejects}" if rejected else ""))
         if self.accounting:
             table.add_row("accounting", accounting_line(self.accounting) + " (balanced)")
@@ -100,6 +101,8 @@ class GenerateReport(JsonReport):
                 f"{self.constrained_answers:,}, of which cut by max_tokens (finish length): {self.constrained_cut:,}",
             )
         table.add_row("wall time", f"{self.wall_s:,.2f} s")
+        if self.int8_kernel:
+            table.add_row("int8 kernel", self.int8_kernel)
         table.add_row("generated tokens/s", f"{self.completion_tokens_per_s:,.1f}")
         for name, p in (("TTFT", self.ttft), ("time per output token", self.tpot)):
             if p:

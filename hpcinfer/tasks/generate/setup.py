@@ -138,6 +138,8 @@ def generation_fingerprint(
         options["structured"] = [spec.kind, spec.text]
     if (config.device.quantize, g.kv_cache_dtype) != ("none", "auto"):
         options["quantize"] = [config.device.quantize, g.kv_cache_dtype]
+    if config.device.quantize == "int8":  # NOTE: settled before: two kernels round differently
+        options["int8_kernel"] = config.device.int8_kernel
     if config.backend != "native":
         options["backend"] = config.backend
     return fingerprint(files, info.path, options)

@@ -8,6 +8,7 @@ from typing import Any
 from ...config import flatten
 from ...engine.engine import Engine
 from ...engine.runtime.devices import combined_stats, device_summary
+from ...job.accounting import books
 from ...obs.histogram import histogram_ms
 from ...obs.trace import write_trace
 from .report import GenerateReport, engine_trace, percentiles
@@ -21,6 +22,7 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
     r.wall_s = end - start
     r.rows = job.store.rows_written
     r.rows_resumed = resumed
+    books(r)
     r.windows = len(job.store.windows)
     r.rejects = dict(sorted(job.rejects.by_reason.items()))
     r.output = job.config.output.path
