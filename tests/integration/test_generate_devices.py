@@ -163,7 +163,8 @@ def _sleep(seconds: float):
 
 def test_a_slowed_engine_is_given_fewer_tokens(rows_file, ckpt, tmp_path, one_device):
     out = tmp_path / "out.jsonl"
-    report = run_generate(config(rows_file, out, ckpt, "cpu,cpu"), step_hooks={"cpu#1": _sleep(0.03)})
+    # NOTE: 0.1 s a step, far above a step of this model however busy the machine: the gap is the hook's
+    report = run_generate(config(rows_file, out, ckpt, "cpu,cpu"), step_hooks={"cpu#1": _sleep(0.1)})
     assert _texts(out) == one_device[0]
     fast, slow = report.devices
     assert slow["completion_tokens"] < fast["completion_tokens"], report.devices

@@ -158,6 +158,7 @@ def test_a_prometheus_scrape_during_a_run_counts_up_to_the_reports_figures(tmp_p
         sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(tmp_path / "out.parquet"), "--model",
         str(tiny_model), "--sort-window", "100", "--max-batch-tokens", "1024", "--report", str(report_path),
         "--metrics-port", str(port), "--metrics-linger", "20", "-q",
+        "--rate", "750",  # NOTE: rows arrive over 4 s however fast the machine is, so scrapes see them come
     ]  # fmt: skip
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     scrapes = []
@@ -183,7 +184,7 @@ def test_a_prometheus_scrape_during_a_run_counts_up_to_the_reports_figures(tmp_p
     assert final[("hpcinfer_rows_total", "done")] + final[("hpcinfer_rows_total", "resumed")] == report["rows"]
     assert final[("hpcinfer_rows_total", "rejected")] == sum(report["rejects"].values())
     assert final[("hpcinfer_tokens_total", "input")] == report["real_tokens"]
-    assert final[("hpcinfer_windows_committed_total", "")] == report["windows"] == 30
+    assert final[("hpcinfer_windows_committed_total", "")] == report["windows"] > 1
     for stage in report["stages"]:
         got = final[("hpcinfer_stage_busy_seconds_total", stage["stage"])]
         assert got == pytest.approx(stage["busy_s"], abs=1e-4)

@@ -8,6 +8,7 @@ import re
 from dataclasses import replace
 
 import numpy as np
+import psutil
 import pytest
 
 from hpcinfer.api import run
@@ -17,7 +18,6 @@ from tests.fixtures.tiny_decoder import add_sentence_transformers_files, build_t
 
 from ..conftest import make_texts, read_output, write_jsonl
 
-psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

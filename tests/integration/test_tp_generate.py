@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hpcinfer.api import run
@@ -24,7 +25,6 @@ from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 from ..conftest import make_texts, write_jsonl
 
-psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 BASE = ["--progress", "off", "-q", "--threads", "2", "--kv-cache-memory", "8MiB"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import psutil
 import pytest
 
 from hpcinfer.config import DeviceConfig
@@ -17,7 +18,6 @@ from tests.fixtures.tiny_decoder import build_tiny_decoder
 from ..conftest import write_jsonl
 from .test_tp_generate import _config, _rows
 
-psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
