@@ -18,6 +18,7 @@ from typing import Any
 from mkdocs.exceptions import PluginError
 
 MARKER = "<!-- code-map -->"
+TASKS_MARKER = "<!-- tasks -->"
 PACKAGE = "hpcinfer"
 NO_DOCSTRING = "(no docstring)"
 
@@ -61,7 +62,33 @@ def on_config(config: Any) -> Any:
     return config
 
 
+def registered_tasks(root: Path) -> list[tuple[str, str, str]]:
+    """(name, module, the first line of its task.py's docstring) of each task in `registry.TASKS`,
+    in its order, read from the source (the one list of tasks: the docs never list them by hand)."""
+    tree = ast.parse((root / "registry.py").read_text(encoding="utf-8"))
+    found = next(
+        (n.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "TASKS"),
+        None,
+    )
+    if not isinstance(found, ast.Dict):
+        raise PluginError("code map: registry.py has no TASKS dict")
+    out = []
+    for key, value in zip(found.keys, found.values, strict=True):
+        name, path = ast.literal_eval(key), ast.literal_eval(value)
+        module = path.partition(":")[0]
+        file = root.parent / (module.replace(".", "/") + ".py")
+        out.append((name, module, summary(file).split(". ")[0].rstrip(".")))
+    return out
+
+
+def tasks_table(root: Path) -> str:
+    rows = [f"| `{name}` | `{module}` | {what} |" for name, module, what in registered_tasks(root)]
+    return "\n".join(["| task | module | what it is |", "|---|---|---|", *rows])
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if TASKS_MARKER in markdown:
+        markdown = markdown.replace(TASKS_MARKER, tasks_table(_root(config)))
     if MARKER not in markdown:
         return markdown
     return markdown.replace(MARKER, code_map(_root(config)))

@@ -113,3 +113,14 @@ def test_code_map_lists_every_package_and_module(site: Path) -> None:
         for module in package.glob("*.py"):
             if module.name != "__init__.py":
                 assert f"<code>{module.name}</code>" in section, (package, module.name)
+
+
+def test_the_architecture_page_lists_the_registrys_tasks(site: Path) -> None:
+    """The one list of tasks is the registry's: the page shows each, in its order, and no other."""
+    from hpcinfer.registry import TASKS
+
+    html = (site / "architecture" / "index.html").read_text(encoding="utf-8")
+    table = html[html.index("what it is") :]
+    table = table[: table.index("</table>")]
+    listed = re.findall(r"<tr>\s*<td><code>([a-z]+)</code></td>", table)
+    assert listed == list(TASKS)
