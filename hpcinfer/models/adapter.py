@@ -7,14 +7,15 @@ lengths [rows]) and gets back one float32 vector per row. Later adapters (a gene
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from .batch_model import BatchSteps
-from .bert import BertEncoder
-from .checkpoint import PoolingSpec
+from .bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
+from .checkpoint import PoolingSpec, load_encoder
 
 
 class BatchModel(Protocol):
@@ -55,6 +56,22 @@ def embed_vectors(hidden: torch.Tensor, token_mask: torch.Tensor, pooling: Pooli
     if pooling.dimensions:  # NOTE: Matryoshka: truncate first, then normalise what is kept
         pooled = pooled[:, : pooling.dimensions]
     return F.normalize(pooled, p=2, dim=1) if pooling.normalize else pooled
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingHead:
+    """heads.Head: a BERT-family encoder's token states pooled as `info.pooling` says."""
+
+    ragged = None
+
+    def width(self, info: Any) -> int:
+        return info.pooling.dimensions or info.config.hidden_size
+
+    def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> SentenceEmbedder:
+        encoder = load_encoder(info).to(device=device, dtype=dtype)
+        if cpu_fast_path and can_pack_for_cpu(encoder):
+            encoder = pack_for_cpu(encoder)
+        return SentenceEmbedder(encoder, info.pooling, dtype)
 
 
 class SentenceEmbedder(BatchSteps):

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import ModelError
-from .bert import BertConfig, BertEncoder
-from .classifier import ClassificationHead, classifier_config, pair_separator, split_weights
+from .bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from .classifier import ClassificationHead, SequenceClassifier, classifier_config, pair_separator, split_weights
 from .meta import empty_modules
 from .st_files import POOLING_MODES as POOLING_MODES  # re-exported: the modes --pooling takes
 from .st_files import modules_pooling, read_model_json, truncation_length
@@ -47,24 +47,23 @@ class CheckpointInfo:
     prompt: str = ""  # put before every text
     decoder: Any = None  # a decoder embedder's DecoderInfo
     classifier: Any = None  # a sequence classifier's ClassifierSpec (--task classify)
-    # A task that brings its own model (its folder's): `head.load(info, device, dtype, cpu_fast_path)`
-    # builds it (a `BatchModel`), `head.width` is its values per row. Module-level, so Ray can ship it.
+    # What a row gives and how the model is built (models/heads.py's `Head`): set by what reads the
+    # checkpoint for a task (registry.inspect_embedder, a task's own inspect). Module-level, so Ray can ship it.
     head: Any = None
 
     @property
     def ragged(self) -> Any:
         """The head's `values.RaggedSpec` where a row's values are ragged items (NER, SPLADE, token
         embeddings); None where they are a dense vector of `output_dim` values."""
-        return getattr(self.head, "ragged", None)
+        return self.head.ragged
+
+    def __post_init__(self) -> None:
+        assert self.head is None or hasattr(self.head, "load"), "a head is a models.heads.Head"
 
     @property
     def output_dim(self) -> int:
-        """Values per row: the embedding's dimensions, a classifier's labels, or a task's own head's width."""
-        if self.head is not None:
-            return int(self.head.width)
-        if self.classifier is not None:
-            return len(self.classifier.labels)
-        return self.pooling.dimensions or self.config.hidden_size
+        """Dense values per row: the embedding's dimensions, a classifier's labels (0 for ragged items)."""
+        return int(self.head.width(self))
 
 
 def model_dir_config(path: Path) -> Any:
@@ -184,7 +183,25 @@ def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
         spec = replace(spec, sep_id=pair_separator(path))
     info = sentence_transformers_info(path, config, "cls")
     longest = config.max_position_embeddings - config.position_offset
-    return replace(info, max_seq_length=min(info.max_seq_length, longest), classifier=spec)
+    return replace(info, max_seq_length=min(info.max_seq_length, longest), classifier=spec, head=ClassifierHead())
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierHead:
+    """heads.Head: a `*ForSequenceClassification` checkpoint's head on its encoder: each label's
+    probability, or a cross-encoder's one score (`info.classifier`, a ClassifierSpec)."""
+
+    ragged = None
+
+    def width(self, info: CheckpointInfo) -> int:
+        return len(info.classifier.labels)
+
+    def load(self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> Any:
+        encoder, head = load_classifier(info)
+        encoder = encoder.to(device=device, dtype=dtype)
+        if cpu_fast_path and can_pack_for_cpu(encoder):
+            encoder = pack_for_cpu(encoder)
+        return SequenceClassifier(encoder, head.to(device=device, dtype=dtype), info.classifier, dtype)
 
 
 def load_classifier(info: CheckpointInfo) -> tuple[BertEncoder, ClassificationHead]:

@@ -10,12 +10,16 @@ are those of the row alone: last-token pooling takes the last real token (as sen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from .adapter import SentenceEmbedder
-from .bert import PackedLinear
+from .bert import PackedLinear, can_pack_for_cpu
 from .checkpoint import PoolingSpec
+from .decoder_checkpoint import load_decoder
 from .llama import LlamaDecoder, rms_norm
 
 
@@ -52,6 +56,24 @@ def padded_hidden(decoder: LlamaDecoder, ids: torch.Tensor) -> torch.Tensor:
     return decoder(ids.reshape(-1), positions, PaddedCausalAttention(rows, width))
 
 
+@dataclass(frozen=True, slots=True)
+class DecoderPoolingHead:
+    """heads.Head: a Llama-family decoder's hidden states pooled as `info.pooling` says (`info.decoder`:
+    its DecoderInfo)."""
+
+    ragged = None
+
+    def width(self, info: Any) -> int:
+        return info.pooling.dimensions or info.config.hidden_size
+
+    def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> DecoderEmbedder:
+        decoder = load_decoder(info.decoder, device, dtype)
+        decoder.lm_head = None  # NOTE: an embedder reads hidden states: the vocabulary head is dead weight
+        if cpu_fast_path and can_pack_for_cpu(decoder):
+            decoder = pack_decoder_for_cpu(decoder)
+        return DecoderEmbedder(decoder, info.pooling, dtype)
+
+
 class DecoderEmbedder(SentenceEmbedder):
     """Decoder + final norm + pooling (+ Matryoshka truncation, + L2 normalisation): the sentence
     embedder's steps with the decoder's forward."""
@@ -68,4 +90,4 @@ class DecoderEmbedder(SentenceEmbedder):
         return hidden, token_mask
 
 
-__all__ = ["DecoderEmbedder", "PaddedCausalAttention", "pack_decoder_for_cpu", "padded_hidden"]
+__all__ = ["DecoderEmbedder", "DecoderPoolingHead", "PaddedCausalAttention", "pack_decoder_for_cpu", "padded_hidden"]

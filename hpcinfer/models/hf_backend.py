@@ -54,7 +54,7 @@ def inspect_hf(path: Path, task: str) -> CheckpointInfo:
         raise ModelError("config.json names no hidden size or vocabulary", path=str(path))
     config = HFConfig(kind, int(text["vocab_size"]), int(hidden), int(positions))
     decoder = kind in DECODER_TYPES
-    info = sentence_transformers_info(path, config, "last" if decoder else "mean")
+    info = replace(sentence_transformers_info(path, config, "last" if decoder else "mean"), head=TransformersHead())
     if task not in ("classify", "score"):
         return info
     arch = str(next(iter(raw.get("architectures") or []), ""))
@@ -64,6 +64,21 @@ def inspect_hf(path: Path, task: str) -> CheckpointInfo:
     if spec.score and int(text.get("type_vocab_size") or 0) > 1:
         spec = replace(spec, sep_id=pair_separator(path))
     return replace(info, classifier=spec)
+
+
+@dataclass(frozen=True, slots=True)
+class TransformersHead:
+    """heads.Head: `--backend transformers`: the pooling or the classifier head on transformers' own model."""
+
+    ragged = None
+
+    def width(self, info: CheckpointInfo) -> int:
+        if info.classifier is not None:
+            return len(info.classifier.labels)
+        return info.pooling.dimensions or info.config.hidden_size
+
+    def load(self, info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> HFModel:
+        return load_hf(info, device, dtype)
 
 
 class HFModel:
@@ -112,4 +127,4 @@ def load_hf(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> H
     return HFModel(model.to(device).eval().requires_grad_(False), info, dtype)
 
 
-__all__ = ["HFModel", "inspect_hf", "load_hf"]
+__all__ = ["HFModel", "TransformersHead", "inspect_hf", "load_hf"]

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, normalizers
 
 from ..errors import ModelError
-from .adapter import BatchModel, SentenceEmbedder
-from .bert import can_pack_for_cpu, pack_for_cpu
+from .adapter import BatchModel, PoolingHead
 from .checkpoint import (
     DECODER_TYPES,
     CheckpointInfo,
     inspect_checkpoint,
     inspect_classifier,
-    load_classifier,
-    load_encoder,
     read_model_json,
 )
-from .classifier import SequenceClassifier
-from .decoder_checkpoint import load_decoder
-from .decoder_embedder import DecoderEmbedder, pack_decoder_for_cpu
+from .decoder_embedder import DecoderPoolingHead
 from .decoder_inspect import inspect_decoder_embedder
 from .st_files import lowercases
 
@@ -70,13 +65,13 @@ def inspect_embedder(path: Path, task: str = "embed") -> CheckpointInfo:
     """A pooling task's checkpoint: for `classify` a sequence classifier; for embedding a BERT-family
     encoder, or a Llama-family decoder (by config.json's model_type)."""
     if task in ("classify", "score"):
-        return inspect_classifier(path, score=task == "score")
+        return inspect_classifier(path, score=task == "score")  # NOTE: with its ClassifierHead
     config = path / "config.json"
     if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
         raw = read_model_json(config)
         if isinstance(raw, dict) and raw.get("model_type") in DECODER_TYPES:
-            return inspect_decoder_embedder(path)
-    return inspect_checkpoint(path)
+            return replace(inspect_decoder_embedder(path), head=DecoderPoolingHead())
+    return replace(inspect_checkpoint(path), head=PoolingHead())
 
 
 def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -97,27 +92,7 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
 def load_model(
     info: CheckpointInfo, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool = True
 ) -> LoadedModel:
-    """The embedder on `device`; float32 on CPU uses prepacked oneDNN linears unless told not to."""
-    from .hf_backend import HFConfig, load_hf
-
-    if info.head is not None:  # a task's own model
-        return LoadedModel(info, info.head.load(info, device, dtype, cpu_fast_path))
-    if isinstance(info.config, HFConfig):  # --backend transformers
-        return LoadedModel(info, load_hf(info, device, dtype))
-    if info.classifier is not None:
-        encoder, head = load_classifier(info)
-        encoder = encoder.to(device=device, dtype=dtype)
-        if cpu_fast_path and can_pack_for_cpu(encoder):
-            encoder = pack_for_cpu(encoder)
-        model = SequenceClassifier(encoder, head.to(device=device, dtype=dtype), info.classifier, dtype)
-        return LoadedModel(info, model)
-    if info.decoder is not None:
-        decoder = load_decoder(info.decoder, device, dtype)
-        decoder.lm_head = None  # NOTE: an embedder reads hidden states: the vocabulary head is dead weight
-        if cpu_fast_path and can_pack_for_cpu(decoder):
-            decoder = pack_decoder_for_cpu(decoder)
-        return LoadedModel(info, DecoderEmbedder(decoder, info.pooling, dtype))
-    encoder = load_encoder(info).to(device=device, dtype=dtype)
-    if cpu_fast_path and can_pack_for_cpu(encoder):
-        encoder = pack_for_cpu(encoder)
-    return LoadedModel(info, SentenceEmbedder(encoder, info.pooling, dtype))
+    """The model the checkpoint's head builds on `device` (heads.py); float32 on the CPU uses
+    prepacked oneDNN linears unless told not to."""
+    assert info.head is not None, "a checkpoint read for a task carries its head (inspect_embedder, a task's inspect)"
+    return LoadedModel(info, info.head.load(info, device, dtype, cpu_fast_path))

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcinfer.models.checkpoint import inspect_checkpoint
-from hpcinfer.models.registry import load_model, load_tokenizer
+from hpcinfer.models.registry import inspect_embedder, load_model, load_tokenizer
 from tests.fixtures.tiny import build_tiny_bert
 
 from ..conftest import make_texts
@@ -27,7 +26,7 @@ def _padded(tokenizer, texts, multiple=8):
 def test_native_encoder_matches_transformers(tmp_path, pooling, prefix):
     transformers = pytest.importorskip("transformers")
     path = build_tiny_bert(tmp_path / "m", pooling=pooling, normalize=pooling == "mean", prefix=prefix)
-    info = inspect_checkpoint(path)
+    info = inspect_embedder(path)
     ours = load_model(info, torch.device("cpu"), torch.float32).embedder
     texts = make_texts(40, seed=5)
     ids, lengths = _padded(load_tokenizer(path, 256), texts)
@@ -50,7 +49,7 @@ def test_native_encoder_matches_transformers(tmp_path, pooling, prefix):
 
 
 def test_batched_equals_one_row_at_a_time(tiny_model):
-    info = inspect_checkpoint(tiny_model)
+    info = inspect_embedder(tiny_model)
     model = load_model(info, torch.device("cpu"), torch.float32).embedder
     ids, lengths = _padded(load_tokenizer(tiny_model, 256), make_texts(12, seed=9))
     batched = model(ids, lengths)
@@ -70,7 +69,7 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     cfg["model_type"] = "gpt2"
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="unsupported model_type 'gpt2'"):
-        inspect_checkpoint(path)
+        inspect_embedder(path)
 
 
 def test_pytorch_bin_weights_load_without_pickled_code(tmp_path, tiny_model):
@@ -86,8 +85,8 @@ def test_pytorch_bin_weights_load_without_pickled_code(tmp_path, tiny_model):
     (path / "model.safetensors").unlink()
     torch.save(weights, path / "pytorch_model.bin")
     ids, lengths = _padded(load_tokenizer(path, 256), ["weights from a .bin file"])
-    from_bin = load_model(inspect_checkpoint(path), torch.device("cpu"), torch.float32).embedder(ids, lengths)
-    from_st = load_model(inspect_checkpoint(tiny_model), torch.device("cpu"), torch.float32).embedder(ids, lengths)
+    from_bin = load_model(inspect_embedder(path), torch.device("cpu"), torch.float32).embedder(ids, lengths)
+    from_st = load_model(inspect_embedder(tiny_model), torch.device("cpu"), torch.float32).embedder(ids, lengths)
     torch.testing.assert_close(from_bin, from_st)
 
     class Payload:  # a pickle that would run code when unpickled without weights_only
@@ -96,11 +95,11 @@ def test_pytorch_bin_weights_load_without_pickled_code(tmp_path, tiny_model):
 
     torch.save({"x": Payload()}, path / "pytorch_model.bin")
     with pytest.raises(ModelError, match="cannot load weights"):
-        load_model(inspect_checkpoint(path), torch.device("cpu"), torch.float32)
+        load_model(inspect_embedder(path), torch.device("cpu"), torch.float32)
 
 
 def test_packed_cpu_fast_path_equals_plain_linears(tiny_model):
-    info = inspect_checkpoint(tiny_model)
+    info = inspect_embedder(tiny_model)
     fast = load_model(info, torch.device("cpu"), torch.float32).embedder
     plain = load_model(info, torch.device("cpu"), torch.float32, cpu_fast_path=False).embedder
     from hpcinfer.models.bert import PackedLinear

@@ -45,7 +45,8 @@ class TokenEmbeddingHead:
 
     max_length: int
     dim: int
-    width = 0  # no dense values: a row's are its tokens' states (ragged)
+    def width(self, info: CheckpointInfo) -> int:
+        return 0  # no dense values: a row's are its tokens' states (ragged)
 
     @property
     def ragged(self) -> RaggedSpec:

@@ -29,7 +29,8 @@ class TokenHead:
     labels: tuple[str, ...]
     family: str  # bert | roberta | distilbert: how its encoder's weights are named
     max_length: int
-    width = 0  # no dense values: a row's are its tokens' labels (ragged)
+    def width(self, info: CheckpointInfo) -> int:
+        return 0  # no dense values: a row's are its tokens' labels (ragged)
 
     @property
     def ragged(self) -> RaggedSpec:

@@ -38,7 +38,8 @@ class SpladeHead:
     top_k: int | None = None
     tied: bool = True
 
-    width = 0  # no dense values: a row's are its non-zero vocabulary entries (ragged)
+    def width(self, info: CheckpointInfo) -> int:
+        return 0  # no dense values: a row's are its non-zero vocabulary entries (ragged)
 
     @property
     def ragged(self) -> RaggedSpec:
