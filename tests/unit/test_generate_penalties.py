@@ -113,3 +113,50 @@ def test_rows_set_penalties_and_bad_values_are_rejects(tiny, tmp_path):
     assert rejects["shape"]["reason"] == "invalid_request"
     assert rejects["min"]["reason"] == "invalid_sampling"
     assert report.rows == 1
+
+
+class _OnlyThese(transformers.LogitsProcessor):
+    """transformers' side of allowed_token_ids: every other token's score -inf."""
+
+    def __init__(self, allowed: list[int]) -> None:
+        self.allowed = allowed
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        barred = torch.full_like(scores, -torch.inf)
+        barred[:, self.allowed] = 0.0
+        return scores + barred
+
+
+def test_allowed_token_ids_equal_transformers_with_a_masking_processor(tiny):
+    """vLLM's allowed_token_ids: greedy answers hold only the listed tokens, equal to transformers'
+    generate with every other token masked; sampled answers hold only them too."""
+    path, info, model, prompts = tiny
+    ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    allowed = sorted({t for p in prompts for t in p[:3]} | {5, 7})  # NOTE: no EOS: answers run to max_tokens
+    params = SamplingParams(max_tokens=12, allowed_token_ids=tuple(allowed))
+    engine = Engine(model, EngineConfig(), info.eos_token_ids)
+    got = [s.completion for s in engine.generate(prompts, params)]
+    for prompt, answer in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                               logits_processor=transformers.LogitsProcessorList([_OnlyThese(allowed)]))  # fmt: skip
+        assert answer == out[0, len(prompt) :].tolist()
+        assert set(answer) <= set(allowed) and len(answer) == 12
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3, allowed_token_ids=(5, 7))
+    assert all(set(s.completion) <= {5, 7} for s in engine.generate(prompts, sampled))
+
+
+def test_allowed_token_ids_from_rows_and_bad_ones_as_rejects(tiny, tmp_path):
+    path, info, _, prompts = tiny
+    rows = [
+        {"id": "ok", "prompt_token_ids": prompts[0], "max_tokens": 6, "allowed_token_ids": [5, 7]},
+        {"id": "empty", "prompt_token_ids": prompts[1], "allowed_token_ids": []},
+        {"id": "outside", "prompt_token_ids": prompts[2], "allowed_token_ids": [5, 10**9]},
+        {"id": "text", "prompt_token_ids": prompts[3], "allowed_token_ids": "5"},
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = run_generate(generate_config(src, tmp_path / "out.jsonl", path))
+    answers = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [a["id"] for a in answers] == ["ok"] and report.rejects == {"invalid_request": 3}
+    rejects = Path(f"{tmp_path / 'out.jsonl'}.rejects.jsonl").read_text()
+    assert "allowed_token_ids must be a non-empty list" in rejects and "in the vocabulary" in rejects

@@ -9,6 +9,7 @@ those rows of the logits:
 - `frequency_penalty` f and `presence_penalty` r (OpenAI's): logit - f * count - r * (count > 0),
   over the answer's tokens;
 - `logit_bias`: added to the named tokens' logits;
+- `allowed_token_ids`: every other token's logit is -inf;
 - `min_tokens`: EOS and the request's stop token ids are barred until the answer is that long.
 A step ahead the answer's last token may still be on the device (PENDING on the host): its count
 comes from the in-flight tokens, on the device, so nothing waits for it.
@@ -52,6 +53,10 @@ def penalize(
         if params.logit_bias:
             ids = torch.tensor([t for t, _ in params.logit_bias], device=device)
             sub[k].index_add_(0, ids, torch.tensor([b for _, b in params.logit_bias], device=device, dtype=sub.dtype))
+        if params.allowed_token_ids:
+            barred = torch.full((vocab,), -torch.inf, device=device, dtype=sub.dtype)
+            barred[torch.tensor(params.allowed_token_ids, device=device)] = 0.0
+            sub[k] += barred
         if seq.num_completion < params.min_tokens:
             ends = (*(() if params.ignore_eos else eos), *params.stop_token_ids)
             barred = [t for t in ends if 0 <= t < vocab]

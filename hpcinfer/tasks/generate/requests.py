@@ -4,7 +4,8 @@ Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/comple
 same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
 `messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
 override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
-`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_tokens`, may ask
+`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `allowed_token_ids`,
+`min_tokens`, may ask
 for structured output (`structured.spec_from_body`: `response_format`, `json_schema`, `regex`,
 `choice`, `grammar` and vLLM's spellings; not with `stop` strings), and may carry an integer
 priority (`--priority-column`, higher first).
@@ -74,6 +75,12 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
                 raise ValueError("logit_bias keys must be token ids and values numbers") from None
             if any(not 0 <= k < vocab_size for k, _ in value):
                 raise ValueError(f"logit_bias names a token id outside the vocabulary (0..{vocab_size - 1})")
+        elif name == "allowed_token_ids":  # vLLM's: a list of token ids, the only ones the answer may hold
+            if isinstance(value, str | bool) or not isinstance(value, list | tuple) or not value:
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {value!r}")
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in value):
+                raise ValueError(f"allowed_token_ids must be token ids in the vocabulary (0..{vocab_size - 1})")
+            value = tuple(sorted(set(value)))
         elif name in ("stop", "stop_token_ids"):
             value = (value,) if isinstance(value, str | int) else tuple(value)
             if not all(isinstance(v, str if name == "stop" else int) for v in value):
