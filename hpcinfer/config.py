@@ -2,6 +2,11 @@
 
 Nothing below the CLI reads environment variables or mutates these objects; `auto` values are
 resolved once, in `api.run`, into the `Resolved*` values that stages receive.
+
+A field's choices and lower bound are its metadata (`choice`, `at_least`): `RunConfig.validate`
+checks them and the command line offers them (cli/options.py), so they are written once. Each task
+has its section for what only it reads (`classify`, `sparse`; `embed` is the embed task's,
+`generate` generation's); what the whole encoder pipeline reads is in `tokenize`, `plan`, `pipeline`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,34 @@ INT8_KERNELS = ("auto", "onednn", "fbgemm", "onednn-7bit", "fbgemm-7bit")
 PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 # --output-value: a vector per row, or (as sentence-transformers' encode(output_value=...)) one per token
 OUTPUT_VALUES = ("sentence_embedding", "token_embeddings")
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")  # models/adapter.pool's
+
+
+def choice(default: Any, choices: tuple[Any, ...], flag: str | None = None) -> Any:
+    """A field whose value must be one of `choices` (None passes where it is the default)."""
+    return field(default=default, metadata={"choices": tuple(choices), "flag": flag})
+
+
+def at_least(default: Any, minimum: float, flag: str | None = None) -> Any:
+    """A field whose value must be `minimum` or more (None passes where it is the default)."""
+    return field(default=default, metadata={"min": minimum, "flag": flag})
+
+
+def field_rules(config: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted field, value, metadata) of every field of the tree that declares a choice or a bound."""
+    found = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if is_dataclass(value):
+            found += field_rules(value, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata or "min" in f.metadata:
+            found.append((f"{prefix}{f.name}", value, f.metadata))
+    return found
+
+
+def flag_of(path: str, metadata: Any) -> str:
+    """The command-line flag of a field: its own (`flag`), else `--` and its name, dashed."""
+    return metadata.get("flag") or "--" + path.rsplit(".", 1)[-1].replace("_", "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +60,8 @@ class InputConfig:
     id_column: str = "id"
     prompt_column: str | None = None  # embedding: a column whose text goes before the row's (its own prompt)
     pair_columns: tuple[str, ...] = ()  # --task score: the two text columns of a pair (query, document)
-    input_format: str = "auto"  # auto | jsonl | parquet | openai
-    read_block_rows: int = 2048  # rows per record batch handed to the tokenizer
+    input_format: str = choice("auto", ("auto", "jsonl", "parquet", "openai"))
+    read_block_rows: int = at_least(2048, 1)  # rows per record batch handed to the tokenizer
     read_chunk_bytes: int = 1 << 20  # JSONL is read in chunks of this size (a longer line spans several)
     limit: int | None = None  # read only this many input rows (profiling, sampling)
     rate: float | None = None  # replay requests at this mean rate (Poisson arrivals), per second
@@ -37,36 +70,51 @@ class InputConfig:
 
 @dataclass(frozen=True, slots=True)
 class TokenizeConfig:
-    max_length: int | None = None  # None: the model's sentence-transformers max_seq_length
-    threads: int = 1  # concurrent tokenizer calls (each call is itself multi-threaded)
-    on_long: str = "truncate"  # truncate | reject
+    """How the encoder pipeline turns a row's text into tokens (every pooling task reads it)."""
+
+    max_length: int | None = at_least(None, 2)  # None: the model's sentence-transformers max_seq_length
+    threads: int = at_least(1, 1, "--tokenize-threads")  # concurrent tokenizer calls (each is multi-threaded)
+    on_long: str = choice("truncate", ("truncate", "reject"))
+    prompt: str | None = None  # text put before every row's text ("query: ")
+    prompt_name: str | None = None  # a prompt the checkpoint names (config_sentence_transformers.json)
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedConfig:
-    """What an embedding is, where the checkpoint's sentence-transformers files leave a choice."""
+    """--task embed: what an embedding is, where the checkpoint's sentence-transformers files leave a choice."""
 
-    pooling: str | None = None  # cls | mean | max | mean_sqrt_len | last; None: the checkpoint's
+    pooling: str | None = choice(None, POOLING_MODES)  # None: the checkpoint's
     normalize: bool | None = None  # L2-normalise; None: as the checkpoint's modules say
-    dimensions: int | None = None  # keep the first N dimensions (Matryoshka), then normalise if normalising
-    prompt: str | None = None  # text put before every row's text ("query: ")
-    prompt_name: str | None = None  # a prompt the checkpoint names (config_sentence_transformers.json)
-    all_scores: bool = False  # --task classify: every label's probability too, not only the best
-    precision: str = "float32"  # float32 | float16 | int8 | uint8 | binary | ubinary (tasks/embed/precision.py)
+    dimensions: int | None = at_least(None, 1)  # keep the first N dimensions (Matryoshka), then normalise
+    precision: str = choice("float32", PRECISIONS)  # as written (tasks/embed/precision.py)
     calibration: str | None = None  # int8/uint8 ranges: a .npy of embeddings or [2, dim] ranges, or an output
-    output_value: str = "sentence_embedding"  # or token_embeddings (tasks/embed/token_embeddings.py)
+    output_value: str = choice("sentence_embedding", OUTPUT_VALUES)  # tasks/embed/token_embeddings.py
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifyConfig:
+    """--task classify."""
+
+    all_scores: bool = False  # every label's probability too, not only the best
+
+
+@dataclass(frozen=True, slots=True)
+class SparseConfig:
+    """--task sparse."""
+
+    max_active_dims: int = at_least(0, 0)  # each row's k largest entries; 0: the checkpoint's, or all
 
 
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
-    sort_window: int = 100_000
-    max_batch_tokens: int | None = None  # rows x padded length, padding included; None: per device
+    sort_window: int = at_least(100_000, 1)
+    max_batch_tokens: int | None = at_least(None, 1)  # rows x padded length, padding included; None: per device
     # NOTE: on CPU ~2k-token batches are as fast per token as larger ones and hold less memory;
     # a GPU needs large batches to fill it.
     cpu_default_tokens: ClassVar[int] = 2048
     cuda_default_tokens: ClassVar[int] = 16_384
-    max_batch_size: int = 512
-    pad_multiple: int = 8
+    max_batch_size: int = at_least(512, 1)
+    pad_multiple: int = at_least(8, 1)
     # Close a batch once its oldest row has waited this long; None: off, or 20 ms under --rate.
     batch_timeout_ms: float | None = None
     online_default_timeout_ms: ClassVar[float] = 20.0
@@ -75,17 +123,20 @@ class PlanConfig:
 @dataclass(frozen=True, slots=True)
 class DeviceConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | simulated
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    quantize: str = "none"  # none | int8 (CPU) | auto (int8 where faster and close enough) | fp8 (generation)
+    dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
+    # none | int8 (CPU) | auto (int8 where faster and close enough) | fp8 (generation)
+    quantize: str = choice("none", ("none", "int8", "auto", "fp8"))
     min_cosine: float = 0.99  # --quantize int8|auto / tune: int8 only with at least this cosine to float32
-    int8_kernel: str = "auto"  # auto (the fastest accurate one) | onednn | fbgemm, optionally -7bit (models/int8.py)
-    streams: int = 1
-    staging_buffers: int = 2
+    # auto (the fastest accurate one) | onednn | fbgemm, optionally -7bit (models/int8.py)
+    int8_kernel: str = choice("auto", INT8_KERNELS)
+    streams: int = at_least(1, 1)
+    staging_buffers: int = at_least(2, 1)
     cuda_graphs: bool = False
     threads: int | None = None  # CPU intra-op threads; None keeps torch's default
     cpu_affinity: str = "off"  # off | auto | COMPUTE[/TOKENIZE[/HOST]] core lists (place/affinity.py)
     devices: str | None = None  # several devices, one replica each: "cuda:0,cuda:1", "all", "cpu,cpu"
-    dispatch: str = "tokens"  # which replica gets a batch: fewest outstanding tokens, or round_robin
+    # which replica gets a batch: fewest outstanding tokens, or round_robin
+    dispatch: str = choice("tokens", ("tokens", "round_robin"))
     # Circuit breakers (place/breaker.py), per device with --devices and per replica on Ray, both
     # tasks: failures within the window that open a breaker, its cool-down, and the time after
     # which a step (a batch, a window's progress) is a hang.
@@ -93,13 +144,14 @@ class DeviceConfig:
     breaker_window: float = 600.0
     breaker_cooldown: float = 30.0
     step_timeout: float | None = 600.0
-    tensor_parallel: int = 1  # --tp N: the decoder split across N devices, one process per rank (generation)
+    # --tp N: the decoder split across N devices, one process per rank (generation)
+    tensor_parallel: int = at_least(1, 1, "--tp")
 
 
 @dataclass(frozen=True, slots=True)
 class OutputConfig:
     path: str = ""
-    output_format: str = "auto"  # auto | parquet | jsonl
+    output_format: str = choice("auto", ("auto", "parquet", "jsonl"))
     overwrite: bool = False
     resume: bool = False
     max_rejects: int | None = None  # stop once more rows than this are rejected (0: --strict)
@@ -108,7 +160,8 @@ class OutputConfig:
     # None: DEFAULT_COMMIT_EVERY_S on the local engine; 0: off (only whole windows are committed).
     commit_every: float | None = None
     DEFAULT_COMMIT_EVERY_S: ClassVar[float] = 30.0
-    lease_s: float = 60.0  # an object-store output's lease: another host may take it this long after a crash
+    # an object-store output's lease: another host may take it this long after a crash
+    lease_s: float = at_least(60.0, 3, "--lease-seconds")
 
     @property
     def commit_every_s(self) -> float:
@@ -119,15 +172,15 @@ class OutputConfig:
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
     overlap: bool = True  # False: the serial reference twin
-    queue_depth: int = 4  # bound of every inter-stage queue (in items)
-    progress: str = "auto"  # auto | bar | log | off
+    queue_depth: int = at_least(4, 1)  # bound of every inter-stage queue (in items)
+    progress: str = choice("auto", ("auto", "bar", "log", "off"))
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateConfig:
     """Generation: default sampling (rows may override it) and the engine's budgets."""
 
-    max_tokens: int = 256
+    max_tokens: int = at_least(256, 1)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     top_k: int = 0
@@ -139,18 +192,20 @@ class GenerateConfig:
     presence_penalty: float = 0.0  # OpenAI's
     frequency_penalty: float = 0.0  # OpenAI's
     min_tokens: int = 0  # EOS barred until the answer is this long
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    kv_block_size: int = 16
+    max_num_seqs: int = at_least(128, 1)
+    max_num_batched_tokens: int = at_least(2048, 1)
+    kv_block_size: int = at_least(16, 1)
     kv_cache_memory: str | None = None  # bytes ("2GiB") or, on CUDA, a fraction of free memory
     chunked_prefill: bool = True
-    window_rows: int = 512  # input rows per committed window
+    window_rows: int = at_least(512, 1)  # input rows per committed window
     prefix_cache: bool = True  # full KV blocks shared across prompts with the same prefix
     prefix_order: bool = True  # admit a window's prompts sorted by token ids (rows sharing a prefix together)
     priority_column: str = "priority"  # optional integer column: higher is admitted first
-    attention: str = "auto"  # auto | torch | flash-attn | triton: the paged attention kernel, chosen at start-up
+    # the paged attention kernel, chosen at start-up
+    attention: str = choice("auto", ("auto", "torch", "flash-attn", "triton"))
     max_model_len: int | None = None  # cap the context below the checkpoint's (positions, KV pool, prompts)
-    kv_cache_dtype: str = "auto"  # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
+    # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
+    kv_cache_dtype: str = choice("auto", ("auto", "fp8"))
     # Structured output for every row that does not ask for its own (at most one of these):
     json_schema: str | None = None  # a JSON schema file
     regex: str | None = None  # a regular expression
@@ -161,10 +216,10 @@ class GenerateConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    engine: str = "local"  # local | ray: the same job in Ray Data actors, one replica each
+    engine: str = choice("local", ("local", "ray"))  # ray: the same job in Ray Data actors, one replica each
     ray_address: str | None = None  # None: start a local Ray instance for the run
-    replicas: int | None = None  # None: one per node on CPUs, one per gpus_per_replica GPUs
-    gpus_per_replica: float = 0.0
+    replicas: int | None = at_least(None, 1)  # None: one per node on CPUs, one per gpus_per_replica GPUs
+    gpus_per_replica: float = at_least(0.0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +228,8 @@ class RunConfig:
     model: str = "default"
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
+    classify: ClassifyConfig = field(default_factory=ClassifyConfig)
+    sparse: SparseConfig = field(default_factory=SparseConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -184,7 +241,8 @@ class RunConfig:
     trace_path: str | None = None
     storage_options: str | None = None  # JSON: what every fsspec filesystem is made with (endpoint, region...)
     task: str = "auto"  # auto (from the checkpoint) | a task registry.TASKS names
-    backend: str = "native"  # native | transformers (the pooling tasks on any checkpoint transformers loads)
+    # native | transformers (the pooling tasks on any checkpoint transformers loads)
+    backend: str = choice("native", ("native", "transformers"))
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -201,22 +259,16 @@ class RunConfig:
         return value
 
     def validate(self) -> RunConfig:
-        positive = {
-            "--max-batch-tokens": self.plan.max_batch_tokens or 1,
-            "--max-batch-size": self.plan.max_batch_size,
-            "--sort-window": self.plan.sort_window,
-            "--pad-multiple": self.plan.pad_multiple,
-            "--streams": self.device.streams,
-            "--staging-buffers": self.device.staging_buffers,
-            "--tokenize-threads": self.tokenize.threads,
-            "--queue-depth": self.pipeline.queue_depth,
-        }
-        for flag, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        for path, value, rule in field_rules(self):  # NOTE: the choices and bounds the fields declare
+            if value is None:
+                continue
+            if "choices" in rule and value not in rule["choices"]:
+                raise ConfigError(
+                    f"{flag_of(path, rule)} must be one of {', '.join(map(str, rule['choices']))} (got {value!r})"
+                )
+            if "min" in rule and value < rule["min"]:
+                raise ConfigError(f"{flag_of(path, rule)} must be at least {rule['min']:g} (got {value})")
         self.storage()
-        if self.output.lease_s < 3:
-            raise ConfigError(f"--lease-seconds must be at least 3 (got {self.output.lease_s:g})")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port must be a TCP port, 1 to 65535 (got {self.metrics_port})")
         if self.metrics_linger_s < 0:
@@ -227,10 +279,6 @@ class RunConfig:
             raise ConfigError("--rate needs the overlapped pipeline (drop --no-overlap)")
         if self.plan.batch_timeout_ms is not None and not self.plan.batch_timeout_ms > 0:
             raise ConfigError(f"--batch-timeout-ms must be positive (got {self.plan.batch_timeout_ms})")
-        if self.device.dispatch not in ("tokens", "round_robin"):
-            raise ConfigError(f"--dispatch must be tokens or round_robin (got {self.device.dispatch!r})")
-        if self.tokenize.on_long not in ("truncate", "reject"):
-            raise ConfigError(f"--on-long must be truncate or reject (got {self.tokenize.on_long!r})")
         if self.output.commit_every is not None and not self.output.commit_every >= 0:
             raise ConfigError(f"--commit-every must be 0 (off) or more seconds (got {self.output.commit_every})")
         if self.output.commit_every and self.cluster.engine == "ray":
@@ -240,45 +288,15 @@ class RunConfig:
             )
         if self.output.resume and self.output.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other")
-        if self.tokenize.max_length is not None and self.tokenize.max_length < 2:
-            raise ConfigError("--max-length must be at least 2")
-        if self.cluster.engine not in ("local", "ray"):
-            raise ConfigError(f"--engine must be local or ray (got {self.cluster.engine!r})")
-        if self.cluster.replicas is not None and self.cluster.replicas < 1:
-            raise ConfigError(f"--replicas must be at least 1 (got {self.cluster.replicas})")
-        if self.device.tensor_parallel < 1:
-            raise ConfigError(f"--tp must be at least 1 (got {self.device.tensor_parallel})")
-        if self.cluster.gpus_per_replica < 0:
-            raise ConfigError(f"--gpus-per-replica must not be negative (got {self.cluster.gpus_per_replica})")
         if not self.input.paths:
             raise ConfigError("no input given")
         if not 0.0 < self.device.min_cosine <= 1.0:
             raise ConfigError(f"--min-cosine must be in (0, 1] (got {self.device.min_cosine})")
-        if self.device.int8_kernel not in INT8_KERNELS:
-            kernels = ", ".join(INT8_KERNELS)
-            raise ConfigError(f"--int8-kernel must be one of {kernels} (got {self.device.int8_kernel!r})")
-        if self.backend not in ("native", "transformers"):
-            raise ConfigError(f"--backend must be native or transformers (got {self.backend!r})")
-        if self.embed.precision not in PRECISIONS:
-            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)} (got {self.embed.precision!r})")
         if self.embed.calibration is not None and self.embed.precision not in ("int8", "uint8"):
             raise ConfigError(f"--calibration sets int8/uint8 ranges; --precision {self.embed.precision} has none")
-        if self.embed.output_value not in OUTPUT_VALUES:
-            values = ", ".join(OUTPUT_VALUES)
-            raise ConfigError(f"--output-value must be one of {values} (got {self.embed.output_value!r})")
         pair = self.input.pair_columns
         if pair and (len(pair) != 2 or not all(pair) or pair[0] == pair[1]):
             raise ConfigError(f"--pair-columns takes two different column names, as A,B (got {','.join(pair)!r})")
-        gen = self.generate
-        for flag, value in {
-            "--max-num-seqs": gen.max_num_seqs,
-            "--max-num-batched-tokens": gen.max_num_batched_tokens,
-            "--kv-block-size": gen.kv_block_size,
-            "--window-rows": gen.window_rows,
-            "--max-tokens": gen.max_tokens,
-        }.items():
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
         return self
 
 

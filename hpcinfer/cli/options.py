@@ -7,7 +7,7 @@ the config is built by walking the same declarations, so no option is named a se
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import click
@@ -38,6 +38,18 @@ def default_of(o: Opt) -> Any:
     return list(value) if o.multiple else value
 
 
+def field_choices(o: Opt) -> tuple[Any, ...] | None:
+    """The choices the option's config field declares (config.choice), if any."""
+    if o.field is None or o.field.startswith("tune."):
+        return None
+    *path, leaf = o.field.split(".")
+    owner: Any = _RUN_DEFAULTS
+    for name in path:
+        owner = getattr(owner, name)
+    meta = next((f.metadata for f in fields(owner) if f.name == leaf), {})
+    return meta.get("choices")
+
+
 def click_option(o: Opt, command: str) -> Callable[[Any], Any]:
     default = default_of(o)
     if default == "" or (default == () and not o.multiple):  # NOTE: an empty default would count as given
@@ -52,7 +64,9 @@ def click_option(o: Opt, command: str) -> Callable[[Any], Any]:
         if default is not None:  # NOTE: an explicit default=None would make a required option optional
             kw["default"] = default
         kw["show_default"] = default not in (None, []) and not o.default_help
-        kw.update(type=o.type, multiple=o.multiple, metavar=o.metavar)
+        choices = field_choices(o) if o.type is None else None  # NOTE: written once, on the field
+        kind = click.Choice([str(c) for c in choices if c is not None]) if choices else o.type
+        kw.update(type=kind, multiple=o.multiple, metavar=o.metavar)
         kw["required"] = command in o.required
     return click.option(*o.flags, o.name, **kw)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import INT8_KERNELS, OUTPUT_VALUES, PRECISIONS, OutputConfig, PlanConfig
+from ..config import OutputConfig, PlanConfig
 from ..registry import TASKS
 from .declare import RUNS, Opt, SecondsOrOff, opt
 
@@ -18,7 +18,7 @@ choice = click.Choice
 OPTIONS: tuple[Opt, ...] = (
     # -- Input
     opt("--input-format", "input.input_format", "Input", "Input format; auto reads the suffix and detects OpenAI "
-        "batch files.", type=choice(["auto", "jsonl", "parquet", "openai"])),
+        "batch files."),
     opt("--text-column", "input.text_column", "Input", "Column holding the text (embedding). Without it, a "
         "list-of-int 'input_ids' column is used as is."),
     opt("--id-column", "input.id_column", "Input", "Column holding row ids; when absent, the 0-based row number "
@@ -37,7 +37,7 @@ OPTIONS: tuple[Opt, ...] = (
         "stays a dataset of parts a manifest names. "
         "profile without -o writes a temporary file and removes it.", commands=RUNS, dest="output", required=RUN),
     opt("--output-format", "output.output_format", "Output", "Output format; auto reads the output suffix.",
-        commands=RUNS, type=choice(["auto", "parquet", "jsonl"])),
+        commands=RUNS),
     opt("--overwrite", "output.overwrite", "Output", "Replace the output (and any partial results) if it exists.",
         commands=RUNS, switch=True),
     opt("--resume", "output.resume", "Output", "Continue an interrupted run: skip the windows it committed, "
@@ -71,16 +71,17 @@ OPTIONS: tuple[Opt, ...] = (
         type=choice(["auto", *TASKS])),
     opt("--backend", "backend", "Model and task", "native: hpcinfer's own models (BERT family, Llama family, "
         "the classifiers); transformers: the embed, classify and score tasks on any checkpoint transformers "
-        "loads (AutoModel, AutoModelForSequenceClassification), inside the same pipeline.",
-        type=choice(["native", "transformers"])),
+        "loads (AutoModel, AutoModelForSequenceClassification), inside the same pipeline."),
     opt("--pair-columns", "input.pair_columns", "Input", "--task score: the two text columns of a pair, as "
         "A,B; default query,document or text,text_pair, whichever the input has.", metavar="A,B"),
-    opt("--all-scores", "embed.all_scores", "Embedding", "--task classify: every label's probability in a "
+    opt("--all-scores", "classify.all_scores", "Embedding", "--task classify: every label's probability in a "
         "`scores` column, besides the best `label` and its `score`.", switch=True),
     # -- Embedding
+    opt("--max-active-dims", "sparse.max_active_dims", "Embedding", "--task sparse: each row's k largest "
+        "entries, as sentence-transformers' SparseEncoder max_active_dims (0: the checkpoint's, or all).",
+        commands=RUNS, type=int),
     opt("--pooling", "embed.pooling", "Embedding", "How token states become one vector; default: the "
-        "checkpoint's sentence-transformers Pooling module (mean without one).",
-        type=choice(["cls", "mean", "max", "mean_sqrt_len", "last"])),
+        "checkpoint's sentence-transformers Pooling module (mean without one)."),
     opt("--normalize", "embed.normalize", "Embedding", "L2-normalise each embedding (default: as the "
         "checkpoint's modules.json says).", switch=True),
     opt("--no-normalize", "embed.normalize", "Embedding", "Do not L2-normalise, whatever the checkpoint "
@@ -89,22 +90,22 @@ OPTIONS: tuple[Opt, ...] = (
         "normalised again when normalising.", type=int, metavar="N"),
     opt("--precision", "embed.precision", "Embedding", "Write embeddings as float16, int8/uint8 (per-dimension "
         "ranges, 256 buckets) or binary/ubinary (bits packed 8 a byte), as sentence-transformers' "
-        "quantize_embeddings.", commands=RUNS, type=choice(list(PRECISIONS))),
+        "quantize_embeddings.", commands=RUNS),
     opt("--output-value", "embed.output_value", "Embedding", "token_embeddings: every token's last hidden "
         "state (special tokens included, padding not), as sentence-transformers' encode(output_value=...), in a "
-        "`token_embeddings` column of [tokens, dim] floats.", commands=RUNS, type=choice(list(OUTPUT_VALUES))),
+        "`token_embeddings` column of [tokens, dim] floats.", commands=RUNS),
     opt("--calibration", "embed.calibration", "Embedding", "--precision int8/uint8: ranges from a .npy of "
         "embeddings (or [2, dim] mins and maxes) or an int8/uint8 output's .parquet; default: the first "
         "window's embeddings.", commands=RUNS, metavar="FILE"),
-    opt("--prompt", "embed.prompt", "Embedding", "Text put before every row's text, e.g. 'query: '."),
+    opt("--prompt", "tokenize.prompt", "Embedding", "Text put before every row's text, e.g. 'query: '."),
     opt("--prompt-column", "input.prompt_column", "Embedding", "A column whose text goes before the row's text "
         "(each row its own prompt; a null or absent value falls back to --prompt).", metavar="NAME"),
-    opt("--prompt-name", "embed.prompt_name", "Embedding", "A prompt the checkpoint names in "
+    opt("--prompt-name", "tokenize.prompt_name", "Embedding", "A prompt the checkpoint names in "
         "config_sentence_transformers.json (e.g. query)."),
     opt("--max-length", "tokenize.max_length", "Embedding", "Truncate to this many tokens.", type=int,
         default_help="the model's max_seq_length, 256 for the default"),
     opt("--on-long", "tokenize.on_long", "Embedding", "A row longer than --max-length is truncated (and "
-        "counted) or rejected.", commands=RUNS, type=choice(["truncate", "reject"])),
+        "counted) or rejected.", commands=RUNS),
     opt("--tokenize-threads", "tokenize.threads", "Embedding", "Concurrent tokenizer calls (each call is "
         "itself multi-threaded).", type=int),
     opt("--sort-window", "plan.sort_window", "Embedding", "Rows sorted together by length (a larger window "
@@ -124,8 +125,7 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--max-tokens", "generate.max_tokens", "Generation", "Tokens to generate.", type=int),
     opt("--temperature", "generate.temperature", "Generation", "0: greedy.", type=float),
     opt("--top-p", "generate.top_p", "Generation", "Nucleus sampling mass.", type=float),
-    opt("--top-k", "generate.top_k", "Generation", "Sampling: only the k most likely tokens (0: off). --task "
-        "sparse: each row's k largest terms (0: the checkpoint's max_active_dims, or all).", type=int),
+    opt("--top-k", "generate.top_k", "Generation", "Sampling: only the k most likely tokens (0: off).", type=int),
     opt("--min-p", "generate.min_p", "Generation", "0: off.", type=float),
     opt("--seed", "generate.seed", "Generation", "Run seed; each row's stream also depends on its row.",
         type=int),
@@ -172,21 +172,21 @@ OPTIONS: tuple[Opt, ...] = (
         "higher value are admitted first."),
     opt("--attention", "generate.attention", "Generation", "Paged attention kernel; auto: on CUDA flash-attn "
         "where it can run (--kv-block-size 256), else triton (reads KV blocks in place); torch on CPU.",
-        commands=RUNS, type=choice(["auto", "torch", "flash-attn", "triton"])),
+        commands=RUNS),
     opt("--max-model-len", "generate.max_model_len", "Generation", "Cap the context (prompt + answer) below "
         "the checkpoint's; a longer prompt is a too_long reject.", type=int, default_help="the checkpoint's"),
     opt("--kv-cache-dtype", "generate.kv_cache_dtype", "Generation", "KV cache storage; fp8: float8_e4m3fn "
         "with a scale per layer, twice the tokens in the same memory (torch attention reads it; measure the "
-        "answers on your model).", commands=RUNS, type=choice(["auto", "fp8"])),
+        "answers on your model).", commands=RUNS),
     # -- Devices
     opt("--device", "device.device", "Devices", "auto, cpu, cuda or cuda:N."),
     opt("--devices", "device.devices", "Devices", "Run on several devices, one model replica each: "
         "cuda:0,cuda:1 or all (every visible GPU); cpu,cpu splits the CPU threads. Work goes to the device "
         "with the fewest outstanding tokens. Overrides --device.", metavar="LIST|all"),
     opt("--dispatch", "device.dispatch", "Devices", "With --devices: send each batch to the device with the "
-        "fewest outstanding tokens, or in turn.", commands=RUNS, type=choice(["tokens", "round_robin"])),
+        "fewest outstanding tokens, or in turn.", commands=RUNS),
     opt("--dtype", "device.dtype", "Devices", "Compute dtype; auto is float32 on CPU, bfloat16 on CUDA "
-        "(float16 on a GPU without bfloat16).", type=choice(["auto", "float32", "bfloat16", "float16"])),
+        "(float16 on a GPU without bfloat16)."),
     opt("--quantize", "device.quantize", "Devices", "Weights of the linear layers. int8 (CPU, every task): "
         "int8 with a scale per output channel, activations quantized per call, multiplied by FBGEMM or oneDNN. "
         "At load each kernel is first checked against float32 on a probe (a kernel whose error exceeds int8 "
@@ -196,13 +196,12 @@ OPTIONS: tuple[Opt, ...] = (
         "auto (embedding tasks): int8 where it is faster here and its cosine is at least --min-cosine, "
         "else float32 with the reason. fp8 (causal LMs): float8_e4m3fn with a scale per output channel, "
         "multiplied in FP8 (CUDA 8.9+ and CPU) or dequantized. tune with auto or int8 runs its trials on the "
-        "model it chose and writes the choice to the recipe.",
-        type=choice(["none", "int8", "auto", "fp8"])),
+        "model it chose and writes the choice to the recipe."),
     opt("--min-cosine", "device.min_cosine", "Devices", "With --quantize int8 or auto (and in tune): the "
         "lowest cosine to float32 on the job's first rows that int8 may have.", type=float),
     opt("--int8-kernel", "device.int8_kernel", "Devices", "With --quantize int8|auto: the int8 kernel; auto "
-        "takes the fastest accurate one on this CPU (a run of several processes decides once); a kernel "
-        "that fails the accuracy probe is refused.", type=choice(list(INT8_KERNELS))),
+        "takes the first accurate one on this CPU, or another only where it is 15% faster (decided once a "
+        "run, recorded for --resume); a kernel that fails the accuracy probe is refused."),
     opt("--streams", "device.streams", "Devices", "Compute streams on CUDA.", commands=RUNS, type=int),
     opt("--staging-buffers", "device.staging_buffers", "Devices", "Pinned staging slots (2 = double "
         "buffering).", commands=RUNS, type=int),
@@ -233,7 +232,7 @@ OPTIONS: tuple[Opt, ...] = (
         type=int, metavar="N"),
     # -- Cluster
     opt("--engine", "cluster.engine", "Cluster", "local: this machine; ray: the same job in Ray Data actors, "
-        "one model replica each (pip install 'hpcinfer[ray]').", commands=RUNS, type=choice(["local", "ray"])),
+        "one model replica each (pip install 'hpcinfer[ray]').", commands=RUNS),
     opt("--ray-address", "cluster.ray_address", "Cluster", "With --engine ray: the cluster to join (auto: the "
         "one `ray start` made here).", commands=RUNS, metavar="ADDR",
         default_help="start a local Ray instance for the run"),
@@ -248,7 +247,7 @@ OPTIONS: tuple[Opt, ...] = (
         commands=RUNS, type=int),
     # -- Reports
     opt("--progress", "pipeline.progress", "Reports", "Progress display on stderr; auto: a bar on a terminal, "
-        "log lines otherwise.", commands=RUNS, type=choice(["auto", "bar", "log", "off"])),
+        "log lines otherwise.", commands=RUNS),
     opt("--report", "report_path", "Reports", "Also write the report as JSON to this file.", commands=RUNS,
         dest="report_path"),
     opt("--report-html", "report_html", "Reports", "Write the run's HTML report (charts over time; one file, "

@@ -21,9 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..config import POOLING_MODES  # hpcinfer's (adapter.pool); --pooling's choices
 from ..errors import ModelError
-
-POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "last")  # hpcinfer's (adapter.pool)
 
 # The Transformer module's config, by the names versions have given it (sentence-transformers
 # reads the first that exists).

@@ -26,8 +26,6 @@ PIPELINE = (
     "tokenize",
     "plan",
     "pipeline",
-    "embed.prompt",
-    "embed.prompt_name",
 )
 ROW_TEXT = ("input.text_column", "input.prompt_column")  # where a plain row's text is (not an OpenAI body's)
 
@@ -55,7 +53,9 @@ class EncoderTask:
             "input.text_column": "an OpenAI batch file's bodies hold their own input",
             "input.prompt_column": "an OpenAI batch file's bodies hold their own input",
             "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
-            "embed.all_scores": "every label's probability is what --task classify writes",
+            "classify": "every label's probability is what --task classify writes",
+            "sparse": "a row's largest vocabulary entries are what --task sparse writes",
+            "embed": "pooling, dimensions and precision are the embeddings' (--task embed)",
             "generate": "sampling and the KV cache are generation's (a causal LM, --task generate)",
         }
 

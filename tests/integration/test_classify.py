@@ -41,7 +41,8 @@ def test_labels_and_scores_equal_transformers(tmp_path, family, multi_label, one
     labels = ("sports", "politics", "science", "arts")
     path = build_tiny_classifier(tmp_path / family, family, labels, multi_label, seed=3)
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)])
-    _, table = run_job(small_config(src, tmp_path / "out.parquet", path, task="classify", embed={"all_scores": True}))
+    cfg = small_config(src, tmp_path / "out.parquet", path, task="classify", classify={"all_scores": True})
+    _, table = run_job(cfg)
     assert table.column_names == ["id", "label", "score", "scores"]
     assert table.column("id").to_pylist() == [f"r{i}" for i in range(len(TEXTS))]
     ours = np.asarray(table.column("scores").to_pylist(), dtype=np.float32)

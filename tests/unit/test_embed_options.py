@@ -34,10 +34,16 @@ def oracle(tmp_path, pooling: str, prompt: str | None, dims: int | None, normali
     return st.encode(TEXTS, prompt=prompt, truncate_dim=dims, normalize_embeddings=normalize, convert_to_numpy=True)
 
 
+def sections(options: dict) -> dict:
+    """--prompt and --prompt-name are the tokenizer's (every pooling task's), the rest the embed task's."""
+    tokenize = {k: options.pop(k) for k in ("prompt", "prompt_name") if k in options}
+    return {"embed": options, "tokenize": tokenize}
+
+
 def embed(tmp_path, model, **options) -> np.ndarray:
     tmp_path.mkdir(exist_ok=True)
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
-    _, table = run_job(small_config(src, tmp_path / "out.parquet", model, embed=options))
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", model, **sections(options)))
     return np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
 
 
@@ -71,7 +77,7 @@ def test_the_checkpoints_default_prompt_and_a_named_one(tmp_path, model):
     ("options", "message"),
     [
         ({"dimensions": 33}, "--dimensions 33: the model's embeddings have 32 dimensions"),
-        ({"dimensions": 0}, "--dimensions 0"),
+        ({"dimensions": 0}, "--dimensions must be at least 1"),
         ({"prompt_name": "nope"}, "--prompt-name 'nope': the checkpoint's prompts are doc, query"),
         ({"prompt": "a", "prompt_name": "doc"}, "give --prompt or --prompt-name, not both"),
     ],
@@ -79,7 +85,7 @@ def test_the_checkpoints_default_prompt_and_a_named_one(tmp_path, model):
 def test_bad_options_are_clear_errors(tmp_path, model, options, message):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 0, "text": "hi"}])
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        run_job(small_config(src, tmp_path / "out.parquet", model, embed=options))
+        run_job(small_config(src, tmp_path / "out.parquet", model, **sections(dict(options))))
 
 
 def test_normalize_and_no_normalize_share_one_field():
@@ -103,7 +109,7 @@ def test_a_prompt_column_gives_each_row_its_own_prompt(tmp_path, model, fmt):
         rows[5]["instruction"] = 7  # not text: that row is a reject, the others go on
         src = write_jsonl(tmp_path / "in.jsonl", rows)
     cfg = small_config(
-        src, tmp_path / "out.parquet", model, input={"prompt_column": "instruction"}, embed={"prompt": "x: "}
+        src, tmp_path / "out.parquet", model, input={"prompt_column": "instruction"}, tokenize={"prompt": "x: "}
     )
     report, table = run_job(cfg)
     st = SentenceTransformer(str(model), device="cpu")

@@ -38,7 +38,7 @@ def test_bert_and_llama_embeddings_equal_the_native_path(tmp_path, one_torch_thr
 
 def test_classify_equals_the_native_path(tmp_path, one_torch_thread):
     model = build_tiny_classifier(tmp_path / "m", "roberta", seed=2)
-    tables = [_run(tmp_path, model, b, task="classify", backend=b, embed={"all_scores": True})
+    tables = [_run(tmp_path, model, b, task="classify", backend=b, classify={"all_scores": True})
               for b in ("native", "transformers")]  # fmt: skip
     native, hf = (np.asarray(t.column("scores").to_pylist()) for t in tables)
     assert np.abs(native - hf).max() <= 1e-5

@@ -100,7 +100,7 @@ def ragged_runs(tmp_path_factory):  # noqa: ANN201
     return {
         "ner": (build_token_classifier(folder / "ner"), {}),
         "sparse": (build_splade(folder / "splade", seed=2), {}),
-        "sparse top-k": (build_splade(folder / "splade-k", seed=3), {"generate": {"top_k": 7}}),
+        "sparse top-k": (build_splade(folder / "splade-k", seed=3), {"sparse": {"max_active_dims": 7}}),
         "token embeddings": (None, {"embed": {"output_value": "token_embeddings"}}),
     }
 

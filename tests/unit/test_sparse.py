@@ -126,18 +126,19 @@ def test_auto_picks_sparse_and_options_it_ignores_are_refused(tmp_path):
         ({"generate": {"max_tokens": 5}}, "--task sparse does not read --max-tokens"),
         ({"backend": "transformers"}, "--task sparse runs hpcinfer's own BERT encoder"),
         ({"device": {"quantize": "int8"}}, "--task sparse runs float weights"),
-        ({"generate": {"top_k": -1}}, "--top-k must be 0"),
+        ({"generate": {"top_k": 7}}, "--task sparse does not read --top-k: --max-active-dims keeps"),
+        ({"sparse": {"max_active_dims": -1}}, "--max-active-dims must be at least 0"),
     ]:
         with pytest.raises(ConfigError, match=message):
             run(small_config(src, tmp_path / "o.jsonl", path, **over), progress=Progress("off"))
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_top_k_keeps_each_rows_largest_entries(tmp_path, one_torch_thread):
+def test_max_active_dims_keeps_each_rows_largest_entries(tmp_path, one_torch_thread):
     path = build_splade(tmp_path / "m", seed=5)
     texts = make_texts(40, seed=2)
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])
-    _, table = run_job(small_config(src, tmp_path / "out.parquet", path, generate={"top_k": 7}))
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", path, sparse={"max_active_dims": 7}))
     theirs = sparse_encoder_vectors(path, texts)
     ours = dense(table, theirs.shape[1])
     assert [len(i) for i in table.column("indices").to_pylist()] == [7] * len(texts)

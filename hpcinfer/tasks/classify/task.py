@@ -16,7 +16,7 @@ from ...registry import Checkpoint
 
 class ClassifyTask(EncoderTask):
     name = "classify"
-    own = ("embed.all_scores",)
+    own = ("classify.all_scores",)
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         arch = checkpoint.architecture
@@ -32,10 +32,10 @@ class ClassifyTask(EncoderTask):
                 "an OpenAI batch file holds /v1/embeddings, /v1/score or /v1/rerank requests: "
                 "run it with --task embed or --task score"
             )
-        return LabelStore(config.output.path, fmt, info, fp, config.embed.all_scores)
+        return LabelStore(config.output.path, fmt, info, fp, config.classify.all_scores)
 
     def fingerprint(self, config: RunConfig) -> dict[str, Any]:
-        return {"task": self.name, "all_scores": config.embed.all_scores, "pairs": list(config.input.pair_columns)}
+        return {"task": self.name, "all_scores": config.classify.all_scores, "pairs": list(config.input.pair_columns)}
 
 
 TASK = ClassifyTask()

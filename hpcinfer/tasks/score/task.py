@@ -44,7 +44,8 @@ class ScoreTask(EncoderTask):
         return LabelStore(config.output.path, fmt, info, fp, all_scores=False)
 
     def fingerprint(self, config: RunConfig) -> dict[str, Any]:
-        return {"task": self.name, "all_scores": config.embed.all_scores, "pairs": list(config.input.pair_columns)}
+        # NOTE: all_scores stays a key (False: score writes one value), so a run started earlier resumes
+        return {"task": self.name, "all_scores": False, "pairs": list(config.input.pair_columns)}
 
 
 TASK = ScoreTask()

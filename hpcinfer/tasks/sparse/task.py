@@ -22,9 +22,9 @@ from .store import SparseVectorStore
 
 class SparseTask(EncoderTask):
     name = "sparse"
-    # NOTE: --top-k (stored as generate.top_k, the one flag of that name) keeps each row's k largest
-    # entries, as SparseEncoder.encode's max_active_dims; 0 keeps the checkpoint's own max_active_dims
-    own = ("generate.top_k",)
+    # NOTE: --max-active-dims keeps each row's k largest entries, as SparseEncoder.encode's
+    # max_active_dims; 0 keeps the checkpoint's own max_active_dims
+    own = ("sparse.max_active_dims",)
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.sentence_transformers and is_splade(checkpoint.path):
@@ -33,7 +33,14 @@ class SparseTask(EncoderTask):
 
     def hints(self) -> dict[str, str]:
         pooled = "the checkpoint's SpladePooling pools (a dense vector is --task embed's)"
-        return {**super().hints(), "embed.pooling": pooled, "embed.normalize": pooled, "embed.dimensions": pooled}
+        kept = "--max-active-dims keeps each row's largest entries (--top-k samples generation's tokens)"
+        return {
+            **super().hints(),
+            "embed.pooling": pooled,
+            "embed.normalize": pooled,
+            "embed.dimensions": pooled,
+            "generate.top_k": kept,
+        }
 
     def settle(self, config: RunConfig) -> RunConfig:
         config = super().settle(config)
@@ -45,14 +52,12 @@ class SparseTask(EncoderTask):
             raise ConfigError(
                 "--task sparse runs float weights (int8 is checked on dense embeddings only); drop --quantize"
             )
-        if config.generate.top_k < 0:
-            raise ConfigError(f"--top-k must be 0 (all entries) or more (got {config.generate.top_k})")
         return window_cut(config, self.inspect(resolve_model_path(config.model), config))
 
     def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
         info = inspect_splade(path)
-        if config.generate.top_k:
-            return replace(info, head=replace(info.head, top_k=config.generate.top_k))
+        if config.sparse.max_active_dims:
+            return replace(info, head=replace(info.head, top_k=config.sparse.max_active_dims))
         return info
 
     def store(
