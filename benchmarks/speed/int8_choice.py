@@ -5,9 +5,9 @@ on the default embedder, whole process each, on held-out rows.
     python benchmarks/speed/int8_choice.py [--rows 500] [--repeats 2] [--isa AVX2]
 
 The rows are the last --rows of sample_data/requests.jsonl (the calibration and the report's
-cosine use the job's first 64, so most rows are held out from both). Each method runs as one
+cosine use the job's first 320, so most rows are held out from both). Each method runs as one
 process per round, the methods taking turns; the best round counts. Printed per method: seconds,
-rows/s, speed over float32, the kernel the run chose and its check on 32 rows (from `--report`),
+rows/s, speed over float32, the kernel the run chose and its check on 256 held-out rows (`--report`),
 and the cosine of every row to float32's output (min and mean).
 
 `--isa AVX2` runs every process with ONEDNN_MAX_CPU_ISA=AVX2: oneDNN as an AVX2-only CPU runs it
