@@ -1,5 +1,9 @@
 """The commands: `run` (the job), `profile` (the job under NVTX ranges), `tune` (trials of it), `report`
-(the HTML report from a JSON one) and `serve` (OpenAI's Batch API)."""
+(the HTML report from a JSON one) and `serve` (OpenAI's Batch API).
+
+`run` prints two lines besides the report (`task_line`, `rejects_line`): which task `--task auto`
+picked (before the run starts), and how many rows were rejected and where they went (even with -q).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import __version__
-from ..errors import ConfigError
+from ..errors import ConfigError, HpcinferError
 from .declare import SectionedCommand
 from .errors import user_errors
 from .options import build_run_config, build_tune_options, with_options
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from ..config import RunConfig
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -67,7 +73,6 @@ def run(**opts: Any) -> None:
     from ..job.output_checks import OutputComplete, check_resume_of_complete
     from ..obs.progress import Progress
     from ..obs.render import render
-    from .run_lines import rejects_line, task_line
 
     config = build_run_config(apply_recipe(click.get_current_context(), opts), "run").validate()
     quiet, output = opts["quiet"], config.output.path
@@ -271,3 +276,31 @@ def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, 
     PROCESS.settle(base.device.threads)
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
     run_server(base, host, port, Path(data_dir), keys, (max_file_bytes, max_requests))
+
+
+def task_line(config: RunConfig) -> str | None:
+    """`task: embed (--task auto: an encoder)`; None for a task given, or a model that cannot be
+    read (the run then fails on it with its own one-line error)."""
+    if config.task != "auto":
+        return None
+    from ..registry import auto_task
+
+    try:
+        task, why = auto_task(config)
+    except (HpcinferError, OSError):
+        return None
+    return f"task: {task} (--task auto: {why})"
+
+
+def rejects_line(report: Any, output: str) -> str | None:
+    """`3 of 5 rows rejected: see out.jsonl.rejects.jsonl` (the path as the output was given); None
+    when no row was rejected."""
+    from ..files.parts import rejects_path
+
+    books = getattr(report, "accounting", None) or {}
+    rejected = books.get("rows_rejected", sum(getattr(report, "rejects", {}).values()))
+    if not rejected:
+        return None
+    read = books.get("rows_read")
+    of = f" of {read:,}" if read else ""
+    return f"{rejected:,}{of} rows rejected: see {rejects_path(output)}"

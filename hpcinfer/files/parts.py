@@ -15,11 +15,15 @@ parts join is part_format.py's, the resume fingerprint fingerprint.py's.
 A checkpoint holds a task's own table of finished rows of an open window; windows themselves stay
 what they are (their rows, their sorting), so a resumed run re-reads a checkpointed window and
 computes only what its checkpoints lack. Committing the window drops its checkpoints.
+
+`TableStore` is the part store of a task whose window becomes its own table (labels, token
+labels, sparse vectors), written as Parquet or JSONL like every part.
 """
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -288,3 +292,24 @@ class PartStore:
             concat_bytes(sink, self.folder, parts)
             return
         concat_parquet(sink, self.folder, parts, self.empty_schema())
+
+
+class TableStore(PartStore, ABC):
+    """`table(ids, values)`: a window's rows as the task writes them; the rest is PartStore's."""
+
+    @abstractmethod
+    def table(self, ids: list[Any], values: Any) -> pa.Table:
+        """A window's ids and values (dense [rows, dim], or a head's `values.Ragged` items) as the output rows."""
+
+    def empty_schema(self) -> pa.Schema:
+        empty = self.ragged.empty() if self.ragged is not None else np.zeros((0, self.dim), np.float32)
+        return self.table([], empty).schema
+
+    def _write_part(
+        self, tmp: Path, ids: list[Any], values: np.ndarray, meta: dict[str, list[Any]] | None, rejects: list[Any]
+    ) -> None:
+        table = self.table(ids, values)
+        if self.fmt == "parquet":
+            write_parquet(table, tmp)
+        else:
+            write_jsonl_rows(tmp, table.to_pylist())

@@ -8,6 +8,9 @@ books do not balance fails naming the file: a lost row is never a success.
 
 Every task reports the same three numbers in its table, its accounting line and its JSON: `rows`
 (written by this run) is `accounting.rows_written`, `rows_resumed` is `accounting.rows_resumed`.
+
+What every task's run shows live of its output (obs/meter.py, `watch_output`) is these books as
+they fill: rows by what became of them, windows committed, and a mark on the timeline at each commit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import HpcinferError
+from ..obs.meter import COUNTER, Meter
 
 
 class AccountingError(HpcinferError):
@@ -75,3 +79,23 @@ def accounting_line(accounting: dict[str, Any]) -> str:
         f"{a['rows_read']:,} read = {a['rows_written']:,} written + {a['rows_rejected']:,} rejected"
         f" + {a['rows_resumed']:,} resumed"
     )
+
+
+def watch_output(meter: Meter, store: Any, rejects: Any, resumed: int) -> None:
+    """`store`: the output's store (rows_written, windows); `rejects`: the run's RejectCounter;
+    `resumed`: the rows the report counts as resumed (committed, or held by checkpoints, before
+    this run). Rows done + resumed are the report's rows once the run ends. Watched again (a run
+    restarted on fewer devices), the rows resumed stay those before the first start."""
+    resumed = meter.facts.setdefault("rows_resumed", resumed)
+    meter.probe("rows.done", lambda: max(0, store.rows_written - resumed), COUNTER)
+    meter.probe("rows.resumed", lambda: resumed, COUNTER)
+    if hasattr(store, "windows"):
+        # NOTE: from the committed windows, not the run's reject counter: a run restarted on fewer
+        # devices counts its rejects anew, and its redone windows' rejects again
+        before = meter.facts.setdefault("rejects_resumed", sum(w.get("rejects", 0) for w in store.windows))
+        meter.probe("rows.rejected", lambda: sum(w.get("rejects", 0) for w in store.windows) - before, COUNTER)
+        meter.probe("windows", lambda: len(store.windows), COUNTER)
+    else:
+        meter.probe("rows.rejected", lambda: rejects.total, COUNTER)
+    if hasattr(store, "on_commit"):
+        store.on_commit = lambda entry: meter.event("commit", window=entry["window"], rows=entry["rows"])

@@ -122,9 +122,7 @@ class Int8Linear(nn.Module):
         self.reduce_range = kernel.reduce_range
 
     @classmethod
-    def from_linear(
-        cls, linear: nn.Module, kernel: Int8Kernel | str, smooth: torch.Tensor | None = None
-    ) -> Int8Linear:
+    def from_linear(cls, linear: nn.Module, kernel: Int8Kernel | str, smooth: torch.Tensor | None = None) -> Int8Linear:
         return cls(linear.weight, getattr(linear, "bias", None), kernel, smooth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

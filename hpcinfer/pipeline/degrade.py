@@ -3,6 +3,13 @@ from its committed windows, on the devices whose circuit breakers let them work.
 
 `run_once(config, devices, extras)` is one run of the job (job.run_embed_job); this module only
 decides which devices the next one gets (place/breaker.py) and gathers what the report says of it.
+
+Whose fault a failed run is (`device_fault`), used here and by a Ray replica (replica.py): one
+device's, or not a device's at all. A row's own problem never gets here: it is a reject. A user's
+problem (bad input, a file that changed) ends the run as one line. A failure in a device's stages
+(stage, execute, collect), or one the writer saw while awaiting a device's results, is that
+device's fault and counts against its circuit breaker; one in a host stage (read, tokenize, plan,
+write) is not a device's, and ends the run as it would on one device.
 """
 
 from __future__ import annotations
@@ -15,12 +22,11 @@ from typing import Any
 
 from ..config import RunConfig
 from ..device import Device
-from ..errors import DevicesFailed, StageError
+from ..errors import DeviceHung, DeviceResultFailed, DevicesFailed, HpcinferError, StageError
 from ..obs.progress import Progress
 from ..obs.timing import Span
-from ..place.breaker import Breaker, BreakerLog, Transition, breaker_settings
+from ..place.breaker import Breaker, BreakerLog, DeviceFault, Transition, breaker_settings, fault_text
 from ..place.devices import device_labels
-from .faults import device_fault
 from .given import RunExtras
 from .report import RunReport
 
@@ -87,3 +93,20 @@ def _committed_rows(config: RunConfig) -> int:
         return sum(w["rows"] for w in json.loads(manifest.read_text())["windows"])
     except (OSError, ValueError, KeyError):
         return 0
+
+
+DEVICE_STAGES = ("stage", "execute", "collect")  # a device's steps; tokenize, plan and write are the host's
+
+
+def device_fault(exc: StageError, labels: list[str]) -> DeviceFault | None:
+    """The device `exc` is the fault of, among the run's devices (`labels`, as `device_labels` names
+    them: the stages of several devices carry their device's label), or None when it is no device's."""
+    stage, _, where = exc.stage.partition("@")
+    if len(labels) == 1 and stage in DEVICE_STAGES:
+        where = labels[0]  # one device: its stages carry no device name
+    if isinstance(exc.cause, DeviceResultFailed):
+        where = labels[exc.cause.replica]  # a device's failure the writer saw first
+    if isinstance(exc.cause, HpcinferError) or where not in labels:
+        return None
+    cause = exc.cause.__cause__ if isinstance(exc.cause, DeviceResultFailed) else exc.cause
+    return DeviceFault(labels.index(where), fault_text(cause), isinstance(exc.cause, DeviceHung))

@@ -18,9 +18,8 @@ from ..errors import ConfigError, Interrupted
 from ..files.arrivals import ArrivalReplay
 from ..files.fingerprint import fingerprint
 from ..files.parts import PartStore
-from ..job.accounting import settle
+from ..job.accounting import settle, watch_output
 from ..job.claim import claimed, open_store, recorded_fingerprint
-from ..job.live import watch_output
 from ..job.output_checks import check_output, output_format
 from ..job.signals import signals_stop
 from ..models.checkpoint import CheckpointInfo

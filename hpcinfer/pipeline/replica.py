@@ -26,7 +26,7 @@ from ..files.sources import Source
 from ..obs.progress import Progress
 from ..ray_engine.units import Unit
 from ..types import RowBlock
-from .faults import device_fault
+from .degrade import device_fault
 from .options import embed_checkpoint
 from .read import Reader
 from .report import RunReport

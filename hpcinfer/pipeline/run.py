@@ -18,8 +18,7 @@ from ..job.rejects import RejectCounter
 from ..models.registry import LoadedModel, load_tokenizer
 from ..obs.latency import LatencyLog
 from ..obs.progress import Progress
-from ..obs.timing import Span, Timings, bottleneck
-from ..obs.trace import write_trace
+from ..obs.timing import Span, Timings, bottleneck, write_trace
 from ..place.affinity import device_spec, pinned, resolve_affinity
 from ..place.devices import device_labels
 from ..place.dispatch import Dispatcher

@@ -3,6 +3,10 @@
 The sample is N rows of the input stratified over token length; each trial runs the real stage
 pipeline on it (tune/trial.py). The search walks the token budget coarse-to-fine, then the row
 cap, then (on CUDA) streams and staging buffers, and under --rate the batch timeout.
+
+The sample (`draw_sample`) is drawn from the input's first rows by token length
+(tune.sample.stratified_indices) and written to a Parquet file the trials read; a trial
+(`EmbedTrialRunner`) runs the embedding job on it, quiet, with one model loaded for every trial.
 """
 
 from __future__ import annotations
@@ -13,19 +17,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from ..config import InputConfig, PlanConfig, RunConfig, resolve_plan
-from ..device import accelerators, dtype_for
-from ..models.registry import LoadedModel
+from ..device import accelerators, dtype_for, make_device, resolve_dtype
+from ..errors import InputError
+from ..files.part_format import id_array
+from ..models.registry import LoadedModel, load_model, load_tokenizer
+from ..obs.progress import Progress
 from ..tune.options import TuneOptions
+from ..tune.sample import Sample, stratified_indices
 from ..tune.search import Goal, OnSample, OnTrial, Search, Space, Trial, brief
+from ..tune.trial import TrialRunner
 from . import tune_view
+from .given import RunExtras
+from .job import run_embed
 from .options import embed_checkpoint
 from .plan import round_up
 from .quantize import Int8Check, int8_model
-from .tune_sample import draw_sample
-from .tune_trial import EmbedTrialRunner
+from .read import Reader
+from .report import RunReport
 
 
 class EmbedTuning:
@@ -168,3 +182,62 @@ def default_params(base: RunConfig, kind: str) -> dict[str, Any]:
     if base.input.rate is not None:
         params["batch_timeout_ms"] = plan.batch_timeout_ms
     return params
+
+
+class EmbedTrialRunner(TrialRunner):
+    """The harness's runner with the embedding job, quiet, on one model loaded for every trial."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, run_job=self._run_quietly, **kwargs)
+
+    def _run_quietly(self, config: RunConfig) -> RunReport:
+        return run_embed(config, RunExtras(Progress("off"), model=self._model(config)))
+
+    def _model(self, config: RunConfig) -> LoadedModel:
+        """Loaded once for all trials: loading it per run would cost time and, held by the
+        allocator afterwards, inflate the memory later trials are charged with."""
+        if self._loaded is None:  # NOTE: with --devices, for the first one (the others load their own)
+            first = config.device.devices.split(",")[0].strip() if config.device.devices else config.device.device
+            device = make_device("cuda:0" if first == "all" else first, 1)
+            try:
+                dtype = resolve_dtype(config.device.dtype, device)
+                self._loaded = load_model(embed_checkpoint(config), device.torch_device, dtype)
+            finally:
+                device.close()
+        return self._loaded
+
+
+def draw_sample(config: RunConfig, n: int, seed: int, out_path: Path, scan_rows: int) -> Sample:
+    info = embed_checkpoint(config)
+    max_length = config.tokenize.max_length or info.max_seq_length
+    tokenizer = load_tokenizer(info.path, max_length)
+    reader = Reader(replace(config.input, limit=scan_rows, rate=None), window_rows=max(scan_rows, 1))
+    ids: list[Any] = []
+    texts: list[str] = []
+    tokens: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    for block in reader.produce():
+        ids.extend(block.ids)
+        if block.texts is not None:
+            texts.extend(block.texts)
+            inputs = [tuple(t) if isinstance(t, list) else t for t in block.texts]  # text pairs (--task score)
+            encoded = tokenizer.encode_batch(inputs, add_special_tokens=True)
+            lengths.append(np.fromiter((len(e.ids) for e in encoded), np.int64, len(encoded)))
+        elif block.token_ids is not None:
+            flat, lens = block.token_ids
+            tokens.extend(np.split(flat, np.cumsum(lens)[:-1]) if len(lens) else [])
+            lengths.append(np.minimum(lens, max_length).astype(np.int64))
+    if not ids:
+        raise InputError("no valid rows to sample", path=", ".join(config.input.paths))
+    all_lengths = np.concatenate(lengths)
+    keep = stratified_indices(all_lengths, n, seed)
+    columns: dict[str, pa.Array] = {"id": id_array([ids[i] for i in keep])}
+    if texts and config.input.pair_columns:  # the sample keeps the pairs in the run's two columns
+        for side, name in enumerate(config.input.pair_columns):
+            columns[name] = pa.array([texts[i][side] for i in keep], pa.string())
+    elif texts:
+        columns["text"] = pa.array([texts[i] for i in keep], pa.string())
+    else:
+        columns["input_ids"] = pa.array([tokens[i].tolist() for i in keep], pa.list_(pa.int64()))
+    pq.write_table(pa.table(columns), out_path)
+    return Sample(out_path, len(keep), len(ids), all_lengths[keep], all_lengths)

@@ -8,6 +8,10 @@ seconds open it. Open: no new work, for `cooldown_s`. Half-open: work again, on 
 success closes it, the next failure opens it again. A device that hangs (a step past its time
 limit) is opened at once (`trip`). Every change is logged as a `Transition`. Pure Python and
 thread-safe; the dispatcher of each task asks `available()` before sending work.
+
+What it counts is a `DeviceFault`: what failed on which of the run's devices. One record for
+every engine: the encoder pipeline's classifier (pipeline/degrade.py `device_fault`) and the
+generation engines' step rule (engine/runtime/devices.py) both give one, locally and on Ray.
 """
 
 from __future__ import annotations
@@ -123,3 +127,15 @@ class Breaker:
     def _enter(self, state: str, reason: str) -> None:
         self.state = state
         self.log.add(self.device, state, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFault:
+    device: int  # index into the run's devices (a Ray replica's own: 0)
+    error: str  # "Type: message", as the report and the final error show it
+    hung: bool = False  # nothing done within --step-timeout: opened at once, not counted
+    dropped: tuple[int, ...] = ()  # a generation engine's sequences it dropped: their prompts run elsewhere
+
+
+def fault_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -32,9 +32,8 @@ from ..errors import HpcinferError, Interrupted, OutputError, StageError
 from ..files.ids import IdSet, id_key
 from ..files.parts import PartStore
 from ..files.sources import Source
-from ..job.accounting import AccountingError, books, settle
+from ..job.accounting import AccountingError, books, settle, watch_output
 from ..job.claim import claimed, open_store
-from ..job.live import watch_output
 from ..job.output_checks import check_output, output_format
 from ..job.rejects import RejectCounter
 from ..obs.progress import Progress

@@ -3,7 +3,7 @@
 Batch shapes depend on the length mix, so the sample must keep it: rows are ordered by token
 length, cut into N equal strata and one row is drawn from each (seeded), then put back in input
 order. A sample taken from the head of a file would miss a length mix that drifts along it, so
-up to `scan_rows` rows are read first. What a task samples is its own (pipeline/tune_sample.py,
+up to `scan_rows` rows are read first. What a task samples is its own (pipeline/tuning.py,
 tasks/generate/tune_trial.py).
 """
 

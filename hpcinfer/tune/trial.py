@@ -78,7 +78,7 @@ class PeakRss:
 
 class TrialRunner:
     """Runs `run_job(config)` on the sample for each parameter set (a task's runner gives its job:
-    pipeline/tune_trial.py)."""
+    pipeline/tuning.py)."""
 
     def __init__(
         self,

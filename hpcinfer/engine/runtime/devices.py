@@ -42,7 +42,7 @@ from ...device.threads import set_torch_threads
 from ...errors import HpcinferError
 from ...obs.profile import RangeBackend
 from ...place.affinity import pin_thread
-from ...place.faults import DeviceFault, fault_text
+from ...place.breaker import DeviceFault, fault_text
 from ..engine import Engine
 from ..engine_stats import EngineStats
 from ..sequence import SamplingParams, Sequence

@@ -24,8 +24,8 @@ import torch
 from ...config import RunConfig
 from ...errors import ConfigError, ModelError
 from ...files.part_format import id_array
+from ...files.parts import TableStore
 from ...files.sources import is_openai_input
-from ...files.table_store import TableStore
 from ...models.batch_model import BatchSteps
 from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
@@ -45,6 +45,7 @@ class TokenEmbeddingHead:
 
     max_length: int
     dim: int
+
     def width(self, info: CheckpointInfo) -> int:
         return 0  # no dense values: a row's are its tokens' states (ragged)
 

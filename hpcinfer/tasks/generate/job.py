@@ -32,13 +32,12 @@ from ...engine.engine import Engine, EngineConfig
 from ...engine.hf_engine import WHAT_IS_LOST, transformers_engine
 from ...engine.runtime.admission import Admission
 from ...engine.runtime.loop import EngineSink, run_loop
-from ...engine.runtime.on_devices import run_on_devices
+from ...engine.runtime.pool import run_on_devices
 from ...engine.sequence import Sequence
 from ...errors import ConfigError, Interrupted
 from ...files.sources import estimate_file_rows
-from ...job.accounting import settle
+from ...job.accounting import settle, watch_output
 from ...job.claim import claimed, open_store, recorded_fingerprint
-from ...job.live import watch_output
 from ...job.output_checks import check_output, output_format
 from ...job.read_ahead import ReadAhead
 from ...job.rejects import RejectCounter
@@ -54,10 +53,8 @@ from ...parallel.tp_groups import close_groups, start_run_groups, tensor_groups
 from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, resolve_affinity
 from ...place.devices import device_labels
 from ...registry import pick_task
-from .answers import GenerationStore, answer_row, answers_table, with_errors
-from .held import answers_chunk, held_answers
-from .live import watch_engines
-from .report import GenerateReport
+from .answers import GenerationStore, answer_row, answers_chunk, answers_table, held_answers, with_errors
+from .report import GenerateReport, summarise
 from .requests import Request
 from .setup import (
     engine_config,
@@ -66,8 +63,7 @@ from .setup import (
     request_reader,
     run_decoder_info,
 )
-from .summary import summarise
-from .tally import SequenceTally
+from .tally import SequenceTally, watch_engines
 
 
 def wants_generation(config: RunConfig) -> bool:
@@ -200,7 +196,7 @@ class GenerationJob:
         return oldest is not None and time.perf_counter() - max(oldest, self._last_checkpoint) >= self.commit_every_s
 
     def checkpoint(self) -> None:
-        """Keeps the answers finished since the last checkpoint in windows still open (held.py)."""
+        """Keeps the answers finished since the last checkpoint in windows still open (answers.py)."""
         taken = self.windows.take_fresh()
         self.store.checkpoint([(w.window_id, answers_chunk(w.fresh), {"first_row": w.first_row}) for w in taken])
         self._last_checkpoint = time.perf_counter()

@@ -34,7 +34,7 @@ from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...parallel.tp import TensorParallel
 from ...parallel.tp_groups import replica_engine
-from ...place.faults import DeviceFault
+from ...place.breaker import DeviceFault
 from ...ray_engine.beat import Beat
 from ...ray_engine.units import Unit
 from ...types import Reject

@@ -1,16 +1,24 @@
-"""The generation run's report: rows, tokens, per-request latency, the engine's KV and batch figures."""
+"""The generation run's report: rows, tokens, per-request latency, the engine's KV and batch figures.
+
+The report's closing figures are gathered from a finished job's engines by `summarise` (job.py calls it).
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ...job.accounting import accounting_line
+from ...config import flatten
+from ...engine.engine import Engine
+from ...engine.runtime.devices import combined_stats, device_summary
+from ...job.accounting import accounting_line, books
+from ...obs.latency import histogram_ms
 from ...obs.report_json import JsonReport, ratio
-from ...obs.timing import Span
+from ...obs.timing import Span, write_trace
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -71,7 +79,7 @@ class GenerateReport(JsonReport):
     tensor_parallel: list[dict[str, Any]] = field(default_factory=list)
     cpu_affinity: str = ""  # --cpu-affinity: which cores each kind of thread ran on (place/affinity.py)
     config: dict[str, Any] = field(default_factory=dict)
-    latency_histograms: dict[str, Any] = field(default_factory=dict)  # ttft, tpot: log-spaced bins (obs/histogram.py)
+    latency_histograms: dict[str, Any] = field(default_factory=dict)  # ttft, tpot: log-spaced bins (obs/latency.py)
     # The run over time (obs/timeline.py), the machine it ran on, and the HTML report written (if any)
     timeline: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
@@ -170,3 +178,49 @@ def engine_trace(
         at = int((breaker_start + t["at_s"]) * 1e9)
         spans.append(Span(f"breaker {t['state']}", at, at, f"{t['device']}/engine", {"reason": t["reason"]}))
     return sorted(spans, key=lambda span: span.start_ns)
+
+
+def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> GenerateReport:
+    """Fills `job.report` (job: a GenerationJob) from its engines' counters and its own; writes the
+    trace (--trace) when asked (api.run writes the report)."""
+    r, s = job.report, combined_stats([e.stats for e in engines])
+    end = time.perf_counter()
+    r.wall_s = end - start
+    r.rows = job.store.rows_written
+    r.rows_resumed = resumed
+    books(r)
+    r.windows = len(job.store.windows)
+    r.rejects = dict(sorted(job.rejects.by_reason.items()))
+    r.output = job.config.output.path
+    r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
+    r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
+    r.oom_splits = s.oom_splits
+    r.constrained_answers, r.constrained_cut = s.constrained, s.constrained_cut
+    r.kv_block_size, r.kv_cache_bytes = job.engine_config.block_size, sum(e.cache.nbytes for e in engines)
+    r.mean_occupancy = round(s.mean_occupancy, 4)
+    r.prefix_cache, r.prefill_tokens_saved, r.kv_evictions = (
+        job.engine_config.prefix_cache,
+        s.cached_tokens,
+        s.evictions,
+    )
+    t = job.tally
+    r.prompt_tokens, r.completion_tokens, r.prompt_tokens_cached = t.prompt_tokens, t.completion_tokens, t.cached_tokens
+    r.finish_reasons = dict(t.finish_reasons)
+    r.latency_by_priority = {str(p): percentiles(v) for p, v in sorted(t.latency.items(), reverse=True)}
+    r.ttft, r.tpot = percentiles(t.ttft), percentiles(t.tpot)
+    r.latency_histograms = {"ttft": histogram_ms(t.ttft), "tpot": histogram_ms(t.tpot)}
+    r.step_time_split = {
+        k: round(v, 4)
+        for k, v in (
+            ("model", s.model_s),
+            ("attention_gather", s.gather_s),
+            ("sampling", s.sample_s),
+            ("host", s.host_s),
+        )
+    }
+    r.devices = device_summary(job.labels, engines, job.by_device, start, end)
+    r.config = flatten(job.config)
+    if job.config.trace_path:
+        spans = engine_trace(job.labels, engines, r.device_faults, job.breaker_start)
+        write_trace(spans, job.config.trace_path)
+    return r

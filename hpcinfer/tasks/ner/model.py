@@ -3,11 +3,15 @@ then a linear layer over every token's state.
 
 A row's values are ragged items (`values.Ragged`): one per real token, its `label` index, that
 label's probability (`score`) and its `token` id; the store names them (store.py).
+
+The checkpoint's facts (`inspect_token_classifier`): its encoder (as its family's sequence
+classifiers have it), its labels, the longest row the run packs; they carry this head.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -15,8 +19,15 @@ from torch import nn
 from ...errors import ModelError
 from ...models.batch_model import BatchSteps
 from ...models.bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
-from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
-from ...models.classifier import ClassifierSpec, split_weights
+from ...models.checkpoint import (
+    CheckpointInfo,
+    encoder_from_weights,
+    load_weights,
+    model_dir_config,
+    sentence_transformers_info,
+    weights_file,
+)
+from ...models.classifier import FAMILIES, ClassifierSpec, classifier_config, split_weights
 from ...values import Ragged, RaggedField, RaggedSpec
 
 FIELDS = (RaggedField("label", "int32"), RaggedField("score", "float32"), RaggedField("token", "int32"))
@@ -29,6 +40,7 @@ class TokenHead:
     labels: tuple[str, ...]
     family: str  # bert | roberta | distilbert: how its encoder's weights are named
     max_length: int
+
     def width(self, info: CheckpointInfo) -> int:
         return 0  # no dense values: a row's are its tokens' labels (ragged)
 
@@ -81,3 +93,24 @@ class TokenLabeller(BatchSteps):
         score, label = torch.softmax(logits.float(), dim=-1).max(dim=-1)
         fields = {"label": label[token_mask].int(), "score": score[token_mask], "token": ids[token_mask].int()}
         return Ragged(token_mask.sum(dim=1), fields)
+
+
+def token_architecture(family: str) -> str:
+    return FAMILIES[family].replace("ForSequenceClassification", "ForTokenClassification")
+
+
+def inspect_token_classifier(path: Path, max_length: int | None) -> CheckpointInfo:
+    """BERT, RoBERTa / XLM-R and DistilBERT token classifiers; `max_length`: --max-length, if given."""
+    raw = model_dir_config(path)
+    if not isinstance(raw, dict):
+        raise ModelError("config.json is not an object", path=str(path))
+    family, arch = str(raw.get("model_type")), next(iter(raw.get("architectures") or []), None)
+    if family not in FAMILIES or arch != token_architecture(family):
+        supported = ", ".join(token_architecture(f) for f in FAMILIES)
+        raise ModelError(f"not a token classifier we run: {arch!r} (supported: {supported})", path=str(path))
+    # NOTE: the encoder and labels read as for the family's sequence classifier: same config, same names
+    config, spec = classifier_config({**raw, "architectures": [FAMILIES[family]]}, path)
+    info = sentence_transformers_info(path, config, "cls")
+    longest = min(info.max_seq_length, config.max_position_embeddings - config.position_offset)
+    head = TokenHead(spec.labels, spec.family, max_length or longest)
+    return replace(info, max_seq_length=longest, head=head)

@@ -10,7 +10,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from ...files.part_format import id_array
-from ...files.table_store import TableStore
+from ...files.parts import TableStore
 from ...models.checkpoint import CheckpointInfo
 from ...values import Ragged
 

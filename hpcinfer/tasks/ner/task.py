@@ -13,7 +13,7 @@ from ...files.sources import Source
 from ...models.checkpoint import CheckpointInfo
 from ...pipeline.task import EncoderTask, openai_output
 from ...registry import Checkpoint
-from .checkpoint import inspect_token_classifier
+from .model import inspect_token_classifier
 from .store import TokenLabelStore
 
 

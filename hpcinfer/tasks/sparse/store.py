@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from ...files.part_format import id_array
-from ...files.table_store import TableStore
+from ...files.parts import TableStore
 from ...models.checkpoint import CheckpointInfo
 from ...values import Ragged
 
