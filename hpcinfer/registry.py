@@ -1,6 +1,6 @@
 """The task registry: one line per task, and the `Task` protocol every task folder implements.
 
-A task (embed, classify, score, ner, generate) is a folder under tasks/ whose `task.py` holds one
+A task (each key of `TASKS` below) is a folder under tasks/ whose `task.py` holds one
 object implementing `Task`: which checkpoints it claims under `--task auto`, which options it
 honours (the others are refused in one line, never silently ignored), what it settles before the
 run, its local run, and its Ray and tune parts. `api.run`, `tune` and the Ray actor know tasks only

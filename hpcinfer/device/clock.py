@@ -6,13 +6,6 @@ cudaEventElapsedTime). Measured from one reference taken at start, an event an h
 So the reference is renewed every `renew_ns` of host time: every elapsed time is then at most a few
 seconds, exact to well under a microsecond, and the renewal also absorbs drift between the device
 and host clocks. Host times stay integers (nanoseconds), never floats.
-
-Within one generation step, `step_timer` gives the device time between points of the step, for
-engines that run on a torch device directly: `mark()` is taken on the host between launches;
-`seconds(a, b)` is the device time between two marks, valid once the work before `b` has completed
-(a step's sampling reads its tokens back, which waits for it). On CUDA the marks are timed events,
-so a forward that only launches kernels is not mistaken for a fast one and its compute for
-sampling; elsewhere the device is the host and the marks are host times.
 """
 
 from __future__ import annotations
@@ -20,9 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
-
-import torch
+from typing import Generic, TypeVar
 
 E = TypeVar("E")
 
@@ -59,28 +50,3 @@ class EventClock(Generic[E]):
             if self._now_ns() - self._ref_ns > self._renew_ns:
                 self._renew()
             return self._ref_ns + round(self._elapsed_ms(self._ref, event) * 1e6)
-
-
-class StepTimer(Protocol):
-    def mark(self) -> object: ...
-
-    def seconds(self, start: object, end: object) -> float: ...
-
-
-class HostStepTimer:
-    """Device work runs on the calling thread: device time is host time."""
-
-    def mark(self) -> object:
-        return time.perf_counter()
-
-    def seconds(self, start: object, end: object) -> float:
-        assert isinstance(start, float) and isinstance(end, float)
-        return end - start
-
-
-def step_timer(device: torch.device) -> StepTimer:
-    if device.type == "cuda":
-        from .cuda import CudaStepTimer
-
-        return CudaStepTimer(device)
-    return HostStepTimer()

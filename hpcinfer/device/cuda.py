@@ -191,7 +191,7 @@ def best_half_dtype(device: torch.device) -> torch.dtype:
 
 
 class CudaStepTimer:
-    """Timed events on the device's current stream (device/clock.py)."""
+    """Timed events on the device's current stream (device/step_timer.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -26,8 +26,8 @@ import torch
 
 from ..device import accelerators
 from ..device.base import is_out_of_memory
-from ..device.clock import step_timer
 from ..device.readback import Readback, readback
+from ..device.step_timer import step_timer
 from ..errors import ConfigError
 from ..models.llama import LlamaDecoder
 from .attention.choice import attention_kind

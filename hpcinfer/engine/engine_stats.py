@@ -26,7 +26,7 @@ class EngineStats:
     constrained: int = 0  # answers held to a grammar (structured output), samples counted one by one
     constrained_cut: int = 0  # of which ended incomplete, finish_reason "length" (max_tokens, the context)
     host_s: float = 0.0  # scheduling, input preparation, stop checks
-    # Device time (timed events on CUDA: device/clock.py): the forward pass minus the
+    # Device time (timed events on CUDA: device/step_timer.py): the forward pass minus the
     # attention gathers (timed on the CPU path only), and sampling.
     model_s: float = 0.0
     gather_s: float = 0.0

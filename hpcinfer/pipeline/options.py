@@ -15,7 +15,7 @@ from ..registry import pick_task, task_named
 
 
 def encoder_task(config: RunConfig) -> Any:
-    """The run's task on the encoder pipeline (embed, classify, score, ner: an `EncoderTask`)."""
+    """The run's task on the encoder pipeline (embed, classify, score, ner, sparse: an `EncoderTask`)."""
     task = task_named(pick_task(config))
     if not hasattr(task, "store"):
         raise ConfigError(f"--task {task.name} does not run on the encoder pipeline")

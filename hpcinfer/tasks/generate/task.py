@@ -37,7 +37,7 @@ class GenerateTask:
             "plan.max_batch_size": "--max-num-seqs bounds the sequences in flight",
             "pipeline.overlap": "the engine's step loop has no serial twin",
             "pipeline.queue_depth": "the engine's admission bounds what is queued (--max-num-seqs)",
-            "embed": "pooling, prompts and labels are the encoder tasks' (embed, classify, score, ner)",
+            "embed": "pooling, prompts and labels are the encoder tasks' (embed, classify, score, ner, sparse)",
             "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
         }
 
