@@ -35,6 +35,9 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
         logging_level="WARNING",
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}},
+        # NOTE: as the local instance a run starts (ray_engine/cluster.py): Ray's workers at nice 15
+        # would get a few percent of a core beside other work, and every timing in a test with it
+        _system_config={"worker_niceness": 0},
     )
     try:
         yield ray.get_runtime_context().gcs_address

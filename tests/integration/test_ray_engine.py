@@ -290,3 +290,18 @@ def test_retrieval_outputs_on_ray_equal_the_local_engine(tmp_path, tiny_model, r
     _, local = run_job(small_config(src, tmp_path / "local.parquet", model, **over))
     _, on_ray = run_job(_ray(small_config(src, tmp_path / "ray.parquet", model, **over)))
     assert local.num_rows == 90 and on_ray.equals(local)
+
+
+def test_the_local_instance_a_run_starts_runs_its_workers_at_the_runs_priority():
+    # Ray's own default is nice 15: beside other busy work its replicas would get a few percent of a core
+    script = (
+        "import os\n"
+        "from hpcinfer.ray_engine.cluster import connect, import_ray\n"
+        "ray = import_ray()\n"
+        "assert connect(ray, None)\n"
+        "print('worker niceness', ray.get(ray.remote(lambda: os.nice(0)).remote()), 'driver', os.nice(0))\n"
+        "ray.shutdown()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"worker niceness {os.nice(0)} driver {os.nice(0)}" in done.stdout
