@@ -22,6 +22,9 @@ from .st_files import POOLING_MODES as POOLING_MODES  # re-exported: the modes -
 from .st_files import modules_pooling, read_model_json, truncation_length
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
+# RoBERTa, XLM-R and CamemBERT are BERT's shape with positions counted from padding_idx + 1 and one token type
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+ENCODER_TYPES = ("bert", *ROBERTA_TYPES)  # the native encoder (models/bert.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +84,10 @@ def model_dir_config(path: Path) -> Any:
 def inspect_checkpoint(path: Path) -> CheckpointInfo:
     """Validates a checkpoint directory and reads everything but the weights."""
     raw = model_dir_config(path)
-    if not isinstance(raw, dict) or raw.get("model_type") != "bert":
-        kind = raw.get("model_type") if isinstance(raw, dict) else None
+    kind = raw.get("model_type") if isinstance(raw, dict) else None
+    if kind not in ENCODER_TYPES:
         raise ModelError(
-            f"unsupported model_type {kind!r} (supported: bert, {', '.join(DECODER_TYPES)}; "
+            f"unsupported model_type {kind!r} (supported: {', '.join(ENCODER_TYPES)}, {', '.join(DECODER_TYPES)}; "
             "any other with --backend transformers)",
             path=str(path),
         )
@@ -92,7 +95,11 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
         config = BertConfig.from_hf(raw)
     except TypeError as exc:
         raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
-    return sentence_transformers_info(path, config)
+    if kind in ROBERTA_TYPES:  # NOTE: positions start after the padding index, so two fewer fit
+        config = replace(config, position_offset=int(raw.get("pad_token_id", 1)) + 1)
+    info = sentence_transformers_info(path, config)
+    longest = config.max_position_embeddings - config.position_offset
+    return replace(info, max_seq_length=min(info.max_seq_length, longest))
 
 
 def sentence_transformers_info(
@@ -134,7 +141,7 @@ def _native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     state: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name, tensor in weights.items():
-        name = re.sub(r"^(bert|model)\.", "", name)
+        name = re.sub(r"^(bert|roberta|model)\.", "", name)
         name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
         if _IGNORED.match(name):
             continue
