@@ -1,6 +1,6 @@
 """The HTTP side of `hpcinfer serve`: OpenAI's Files and Batches routes, on Starlette.
 
-Routes answer in the shapes of the `openai` package's types (`FileObject`, `FileDeleted`, `Batch`,
+Routes answer in the shapes of the `openai` package's types (objects.py: `FileObject`, `FileDeleted`, `Batch`,
 their pages) and fail in OpenAI's error shape (`{"error": {"message", "type", "param", "code"}}`)
 with its status codes. With an API key set, every route needs it as a Bearer token; what a key
 uploads or creates belongs to it (another key sees 404). Ids are opaque and checked against their
@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from .objects import ApiError, batch_object, file_object
 from .runner import BatchRunner
 from .state import FINAL, BatchRow, FileRow, State
 
@@ -70,58 +71,6 @@ class Served:
         return JSONResponse(batch_object(row, self.settings.model, self.runner.live_completed(row.id)))
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-    def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error"}
-        body = {"message": self.message, "type": kind.get(self.status, "invalid_request_error")}
-        return JSONResponse({"error": {**body, "param": self.param, "code": self.code}}, status_code=self.status)
-
-
-def file_object(row: FileRow) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "object": "file",
-        "bytes": row.bytes,
-        "created_at": row.created_at,
-        "filename": row.filename,
-        "purpose": row.purpose,
-        "status": "processed",
-    }
-
-
-def shown_model(model: str) -> str:
-    """The model as a batch names it: a packaged name as it is, a checkpoint by its folder or file
-    name (never the server's path)."""
-    return Path(model).name or model
-
-
-def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -> dict[str, Any]:
-    at = {f"{status}_at": row.times.get(status) for status in ("in_progress", "finalizing", "completed")}
-    at |= {f"{status}_at": row.times.get(status) for status in ("failed", "expired", "cancelling", "cancelled")}
-    completed = row.completed if live_completed is None else live_completed
-    return {
-        "id": row.id,
-        "object": "batch",
-        "endpoint": row.endpoint,
-        "model": shown_model(model),
-        "errors": {"object": "list", "data": row.errors} if row.errors else None,
-        "input_file_id": row.input_file_id,
-        "completion_window": row.completion_window,
-        "status": row.status,
-        "output_file_id": row.output_file_id,
-        "error_file_id": row.error_file_id,
-        "created_at": row.created_at,
-        "expires_at": row.expires_at,
-        **at,
-        "request_counts": {"total": row.total, "completed": completed, "failed": row.failed},
-        "metadata": row.metadata,
-    }
-
-
 def served(request: Request) -> Served:
     return request.app.state.served
 
@@ -141,18 +90,22 @@ def owner_of(request: Request) -> str:
 
 
 def own_file(request: Request, owner: str) -> FileRow:
-    file_id = request.path_params["file_id"]
-    row = served(request).state.file(file_id) if FILE_ID.fullmatch(file_id) else None
-    if row is None or row.owner != owner:
-        raise ApiError(404, f"No such File object: {file_id}", param="id")
-    return row
+    return owned(request, owner, "file_id", FILE_ID, served(request).state.file, "File")
 
 
 def own_batch(request: Request, owner: str) -> BatchRow:
-    batch_id = request.path_params["batch_id"]
-    row = served(request).state.batch(batch_id) if BATCH_ID.fullmatch(batch_id) else None
+    return owned(request, owner, "batch_id", BATCH_ID, served(request).state.batch, "Batch")
+
+
+def owned(
+    request: Request, owner: str, key: str, pattern: re.Pattern[str], find: Callable[[str], Any], kind: str
+) -> Any:
+    """The row the path's id names, checked against its pattern first (an id never becomes a path),
+    or OpenAI's 404 where there is none or `owner` does not own it (another key's rows are not shown)."""
+    given = request.path_params[key]
+    row = find(given) if pattern.fullmatch(given) else None
     if row is None or row.owner != owner:
-        raise ApiError(404, f"No such Batch object: {batch_id}", param="id")
+        raise ApiError(404, f"No such {kind} object: {given}", param="id")
     return row
 
 
