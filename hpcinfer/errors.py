@@ -25,6 +25,11 @@ class ModelError(HpcinferError):
     """The model directory is missing files or describes an unsupported architecture."""
 
 
+class UnsupportedModel(ModelError):
+    """A checkpoint hpcinfer has no native model for (its architecture, activation, RoPE type):
+    `--backend auto` runs it on the transformers path instead, `--backend native` refuses it."""
+
+
 class ConfigError(HpcinferError):
     """An option value or a recipe key is invalid."""
 

@@ -7,7 +7,9 @@ ids and lengths ever cross the bus.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     pad_token_id: int = 0
-    position_offset: int = 0  # RoBERTa / XLM-R count positions from padding_idx + 1
+    position_offset: int = 0  # RoBERTa / XLM-R / MPNet count positions from padding_idx + 1
+    relative_attention_num_buckets: int = 0  # MPNet: a learned bias per head and relative-distance bucket
+    model_type: str = "bert"  # the architecture (models/encoders.py) that reads and builds it
 
     @classmethod
     def from_hf(cls, raw: dict) -> BertConfig:
@@ -80,6 +84,8 @@ class BertEncoder(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h) if cfg.type_vocab_size else None
         self.embed_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        buckets = cfg.relative_attention_num_buckets
+        self.relative_attention_bias = nn.Embedding(buckets, cfg.num_attention_heads) if buckets else None
 
     def forward(
         self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool = True, token_types: torch.Tensor | None = None
@@ -95,10 +101,46 @@ class BertEncoder(nn.Module):
             x = x + self.token_type_embeddings.weight[0]
         x = self.embed_norm(x)
         # A batch with no padding needs no mask, which lets SDPA pick its fastest kernel.
-        attn_mask = token_mask[:, None, None, :] if padded else None
+        attn_mask: torch.Tensor | None = token_mask[:, None, None, :] if padded else None
+        if self.relative_attention_bias is not None:  # NOTE: one bias for every layer, the mask folded in
+            attn_mask = self.position_bias(n, x.dtype, attn_mask)
         for layer in self.layers:
             x = layer(x, attn_mask)
         return x, token_mask
+
+    def position_bias(self, n: int, dtype: torch.dtype, mask: torch.Tensor | None) -> torch.Tensor:
+        """MPNet's relative position bias [1 or b, heads, n, n], -inf where `mask` hides a key."""
+        assert self.relative_attention_bias is not None
+        positions = torch.arange(n, device=self.relative_attention_bias.weight.device)
+        distance = positions[None, :] - positions[:, None]  # key minus query
+        buckets = relative_position_bucket(distance, self.cfg.relative_attention_num_buckets)
+        bias = self.relative_attention_bias(buckets).permute(2, 0, 1)[None].to(dtype)  # [1, heads, n, n]
+        return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+
+    def pack_for_cpu(self) -> BertEncoder:
+        """Swaps every layer's linears for PackedLinear (fusing exact GELU into ffn_in)."""
+        fuse = self.cfg.hidden_act == "gelu"
+        for layer in self.layers:
+            layer.qkv = PackedLinear(layer.qkv, False)
+            layer.attn_out = PackedLinear(layer.attn_out, False)
+            layer.ffn_in = PackedLinear(layer.ffn_in, fuse)
+            layer.ffn_out = PackedLinear(layer.ffn_out, False)
+            if fuse:
+                layer.act = _identity
+        return self
+
+
+def relative_position_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int = 128) -> torch.Tensor:
+    """MPNet's (T5's bidirectional) bucket of each key-minus-query distance: half the buckets per
+    direction, exact up to a quarter of them, then logarithmic up to `max_distance`."""
+    half = num_buckets // 2
+    n = -relative
+    bucket = (n < 0).long() * half
+    n = n.abs()
+    exact = half // 2
+    far = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    far = far.clamp_max(half - 1)
+    return bucket + torch.where(n < exact, n, far)
 
 
 def bucket_rows(m: int) -> int:
@@ -153,17 +195,9 @@ def can_pack_for_cpu(model: nn.Module) -> bool:
     )
 
 
-def pack_for_cpu(encoder: BertEncoder) -> BertEncoder:
-    """Swaps every layer's linears for PackedLinear (fusing exact GELU into ffn_in)."""
-    fuse = encoder.cfg.hidden_act == "gelu"
-    for layer in encoder.layers:
-        layer.qkv = PackedLinear(layer.qkv, False)
-        layer.attn_out = PackedLinear(layer.attn_out, False)
-        layer.ffn_in = PackedLinear(layer.ffn_in, fuse)
-        layer.ffn_out = PackedLinear(layer.ffn_out, False)
-        if fuse:
-            layer.act = _identity
-    return encoder
+def pack_for_cpu(encoder: Any) -> Any:
+    """The native encoder (any architecture: each has its own `pack_for_cpu`) on prepacked oneDNN linears."""
+    return encoder.pack_for_cpu()
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

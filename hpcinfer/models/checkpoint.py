@@ -6,7 +6,6 @@ only, and JSON files are parsed as data.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,16 +14,14 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import ModelError
-from .bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from .bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
 from .classifier import ClassificationHead, SequenceClassifier, classifier_config, pair_separator, split_weights
-from .meta import empty_modules
+from .encoders import ENCODER_TYPES as ENCODER_TYPES  # re-exported: the native encoders' model_types
+from .encoders import encoder_config, encoder_from_weights
 from .st_files import POOLING_MODES as POOLING_MODES  # re-exported: the modes --pooling takes
 from .st_files import modules_pooling, read_model_json, truncation_length
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # decoder embedders (models/decoder_embedder.py)
-# RoBERTa, XLM-R and CamemBERT are BERT's shape with positions counted from padding_idx + 1 and one token type
-ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
-ENCODER_TYPES = ("bert", *ROBERTA_TYPES)  # the native encoder (models/bert.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,21 +79,9 @@ def model_dir_config(path: Path) -> Any:
 
 
 def inspect_checkpoint(path: Path) -> CheckpointInfo:
-    """Validates a checkpoint directory and reads everything but the weights."""
-    raw = model_dir_config(path)
-    kind = raw.get("model_type") if isinstance(raw, dict) else None
-    if kind not in ENCODER_TYPES:
-        raise ModelError(
-            f"unsupported model_type {kind!r} (supported: {', '.join(ENCODER_TYPES)}, {', '.join(DECODER_TYPES)}; "
-            "any other with --backend transformers)",
-            path=str(path),
-        )
-    try:
-        config = BertConfig.from_hf(raw)
-    except TypeError as exc:
-        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
-    if kind in ROBERTA_TYPES:  # NOTE: positions start after the padding index, so two fewer fit
-        config = replace(config, position_offset=int(raw.get("pad_token_id", 1)) + 1)
+    """Validates an encoder checkpoint directory (models/encoders.py: any native architecture) and
+    reads everything but the weights."""
+    config = encoder_config(model_dir_config(path), path)
     info = sentence_transformers_info(path, config)
     longest = config.max_position_embeddings - config.position_offset
     return replace(info, max_seq_length=min(info.max_seq_length, longest))
@@ -119,43 +104,6 @@ def sentence_transformers_info(
     mode, normalize = modules_pooling(path)
     pooling = PoolingSpec(mode=mode or default_pooling, normalize=normalize)
     return CheckpointInfo(path, config, pooling, max_len, prompts, prompt, decoder)
-
-
-_RENAMES = [
-    (r"^embeddings\.word_embeddings\.", "word_embeddings."),
-    (r"^embeddings\.position_embeddings\.", "position_embeddings."),
-    (r"^embeddings\.token_type_embeddings\.", "token_type_embeddings."),
-    (r"^embeddings\.LayerNorm\.", "embed_norm."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attn_out."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.attn_norm."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.ffn_in."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.ffn_out."),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.ffn_norm."),
-]
-_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
-_IGNORED = re.compile(r"^(pooler\.|embeddings\.position_ids$|cls\.)")
-
-
-def _native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Maps Hugging Face BERT names onto BertEncoder names, fusing Q, K and V."""
-    state: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in weights.items():
-        name = re.sub(r"^(bert|roberta|model)\.", "", name)
-        name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
-        if _IGNORED.match(name):
-            continue
-        if m := _QKV.match(name):
-            qkv.setdefault((m[1], m[3]), {})[m[2]] = tensor
-            continue
-        for pattern, repl in _RENAMES:
-            new, hits = re.subn(pattern, repl, name)
-            if hits:
-                state[new] = tensor
-                break
-    for (layer, kind), parts in qkv.items():
-        state[f"layers.{layer}.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
-    return state
 
 
 def weights_file(path: Path) -> Path | None:
@@ -224,19 +172,8 @@ def load_classifier(info: CheckpointInfo) -> tuple[BertEncoder, ClassificationHe
     return encoder_from_weights(info.config, encoder_weights, file), head.eval().requires_grad_(False)
 
 
-def load_encoder(info: CheckpointInfo) -> BertEncoder:
+def load_encoder(info: CheckpointInfo) -> Any:
     """Builds the encoder and loads its weights (float32, CPU); strict about missing tensors."""
     file = weights_file(info.path)
     assert file is not None, "inspect_checkpoint checked it"
     return encoder_from_weights(info.config, load_weights(file), file)
-
-
-def encoder_from_weights(config: BertConfig, weights: dict[str, torch.Tensor], file: Path) -> BertEncoder:
-    with empty_modules():
-        encoder = BertEncoder(config)
-    state = {k: v.float() for k, v in _native_state_dict(weights).items()}
-    missing = sorted(set(encoder.state_dict()) - set(state))
-    if missing:
-        raise ModelError(f"weights are missing {missing[:4]}", path=str(file))
-    encoder.load_state_dict(state, strict=False, assign=True)
-    return encoder.eval().requires_grad_(False)

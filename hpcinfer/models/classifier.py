@@ -1,35 +1,38 @@
 """Sequence classifiers (`--task classify`): a BERT-family encoder and its classification head.
 
-Three families, each read natively from a `*ForSequenceClassification` checkpoint:
-- BERT (`BertForSequenceClassification`): the pooler (dense + tanh on [CLS]), then `classifier`;
-- RoBERTa / XLM-R: positions counted from padding_idx + 1, one token type, and the head
-  `classifier.dense` + tanh + `classifier.out_proj` on <s>;
-- DistilBERT: no token types, its own weight names, `pre_classifier` + ReLU + `classifier`.
-The encoder is the embedding path's `BertEncoder`; the head turns the first token's state into
+Three heads, each read natively from a `*ForSequenceClassification` checkpoint:
+- BERT's: the pooler (dense + tanh on [CLS]), then `classifier`;
+- RoBERTa's (also XLM-R's, CamemBERT's and MPNet's): `classifier.dense` + tanh +
+  `classifier.out_proj` on <s>;
+- DistilBERT's: `pre_classifier` + ReLU + `classifier`.
+The encoder is the embedding path's (models/encoders.py, by model_type); the head turns the first token's state into
 logits, and `postprocess` into probabilities: softmax over the labels, or a sigmoid per label for
 `problem_type: multi_label_classification`. The writer takes the best label and its probability.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedModel
 from .batch_model import BatchSteps
-from .bert import BertConfig, BertEncoder
+from .bert import BertEncoder
+from .encoders import encoder_config
 
 FAMILIES = {
     "bert": "BertForSequenceClassification",
     "roberta": "RobertaForSequenceClassification",
     "xlm-roberta": "XLMRobertaForSequenceClassification",
+    "camembert": "CamembertForSequenceClassification",
     "distilbert": "DistilBertForSequenceClassification",
+    "mpnet": "MPNetForSequenceClassification",
 }
+_HEAD_FAMILY = {"xlm-roberta": "roberta", "camembert": "roberta", "mpnet": "roberta"}  # the same head's names
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,38 +49,19 @@ class ClassifierSpec:
     sep_id: int | None = None
 
 
-def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> tuple[BertConfig, ClassifierSpec]:
+def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> tuple[Any, ClassifierSpec]:
     """The encoder's config and the head's spec from a `*ForSequenceClassification` config.json;
     `score`: a cross-encoder's (one label), for `--task score`."""
     family = str(raw.get("model_type"))
     arch = next(iter(raw.get("architectures") or []), None)
     if family not in FAMILIES or arch != FAMILIES[family]:
         supported = ", ".join(FAMILIES.values())
-        raise ModelError(
-            f"not a sequence classifier we run: {arch!r} (supported: {supported}; "
-            "any other with --backend transformers)",
+        raise UnsupportedModel(
+            f"no native sequence classifier for {arch!r} (native: {supported}; any other on --backend transformers)",
             path=str(path),
         )
-    if family == "distilbert":  # its own names for the same shape
-        raw = {
-            "vocab_size": raw["vocab_size"],
-            "hidden_size": raw["dim"],
-            "num_hidden_layers": raw["n_layers"],
-            "num_attention_heads": raw["n_heads"],
-            "intermediate_size": raw["hidden_dim"],
-            "max_position_embeddings": raw["max_position_embeddings"],
-            "hidden_act": raw.get("activation", "gelu"),
-            "type_vocab_size": 0,
-            "layer_norm_eps": 1e-12,
-            **{k: raw[k] for k in ("id2label", "problem_type") if k in raw},
-        }
-    try:
-        config = BertConfig.from_hf(raw)
-    except (KeyError, TypeError) as exc:
-        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
-    if family in ("roberta", "xlm-roberta"):  # NOTE: positions start after the padding index
-        config = replace(config, position_offset=int(raw.get("pad_token_id", 1)) + 1)
-    return config, head_spec(raw, "roberta" if family == "xlm-roberta" else family, path, score)
+    config = encoder_config(raw, path)
+    return config, head_spec(raw, _HEAD_FAMILY.get(family, family), path, score)
 
 
 def head_spec(raw: dict[str, Any], family: str, path: Path, score: bool) -> ClassifierSpec:
@@ -142,24 +126,12 @@ _HEAD_NAMES = {
     "roberta": {"classifier.dense": "dense", "classifier.out_proj": "out"},
     "distilbert": {"pre_classifier": "dense", "classifier": "out"},
 }
-_DISTIL = [  # DistilBERT's names -> BERT's (the encoder's loader maps those)
-    (r"^distilbert\.embeddings\.LayerNorm\.", "embeddings.LayerNorm."),
-    (r"^distilbert\.embeddings\.", "embeddings."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.q_lin\.", r"encoder.layer.\1.attention.self.query."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.k_lin\.", r"encoder.layer.\1.attention.self.key."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.v_lin\.", r"encoder.layer.\1.attention.self.value."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.attention\.out_lin\.", r"encoder.layer.\1.attention.output.dense."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.sa_layer_norm\.", r"encoder.layer.\1.attention.output.LayerNorm."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.ffn\.lin1\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.ffn\.lin2\.", r"encoder.layer.\1.output.dense."),
-    (r"^distilbert\.transformer\.layer\.(\d+)\.output_layer_norm\.", r"encoder.layer.\1.output.LayerNorm."),
-]
 
 
 def split_weights(
     weights: dict[str, torch.Tensor], spec: ClassifierSpec
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(the encoder's weights under BERT's names, the head's under ClassificationHead's)."""
+    """(the encoder's weights as the checkpoint names them, the head's under ClassificationHead's)."""
     encoder: dict[str, torch.Tensor] = {}
     head: dict[str, torch.Tensor] = {}
     names = _HEAD_NAMES[spec.family]
@@ -168,12 +140,7 @@ def split_weights(
         if module in names:
             head[f"{names[module]}.{kind}"] = tensor
             continue
-        if spec.family == "distilbert":
-            for pattern, repl in _DISTIL:
-                name, hits = re.subn(pattern, repl, name)
-                if hits:
-                    break
-        encoder[re.sub(r"^roberta\.", "", name)] = tensor
+        encoder[name] = tensor  # NOTE: the architecture's rename (models/encoders.py) maps these
     return encoder, head
 
 

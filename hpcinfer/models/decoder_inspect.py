@@ -98,7 +98,7 @@ def _config(raw: dict[str, Any], path: Path) -> DecoderConfig:
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"incomplete config ({exc})", path=str(path)) from None
     except ModelError as exc:
-        raise ModelError(str(exc), path=str(path)) from None
+        raise type(exc)(str(exc), path=str(path)) from None  # NOTE: an UnsupportedModel stays one
 
 
 def loose_config(raw: dict[str, Any], path: Path) -> DecoderConfig:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..device.cpu_shape import matmul_slice_rows
-from ..errors import ModelError
+from ..errors import UnsupportedModel
 from .rope import ROPE_TYPES, rope_tables
 
 # NOTE: on CPU, MKL runs a [T, hidden] x [hidden, 2 * intermediate] matmul well below its usual
@@ -61,19 +61,19 @@ class DecoderConfig:
         arch = next(iter(raw.get("architectures") or []), None)
         family = ARCHITECTURES.get(str(arch))
         if family is None:
-            raise ModelError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+            raise UnsupportedModel(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
         if raw.get("hidden_act", "silu") != "silu":
-            raise ModelError(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
+            raise UnsupportedModel(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older checkpoints
         # write `rope_theta` beside a `rope_scaling` dict (or null).
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ROPE_TYPES:
-            raise ModelError(f"unsupported rope_scaling type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
+            raise UnsupportedModel(f"unsupported rope_scaling type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
         rope["rope_type"] = rope_type
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ModelError("partial_rotary_factor other than 1.0 is not supported")
+            raise UnsupportedModel("partial_rotary_factor other than 1.0 is not supported")
         heads = int(raw["num_attention_heads"])
         window = raw.get("sliding_window")
         if family == "qwen2" or family == "qwen3":

@@ -1,5 +1,6 @@
 """--task classify against transformers' own AutoModelForSequenceClassification on the same
-checkpoint: BERT, RoBERTa (positions from padding_idx + 1), XLM-R, DistilBERT, single- and
+checkpoint: BERT, RoBERTa (positions from padding_idx + 1), XLM-R, CamemBERT, DistilBERT, MPNet
+(its relative position bias), single- and
 multi-label; labels and probabilities, in input order, through the whole pipeline."""
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def _oracle(path, multi_label: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("family", "multi_label"), [("bert", False), ("roberta", False), ("xlm-roberta", True), ("distilbert", False)]
-)
+    ("family", "multi_label"),
+    [("bert", False), ("roberta", False), ("xlm-roberta", True), ("camembert", False), ("distilbert", False),
+     ("mpnet", False)],
+)  # fmt: skip
 def test_labels_and_scores_equal_transformers(tmp_path, family, multi_label, one_torch_thread):
     labels = ("sports", "politics", "science", "arts")
     path = build_tiny_classifier(tmp_path / family, family, labels, multi_label, seed=3)

@@ -22,7 +22,9 @@ DOCS = make_texts(40, seed=22)
 PAIRS = [(QUERIES[i % len(QUERIES)], DOCS[i]) for i in range(len(DOCS))]
 
 
-@pytest.mark.parametrize(("family", "identity"), [("bert", False), ("roberta", True), ("distilbert", False)])
+@pytest.mark.parametrize(
+    ("family", "identity"), [("bert", False), ("roberta", True), ("distilbert", False), ("mpnet", False)]
+)
 def test_scores_equal_cross_encoder(tmp_path, family, identity, one_torch_thread):
     path = build_tiny_classifier(tmp_path / family, family, ("LABEL_0",), seed=5)
     if identity:  # a checkpoint whose CrossEncoder config asks for the raw logit

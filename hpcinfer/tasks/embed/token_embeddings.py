@@ -27,8 +27,9 @@ from ...files.part_format import id_array
 from ...files.parts import TableStore
 from ...files.sources import is_openai_input
 from ...models.batch_model import BatchSteps
-from ...models.bert import BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from ...models.bert import can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import DECODER_TYPES, CheckpointInfo, PoolingSpec, load_encoder, model_dir_config
+from ...models.encoders import encoder_config
 from ...models.registry import resolve_model_path
 from ...models.st_files import check_transformer_output, read_model_json, truncation_length
 from ...pipeline.task import window_cut
@@ -67,7 +68,7 @@ class TokenEmbedder(BatchSteps):
 
     output_dim = 0
 
-    def __init__(self, encoder: BertEncoder, max_length: int, dim: int) -> None:
+    def __init__(self, encoder: Any, max_length: int, dim: int) -> None:
         self.encoder, self.max_length, self.dim = encoder, max_length, dim
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
@@ -88,12 +89,7 @@ def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo
             f"--output-value token_embeddings runs hpcinfer's BERT encoders; a decoder embedder ({kind}) "
             "gives sentence embeddings only"
         )
-    if not isinstance(raw, dict) or kind != "bert":
-        raise ModelError(f"--output-value token_embeddings: unsupported model_type {kind!r} (bert)", path=str(path))
-    try:
-        config = BertConfig.from_hf(raw)
-    except TypeError as exc:
-        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    config = encoder_config(raw, path)  # NOTE: any native encoder (models/encoders.py)
     _check_modules(path)
     prompts: dict[str, str] = {}
     prompt = ""
@@ -103,7 +99,8 @@ def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo
         if isinstance(raw_st, dict):
             prompts = {str(k): str(v) for k, v in (raw_st.get("prompts") or {}).items()}
             prompt = prompts.get(str(raw_st.get("default_prompt_name")), "")
-    longest = truncation_length(path, config.max_position_embeddings)
+    positions = config.max_position_embeddings
+    longest = min(truncation_length(path, positions), positions - config.position_offset)  # RoBERTa's offset
     head = TokenEmbeddingHead(max_length or longest, config.hidden_size)
     return CheckpointInfo(path, config, PoolingSpec(), longest, prompts, prompt, head=head)
 
