@@ -1,7 +1,8 @@
 """The library entry point: `run(RunConfig) -> report`. The CLI is a thin shell over this.
 
-`run` picks the task (registry.py: `--task`, or what the checkpoint is), refuses the options that
-task would not read, lets it settle the config, and runs it here or on a Ray cluster. It knows no
+`run` picks the task (registry.py: `--task`, or what the checkpoint is) and the backend (`auto`:
+native where hpcinfer has the architecture), refuses the options that task would not read, lets it
+settle the config, and runs it here or on a Ray cluster. It knows no
 task by name. Nothing below this module imports it.
 """
 
@@ -22,7 +23,7 @@ from .obs.observed import Observed, ReportFiles
 from .obs.profile import RangeBackend
 from .obs.progress import Progress
 from .obs.report_json import JsonReport
-from .registry import RunGiven, check_honoured, pick_task, task_named
+from .registry import RunGiven, check_honoured, pick_task, settle_backend, task_named
 
 __all__ = ["Interrupted", "run"]
 
@@ -54,7 +55,7 @@ def run(
     storage.configure(config.storage())  # NOTE: before any input is opened or output looked at
     config = replace(config, output=replace(config.output, path=storage.local_path(config.output.path)))
     task = task_named(pick_task(config))
-    config = replace(config, task=task.name)
+    config, fallback = settle_backend(task, replace(config, task=task.name))  # NOTE: before the task settles
     affinity = config.device.cpu_affinity.strip()
     if affinity != "off" and config.device.tensor_parallel > 1:
         raise ConfigError("--cpu-affinity pins the threads of one process; not with --tp (a process per rank) yet")
@@ -66,6 +67,8 @@ def run(
     config = task.settle(config)  # NOTE: the task's own refusals first: they say more than "not read"
     check_honoured(task, config)  # an option the task would not read is refused, not ignored
     progress = progress or Progress(config.pipeline.progress)
+    if fallback:
+        progress.note(fallback)
     with Observed(progress.meter, report_files(config), machine_facts) as observed:
         if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
             from .ray_engine.driver import run_on_ray
@@ -74,6 +77,8 @@ def run(
         else:
             given = RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop)
             report = task.run(config, given)
+        if hasattr(report, "backend"):  # every built-in task's report says which models ran
+            report.backend = config.backend
         observed.finish(report)
     return report
 

@@ -241,8 +241,8 @@ class RunConfig:
     trace_path: str | None = None
     storage_options: str | None = None  # JSON: what every fsspec filesystem is made with (endpoint, region...)
     task: str = "auto"  # auto (from the checkpoint) | a task registry.TASKS names
-    # native | transformers (the pooling tasks on any checkpoint transformers loads)
-    backend: str = choice("native", ("native", "transformers"))
+    # auto (native where hpcinfer has the architecture, else transformers) | native | transformers
+    backend: str = choice("auto", ("auto", "native", "transformers"))
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 

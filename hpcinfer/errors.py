@@ -9,7 +9,7 @@ class HpcinferError(Exception):
     exit_code = 2
 
     def __init__(self, message: str, *, path: str | None = None) -> None:
-        self.path = path
+        self.path, self.reason = path, message
         super().__init__(f"{path}: {message}" if path else message)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -107,6 +107,10 @@ class Task(Protocol):
     def run(self, config: RunConfig, given: RunGiven) -> JsonReport:
         """The run on this machine; returns the task's report."""
 
+    def native_problem(self, config: RunConfig) -> str | None:
+        """Why hpcinfer's own model cannot run the checkpoint for this task (None when it can, or
+        when the task has no transformers path to fall back on: its native refusal is the answer)."""
+
     def cluster(self) -> Any:
         """Its side of a Ray run (a `ray_engine.driver.ClusterTask`)."""
 
@@ -154,6 +158,23 @@ def pick_task(config: RunConfig) -> str:
     return config.task if config.task != "auto" else auto_task(config)[0]
 
 
+# What a run on the transformers path gives up, said when `--backend auto` takes it
+FALLBACK_COST = "transformers' own forward, without fused QKV, prepacked CPU linears or int8"
+
+
+def settle_backend(task: Task, config: RunConfig) -> tuple[RunConfig, str]:
+    """The run's config with `--backend auto` made native or transformers for this checkpoint and
+    task, and the one line that says so when it is not native ("" otherwise, and for a backend given)."""
+    if config.backend != "auto":
+        return config, ""
+    native_problem = getattr(task, "native_problem", None)  # NOTE: a task without one runs natively
+    problem = native_problem(config) if native_problem is not None else None
+    if problem is None:
+        return replace(config, backend="native"), ""
+    line = f"hpcinfer: {problem}: running on --backend transformers ({FALLBACK_COST})"
+    return replace(config, backend="transformers"), line
+
+
 class IgnoredOptions(ConfigError):
     """Options set that the run's task would not read: refused rather than silently ignored."""
 
@@ -198,5 +219,6 @@ __all__ = [
     "load_object",
     "pick_task",
     "read_checkpoint",
+    "settle_backend",
     "task_named",
 ]

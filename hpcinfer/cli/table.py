@@ -69,9 +69,11 @@ OPTIONS: tuple[Opt, ...] = (
         "sentence-transformers files: it embeds), an encoder embeds; classify: a *ForSequenceClassification "
         "checkpoint labels each row; score: a cross-encoder (one label) scores each row's text pair.",
         type=choice(["auto", *TASKS])),
-    opt("--backend", "backend", "Model and task", "native: hpcinfer's own models (BERT family, Llama family, "
-        "the classifiers); transformers: the embed, classify and score tasks on any checkpoint transformers "
-        "loads (AutoModel, AutoModelForSequenceClassification), inside the same pipeline."),
+    opt("--backend", "backend", "Model and task", "auto (default): hpcinfer's own models where it has the "
+        "checkpoint's architecture (docs/models.md), else transformers', with a line saying so; native: "
+        "hpcinfer's own only (another architecture is refused); transformers: transformers' AutoModel, "
+        "AutoModelForSequenceClassification or AutoModelForCausalLM for embed, classify, score and generate, "
+        "inside the same pipeline.", type=choice(["auto", "native", "transformers"])),
     opt("--pair-columns", "input.pair_columns", "Input", "--task score: the two text columns of a pair, as "
         "A,B; default query,document or text,text_pair, whichever the input has.", metavar="A,B"),
     opt("--all-scores", "classify.all_scores", "Embedding", "--task classify: every label's probability in a "

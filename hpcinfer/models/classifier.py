@@ -54,6 +54,8 @@ def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> t
     `score`: a cross-encoder's (one label), for `--task score`."""
     family = str(raw.get("model_type"))
     arch = next(iter(raw.get("architectures") or []), None)
+    if not str(arch).endswith("ForSequenceClassification"):
+        raise ModelError(f"not a sequence classifier: {arch!r} (a *ForSequenceClassification)", path=str(path))
     if family not in FAMILIES or arch != FAMILIES[family]:
         supported = ", ".join(FAMILIES.values())
         raise UnsupportedModel(

@@ -59,6 +59,9 @@ def nomic_bert_config(raw: dict[str, Any]) -> NomicBertConfig:
         "mlp_fc1_bias": False,
         "mlp_fc2_bias": False,
         "prenorm": False,
+        "causal": False,
+        "rotary_scaling_factor": None,  # NOTE: dynamic NTK scaling past the trained length: not here
+        "rotary_emb_scale_base": None,
     }
     for name, native in original.items():
         if raw.get(name, native) != native:

@@ -182,7 +182,7 @@ def embed_fingerprint(
         extra["quantize"] = weights
     if weights == "int8":  # NOTE: two kernels round differently: a resumed run goes on with the one that began
         extra["int8_kernel"] = config.device.int8_kernel
-    if config.backend != "native":
+    if config.backend == "transformers":
         extra["backend"] = config.backend
     extra |= encoder_task(config).fingerprint(config)
     return fingerprint(files, info.path, options | {k: v for k, v in extra.items() if v})

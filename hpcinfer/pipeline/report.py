@@ -34,6 +34,7 @@ class RunReport(JsonReport):
     device: str = ""
     dtype: str = ""
     model: str = ""
+    backend: str = ""  # the models that ran: native (hpcinfer's own) or transformers
     output: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)
     bottleneck: str = ""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import PlanConfig, RunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, HpcinferError, UnsupportedModel
 from ..files.parts import PartStore
 from ..files.sources import Source, is_openai_input
 from ..models.checkpoint import CheckpointInfo
@@ -40,6 +40,7 @@ class EncoderTask:
     name = ""
     own: tuple[str, ...] = ()
     endpoints: tuple[str, ...] = ()
+    transformers_path = True  # `--backend auto` falls back to transformers where the native models cannot run it
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         return None
@@ -67,6 +68,22 @@ class EncoderTask:
                 f"--tp splits a decoder (generation, decoder embedders); --task {self.name} runs an encoder"
             )
         return config
+
+    def native_problem(self, config: RunConfig) -> str | None:
+        """Why the native models cannot run the checkpoint for this task (registry.settle_backend):
+        the reason hpcinfer has no native model for it; None where they can, or where the task has
+        no transformers path (`transformers_path` False: the native refusal is the answer)."""
+        if not self.transformers_path:
+            return None
+        from ..models.registry import resolve_model_path
+
+        try:
+            self.inspect(resolve_model_path(config.model), replace(config, backend="native"))
+        except UnsupportedModel as exc:
+            return exc.reason.split(" (")[0]
+        except HpcinferError:  # NOTE: any other problem is the native run's to report, in its own order
+            return None
+        return None
 
     def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
         """The checkpoint's facts for this task (`--backend transformers`: as transformers loads it)."""

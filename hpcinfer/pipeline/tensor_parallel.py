@@ -42,7 +42,7 @@ def refusal(config: RunConfig, info: CheckpointInfo, devices: list[Device]) -> s
     n = config.device.tensor_parallel
     if info.decoder is None:
         return f"--tp {n} splits a decoder; this checkpoint is an encoder (run it with --tp 1)"
-    if config.backend != "native":
+    if config.backend == "transformers":
         return "--tp runs hpcinfer's own decoder, not --backend transformers"
     if len(devices) > 1:
         return "--tp with --devices runs generation; a pooling task runs one tensor-parallel group"

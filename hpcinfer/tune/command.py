@@ -83,9 +83,10 @@ def tune(
     on_trial: Callable[[Search, Trial | None, str], None] | None = None,
 ) -> TuneResult:
     """Draws the sample, runs the search; `on_trial(search, trial, status)` drives a live display."""
-    from ..registry import check_honoured, pick_task, task_named
+    from ..registry import check_honoured, pick_task, settle_backend, task_named
 
     picked = task_named(pick_task(base))
+    base, _ = settle_backend(picked, base)  # NOTE: trials run the job directly: the backend is settled once here
     check_honoured(picked, replace(base, task=picked.name))
     # NOTE: what the task settles (a score run's pair columns) is kept; the task as given stays, for the recipe
     base = replace(base, input=picked.settle(replace(base, task=picked.name)).input)

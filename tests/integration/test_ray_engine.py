@@ -292,6 +292,23 @@ def test_retrieval_outputs_on_ray_equal_the_local_engine(tmp_path, tiny_model, r
     assert local.num_rows == 90 and on_ray.equals(local)
 
 
+def test_a_native_encoder_beyond_bert_on_ray_equals_the_local_engine(tmp_path, ray_address):
+    """The replicas build the checkpoint's own architecture (ModernBERT: RoPE, sliding-window
+    layers, rows packed without padding), with no backend flag, as the local engine does."""
+    from tests.fixtures.tiny_encoders import build_tiny_encoder
+
+    model = build_tiny_encoder(tmp_path, "modernbert")
+    rows = [{"id": i, "text": t} for i, t in enumerate(make_texts(90, seed=19))]
+    rows[11]["text"] = ""  # a reject on both
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    over: dict = {"plan": {"sort_window": 30}}
+    local_report, local = run_job(small_config(src, tmp_path / "local.parquet", model, **over))
+    report, on_ray = run_job(_ray(small_config(src, tmp_path / "ray.parquet", model, **over)))
+    assert local.num_rows == 89
+    _same_output(tmp_path / "local.parquet", tmp_path / "ray.parquet")  # NOTE: other batches: float rounding apart
+    assert report.rejects == local_report.rejects == {"empty_text": 1} and report.backend == "native"
+
+
 def test_the_local_instance_a_run_starts_runs_its_workers_at_the_runs_priority():
     # Ray's own default is nice 15: beside other busy work its replicas would get a few percent of a core
     script = (

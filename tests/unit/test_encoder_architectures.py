@@ -10,81 +10,18 @@ job; `SentenceTransformer.encode` is the oracle, and the report says the run was
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import transformers
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.base.modules import Transformer
-from sentence_transformers.sentence_transformer.modules import Pooling
 from tokenizers import Tokenizer
 
-from hpcinfer.models.registry import inspect_embedder, resolve_model_path
+from hpcinfer.models.registry import inspect_embedder
+from tests.fixtures.tiny_encoders import ARCHITECTURES, build_tiny_encoder
 
-from ..conftest import make_texts, run_job, small_config, write_jsonl
+from ..conftest import assert_a_late_fault_resumes_to_the_whole_run, make_texts, run_job, small_config, write_jsonl
 
 TEXTS = make_texts(300, seed=47)
-SHAPE = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 96}
-# model_type -> (transformers' class prefix, config fields, the positions the checkpoint leaves rows)
-ARCHITECTURES: dict[str, tuple[str, dict[str, Any], int]] = {
-    "distilbert": (
-        "DistilBert",
-        {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 96, "max_position_embeddings": 64, "pad_token_id": 0},
-        64,
-    ),
-    "mpnet": ("MPNet", {**SHAPE, "max_position_embeddings": 66, "pad_token_id": 1}, 64),
-    "modernbert": (
-        "ModernBert",
-        # NOTE: a window of 8 tokens either side, so most rows' local layers see only part of them
-        {
-            **SHAPE,
-            "max_position_embeddings": 64,
-            "local_attention": 16,
-            "pad_token_id": 0,
-            "bos_token_id": 101,
-            "eos_token_id": 102,
-            "cls_token_id": 101,
-            "sep_token_id": 102,
-        },
-        64,
-    ),  # fmt: skip
-    "nomic_bert": ("NomicBert", {**SHAPE, "max_position_embeddings": 64, "pad_token_id": 0}, 64),
-}
-
-
-def build(root: Path, kind: str, pooling: str = "mean") -> Path:
-    """A random `kind` model (transformers' own class) as a saved SentenceTransformer."""
-    import torch
-
-    prefix, fields, limit = ARCHITECTURES[kind]
-    raw = root / f"{kind}-raw"
-    raw.mkdir(parents=True)
-    source = resolve_model_path("default")
-    shutil.copy(source / "tokenizer.json", raw / "tokenizer.json")
-    vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
-    config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, **fields)
-    torch.manual_seed(5)
-    model = getattr(transformers, f"{prefix}Model")(config).eval()
-    with torch.no_grad():  # NOTE: weights large enough that attention is sharp (a wrong mask or position
-        for name, p in model.named_parameters():  # shows), and norms and biases not at their 1 and 0
-            if p.dim() == 1:
-                p.copy_(
-                    (1.0 if "norm" in name.lower() and name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p)
-                )
-            else:
-                p.normal_(0, 0.15)
-    model.save_pretrained(raw, safe_serialization=True)
-    (raw / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "[PAD]", "model_max_length": 512})
-    )
-    transformer = Transformer(str(raw), max_seq_length=limit)
-    out = root / kind
-    modules = [transformer, Pooling(64, pooling_mode=pooling)]
-    SentenceTransformer(modules=modules, device="cpu").save(str(out))
-    return out
 
 
 def cosines(ours: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -93,7 +30,7 @@ def cosines(ours: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_embeddings_equal_sentence_transformers_natively_with_no_backend_flag(tmp_path, kind):
-    model = build(tmp_path, kind)
+    model = build_tiny_encoder(tmp_path, kind)
     info = inspect_embedder(model, "embed")
     assert info.config.model_type == kind
     tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
@@ -107,4 +44,45 @@ def test_embeddings_equal_sentence_transformers_natively_with_no_backend_flag(tm
     expected = oracle.encode(TEXTS, batch_size=32, convert_to_numpy=True)
     cos = cosines(ours, expected)
     assert cos.min() >= 0.99999, f"min cosine {cos.min():.7f} at row {int(cos.argmin())}"
-    assert report.rows == len(TEXTS)
+    assert report.rows == len(TEXTS) and report.backend == "native"
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "nomic_bert"])
+def test_token_embeddings_equal_sentence_transformers(tmp_path, kind):
+    model = build_tiny_encoder(tmp_path, kind)
+    texts = TEXTS[:60]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", model, embed={"output_value": "token_embeddings"}))
+    ours = [np.asarray(row, np.float32) for row in table.column("token_embeddings").to_pylist()]
+    st = SentenceTransformer(str(model), device="cpu")
+    theirs = [t.numpy() for t in st.encode(texts, output_value="token_embeddings", batch_size=16)]
+    assert [o.shape for o in ours] == [t.shape for t in theirs]
+    scale = max(float(np.abs(t).max()) for t in theirs)
+    assert max(float(np.abs(o - t).max()) for o, t in zip(ours, theirs, strict=True)) <= 1e-5 * scale
+
+
+def test_rejects_and_a_late_fault_resume_to_the_whole_run_on_modernbert(tmp_path):
+    """The pipeline around the model is the same for every architecture: bad rows are rejects, and
+    a run failing in its last window resumes to exactly the uninterrupted output (rows packed
+    without padding included)."""
+    model = build_tiny_encoder(tmp_path, "modernbert")
+    rows: list[dict] = [{"id": i, "text": t} for i, t in enumerate(TEXTS[:150])]
+    rows[7]["text"], rows[90]["text"] = "", 12
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert_a_late_fault_resumes_to_the_whole_run(tmp_path, src, model)
+    rejects = (tmp_path / "part.jsonl.rejects.jsonl").read_text().splitlines()
+    assert [json.loads(r)["row"] for r in rejects] == [7, 90]
+
+
+@pytest.mark.parametrize("kind", ["mpnet", "modernbert", "nomic_bert"])
+def test_int8_weights_take_every_native_encoder(tmp_path, kind):
+    """--quantize int8 swaps the linears of any native encoder's `layers`; the run's own check (int8
+    against float32 on its first rows) passes and the output is not the float one."""
+    model = build_tiny_encoder(tmp_path, kind)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS[:80])])
+    _, floats = run_job(small_config(src, tmp_path / "f32.parquet", model))
+    report, ints = run_job(small_config(src, tmp_path / "i8.parquet", model, device={"quantize": "int8"}))
+    assert report.quantize["chosen"] == "int8", report.quantize
+    ours = np.asarray(ints.column("embedding").to_pylist(), dtype=np.float32)
+    ref = np.asarray(floats.column("embedding").to_pylist(), dtype=np.float32)
+    assert not np.array_equal(ours, ref) and cosines(ours, ref).min() >= 0.98

@@ -61,10 +61,11 @@ def test_an_architecture_only_transformers_runs(tmp_path, one_torch_thread):
             (path / name).write_bytes((source / name).read_bytes())
     write_sentence_transformers_files(path, 32, "mean", True, 128)
     with pytest.raises(ModelError, match="--backend transformers"):
-        _run(tmp_path, path, "native")
+        _run(tmp_path, path, "native", backend="native")
     ours = _vectors(_run(tmp_path, path, "hf", backend="transformers"))
     theirs = SentenceTransformer(str(path), device="cpu").encode(TEXTS, convert_to_numpy=True)
     assert np.abs(ours - theirs).max() <= 1e-5
+    assert np.array_equal(_vectors(_run(tmp_path, path, "auto")), ours)  # no flag: the same fallback
 
 
 def test_generation_refuses_what_static_batches_lack(tmp_path):

@@ -68,7 +68,7 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["model_type"] = "gpt2"
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelError, match="unsupported model_type 'gpt2'"):
+    with pytest.raises(ModelError, match="no native encoder for model_type 'gpt2'"):
         inspect_embedder(path)
 
 

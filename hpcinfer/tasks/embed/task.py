@@ -38,6 +38,12 @@ class EmbedTask(EncoderTask):
             return settle_token_embeddings(config)
         return config
 
+    def native_problem(self, config: RunConfig) -> str | None:
+        """Token embeddings run only natively (their refusal is the answer); sentence embeddings fall back."""
+        if config.embed.output_value == "token_embeddings":
+            return None
+        return super().native_problem(config)
+
     def inspect(self, path: Path, config: RunConfig) -> CheckpointInfo:
         """--output-value token_embeddings: the BERT encoder with its own head (token_embeddings.py)."""
         if config.embed.output_value == "token_embeddings":

@@ -147,7 +147,7 @@ def settle_token_embeddings(config: RunConfig) -> RunConfig:
         (embed.dimensions is not None, "--dimensions truncates the sentence embedding (Matryoshka)"),
         (embed.pooling is not None, "--pooling makes the sentence embedding of the token states"),
         (embed.normalize is not None, "--normalize/--no-normalize apply to the sentence embedding"),
-        (config.backend != "native", "--backend transformers: token embeddings run hpcinfer's own BERT encoder"),
+        (config.backend == "transformers", "--backend transformers: token embeddings run hpcinfer's own BERT encoder"),
         (config.device.quantize != "none", f"--quantize {config.device.quantize}: token embeddings run float weights"),
         (config.device.tensor_parallel > 1, "--tp splits a decoder; token embeddings run an encoder"),
     ]

@@ -51,6 +51,7 @@ class GenerateReport(JsonReport):
     dtype: str = ""
     int8_kernel: str = ""  # --quantize int8: the kernel every engine ran (models/int8_kernels.py)
     model: str = ""
+    backend: str = ""  # the models that ran: native (hpcinfer's own) or transformers
     output: str = ""
     steps: int = 0
     prefill_tokens: int = 0  # recomputation after preemption included

@@ -53,7 +53,7 @@ def first_device(config: RunConfig) -> tuple[torch.device, torch.dtype]:
 def run_decoder_info(config: RunConfig) -> DecoderInfo:
     """The checkpoint's facts, its context capped by --max-model-len (positions, the KV pool's
     longest sequence and the longest prompt follow); a cap past the checkpoint's context is refused."""
-    info = inspect_decoder(resolve_model_path(config.model), native=config.backend == "native")
+    info = inspect_decoder(resolve_model_path(config.model), native=config.backend != "transformers")
     cap = config.generate.max_model_len
     if cap is None:
         return info
@@ -140,7 +140,7 @@ def generation_fingerprint(
         options["quantize"] = [config.device.quantize, g.kv_cache_dtype]
     if config.device.quantize == "int8":  # NOTE: settled before: two kernels round differently
         options["int8_kernel"] = config.device.int8_kernel
-    if config.backend != "native":
+    if config.backend == "transformers":
         options["backend"] = config.backend
     return fingerprint(files, info.path, options)
 

@@ -42,9 +42,23 @@ class GenerateTask:
         }
 
     def settle(self, config: RunConfig) -> RunConfig:
-        if config.backend != "native":  # static batches: what it cannot do is refused here
+        if config.backend == "transformers":  # static batches: what it cannot do is refused here
             transformers_refusals(config)
         return config
+
+    def native_problem(self, config: RunConfig) -> str | None:
+        """Why the native decoder cannot generate from the checkpoint (registry.settle_backend)."""
+        from ...errors import HpcinferError, UnsupportedModel
+        from ...models.decoder_inspect import inspect_decoder
+        from ...models.registry import resolve_model_path
+
+        try:
+            inspect_decoder(resolve_model_path(config.model), native=True)
+        except UnsupportedModel as exc:
+            return exc.reason.split(" (")[0]
+        except HpcinferError:  # NOTE: any other problem is the native run's to report, in its own order
+            return None
+        return None
 
     def run(self, config: RunConfig, given: RunGiven) -> Any:
         if given.batch_profiler is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...errors import ModelError
+from ...errors import ModelError, UnsupportedModel
 from ...models.batch_model import BatchSteps
 from ...models.bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import (
@@ -100,14 +100,15 @@ def token_architecture(family: str) -> str:
 
 
 def inspect_token_classifier(path: Path, max_length: int | None) -> CheckpointInfo:
-    """BERT, RoBERTa / XLM-R and DistilBERT token classifiers; `max_length`: --max-length, if given."""
+    """The native encoders' token classifiers (BERT, RoBERTa / XLM-R / CamemBERT, DistilBERT, MPNet);
+    `max_length`: --max-length, if given."""
     raw = model_dir_config(path)
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     family, arch = str(raw.get("model_type")), next(iter(raw.get("architectures") or []), None)
     if family not in FAMILIES or arch != token_architecture(family):
         supported = ", ".join(token_architecture(f) for f in FAMILIES)
-        raise ModelError(f"not a token classifier we run: {arch!r} (supported: {supported})", path=str(path))
+        raise UnsupportedModel(f"no native token classifier for {arch!r} (native: {supported})", path=str(path))
     # NOTE: the encoder and labels read as for the family's sequence classifier: same config, same names
     config, spec = classifier_config({**raw, "architectures": [FAMILIES[family]]}, path)
     info = sentence_transformers_info(path, config, "cls")

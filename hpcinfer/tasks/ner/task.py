@@ -20,6 +20,8 @@ from .store import TokenLabelStore
 class NerTask(EncoderTask):
     name = "ner"
 
+    transformers_path = False  # native only: --backend auto runs it natively or refuses it
+
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.architecture.endswith("ForTokenClassification"):
             return f"a {checkpoint.architecture}: a label per token"
@@ -27,7 +29,7 @@ class NerTask(EncoderTask):
 
     def settle(self, config: RunConfig) -> RunConfig:
         config = super().settle(config)
-        if config.backend != "native":
+        if config.backend == "transformers":
             raise ConfigError("--task ner runs hpcinfer's own BERT-family encoders; drop --backend transformers")
         if config.device.quantize != "none":
             raise ConfigError("--task ner runs float weights (int8 is checked by embeddings' cosine); drop --quantize")

@@ -26,6 +26,8 @@ class SparseTask(EncoderTask):
     # max_active_dims; 0 keeps the checkpoint's own max_active_dims
     own = ("sparse.max_active_dims",)
 
+    transformers_path = False  # native only: --backend auto runs it natively or refuses it
+
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.sentence_transformers and is_splade(checkpoint.path):
             return "sentence-transformers MLMTransformer + SpladePooling modules: a sparse (SPLADE) embedding"
@@ -44,7 +46,7 @@ class SparseTask(EncoderTask):
 
     def settle(self, config: RunConfig) -> RunConfig:
         config = super().settle(config)
-        if config.backend != "native":
+        if config.backend == "transformers":
             raise ConfigError(
                 "--task sparse runs hpcinfer's own BERT encoder and MLM head; drop --backend transformers"
             )

@@ -1,0 +1,188 @@
+"""The native encoders against what a user would run instead, whole process, side by side in one run.
+
+For each architecture (`--architectures`), a random checkpoint at real size (hidden 768, 12
+layers, 12 heads, intermediate 3072, the MiniLM vocabulary; mean pooling; max_seq_length 512),
+built by the installed transformers and saved by sentence-transformers, embeds the corpus
+(sample_data's texts, mixed lengths) three ways:
+
+- `hpcinfer run` with no backend flag (native for these architectures);
+- `hpcinfer run --backend transformers` (transformers' own model in hpcinfer's pipeline);
+- sentence-transformers `encode` at its best batch size (picked first on 128 rows per size, not
+  counted).
+
+Each is a fresh process timed from start to exit, so start-up counts as users pay it. Outputs are
+checked against each other (minimum cosine). Then, for ModernBERT, one in-process comparison of
+its unpadded layers (rows packed without padding) against the same model run padded, on the same
+loaded weights, alternating.
+
+    python benchmarks/speed/bench_encoders.py [--architectures mpnet,xlm-roberta,modernbert] [--rows 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
+
+from benchmarks.common import lscpu, timed_process  # noqa: E402
+from benchmarks.speed.bench_pooling_tasks import SCRIPT, write_corpus  # noqa: E402
+
+BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+ARCHITECTURES = {  # name -> (transformers' class prefix, config fields)
+    "mpnet": ("MPNet", {**BASE, "max_position_embeddings": 514, "pad_token_id": 1}),
+    "xlm-roberta": ("XLMRoberta", {**BASE, "max_position_embeddings": 514, "pad_token_id": 1, "type_vocab_size": 1}),
+    # ModernBERT-base's shape: 22 layers, intermediate 1152, local window 128
+    "modernbert": ("ModernBert", {"hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12,
+                                  "intermediate_size": 1152, "max_position_embeddings": 8192, "pad_token_id": 0,
+                                  "bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101,
+                                  "sep_token_id": 102}),
+    "distilbert": ("DistilBert", {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072}),
+    "nomic_bert": ("NomicBert", {**BASE, "max_position_embeddings": 2048}),
+}  # fmt: skip
+ST_SETUP = "from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer({model!r}, device='cpu')"
+ST_RUN = "    result = model.encode([r['text'] for r in rows], batch_size=BATCH, show_progress_bar=False)"
+PICK_ROWS = 128
+
+
+def build(folder: Path, name: str) -> Path:
+    """A random `name` model at real size, as a saved SentenceTransformer (mean pooling, 512 tokens)."""
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from hpcinfer.models.registry import resolve_model_path
+
+    prefix, fields = ARCHITECTURES[name]
+    raw = folder / f"{name}-raw"
+    raw.mkdir(parents=True)
+    source = resolve_model_path("default")
+    shutil.copy(source / "tokenizer.json", raw / "tokenizer.json")
+    vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, **fields)
+    model = getattr(transformers, f"{prefix}Model")(config)
+    model.eval().save_pretrained(raw, safe_serialization=True)
+    (raw / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "[PAD]", "model_max_length": 512})
+    )
+    hidden = int(fields.get("hidden_size", fields.get("dim", 768)))
+    out = folder / name
+    modules = [Transformer(str(raw), max_seq_length=512), Pooling(hidden, pooling_mode="mean")]
+    SentenceTransformer(modules=modules, device="cpu").save(str(out))
+    return out
+
+
+def embeddings(path: Path) -> np.ndarray:
+    return np.asarray(pq.read_table(path).column("embedding").to_pylist(), dtype=np.float32)
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return round(float(cos.min()), 6)
+
+
+def bench(name: str, args: argparse.Namespace, folder: Path, env: dict[str, str]) -> dict:
+    model = build(folder, name)
+    corpus = folder / "corpus.jsonl"
+    write_corpus("embed", args.rows, corpus)
+    pick_corpus = folder / "pick.jsonl"
+    write_corpus("embed", PICK_ROWS, pick_corpus)
+    common = {"threads": args.threads, "setup": ST_SETUP.format(model=str(model)), "run": ST_RUN, "sizes": args.sizes}
+    pick = SCRIPT.format(**common, corpus=str(pick_corpus), pick=True, out="", batch=0).replace("rows[:512]", "rows")
+    chosen = subprocess.run([sys.executable, "-c", pick], env=env, capture_output=True, text=True, check=False)
+    if chosen.returncode != 0:
+        raise SystemExit(chosen.stderr[-2000:])
+    batch = int(chosen.stdout.strip().splitlines()[-1])
+    st_out = folder / f"{name}.npy"
+    encode = SCRIPT.format(**common, corpus=str(corpus), pick=False, out=str(st_out), batch=batch)
+    sides = {"sentence-transformers": [sys.executable, "-c", encode]}
+    for side, extra in (("hpcinfer", []), ("hpcinfer --backend transformers", ["--backend", "transformers"])):
+        out = folder / f"{name}-{len(extra)}.parquet"
+        sides[side] = [sys.executable, "-m", "hpcinfer", "run", str(corpus), "-o", str(out), "--model", str(model),
+                       "--threads", str(args.threads), "--progress", "off", "-q", "--overwrite", *extra]  # fmt: skip
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(args.rounds):
+        for side, cmd in sides.items():
+            times[side].append(timed_process(cmd, env)[0])
+    s = {side: statistics.median(t) for side, t in times.items()}
+    theirs = np.load(st_out)
+    native, fallback = embeddings(folder / f"{name}-0.parquet"), embeddings(folder / f"{name}-2.parquet")
+    return {
+        "architecture": name, "st_batch_size": batch, **{f"{k}_s": round(v, 2) for k, v in s.items()},
+        "vs_sentence_transformers": round(s["sentence-transformers"] / s["hpcinfer"], 3),
+        "vs_backend_transformers": round(s["hpcinfer --backend transformers"] / s["hpcinfer"], 3),
+        "min_cosine_native_st": min_cosine(native, theirs), "min_cosine_fallback_st": min_cosine(fallback, theirs),
+    }  # fmt: skip
+
+
+def unpadded_against_padded(args: argparse.Namespace, folder: Path) -> dict:
+    """ModernBERT's rows packed without padding against the same weights run padded, in one process."""
+    import torch
+
+    from hpcinfer.api import run
+    from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig
+    from hpcinfer.models.registry import inspect_embedder, load_model
+
+    torch.set_num_threads(args.threads)
+    model = folder / "modernbert"
+    corpus = folder / "corpus.jsonl"
+    info = inspect_embedder(model, "embed")
+    loaded = load_model(info, torch.device("cpu"), torch.float32)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for unpadded in (True, False):
+            loaded.embedder.encoder.unpadded = unpadded
+            cfg = RunConfig(input=InputConfig((str(corpus),)), model=str(model), output=OutputConfig(
+                str(folder / f"mb-{unpadded}.parquet"), overwrite=True), pipeline=PipelineConfig(progress="off"))
+            start = time.perf_counter()
+            report = run(cfg, model=loaded)
+            times[unpadded].append(time.perf_counter() - start)
+    packed, padded = statistics.median(times[True]), statistics.median(times[False])
+    cos = min_cosine(embeddings(folder / "mb-True.parquet"), embeddings(folder / "mb-False.parquet"))
+    return {"modernbert_unpadded_s": round(packed, 2), "modernbert_padded_s": round(padded, 2),
+            "unpadded_speedup": round(padded / packed, 3), "padding_efficiency": round(report.padding_efficiency, 3),
+            "min_cosine_unpadded_padded": cos}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--architectures", default="mpnet,xlm-roberta,modernbert")
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-sizes", default="16,32,64")
+    args = ap.parse_args()
+    args.sizes = [int(s) for s in args.batch_sizes.split(",")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
+    cpu = lscpu()
+    print(f"{cpu.get('Model name', '?')}; {args.rows} rows, {args.threads} threads, medians of {args.rounds} rounds")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.architectures.split(","):
+            result = bench(name, args, Path(tmp), env)
+            print(json.dumps(result), flush=True)
+            print(f"{name}: hpcinfer {result['hpcinfer_s']:.1f} s; {result['vs_sentence_transformers']:.2f}x "
+                  f"sentence-transformers (batch {result['st_batch_size']}), "
+                  f"{result['vs_backend_transformers']:.2f}x --backend transformers", flush=True)  # fmt: skip
+            if name == "modernbert":
+                packed = unpadded_against_padded(args, Path(tmp))
+                print(json.dumps(packed))
+                print(f"modernbert: unpadded {packed['unpadded_speedup']:.2f}x padded", flush=True)
+
+
+if __name__ == "__main__":
+    main()
