@@ -47,6 +47,30 @@ def test_embeddings_equal_sentence_transformers_natively_with_no_backend_flag(tm
     assert report.rows == len(TEXTS) and report.backend == "native"
 
 
+def test_modernbert_rows_packed_without_padding_equal_sentence_transformers(tmp_path, monkeypatch):
+    """Every padded batch packed (the default packs only batches mostly padding): the same embeddings."""
+    from hpcinfer.models import modernbert
+
+    monkeypatch.setattr(modernbert, "UNPAD_BELOW", 2.0)
+    packed = []
+    monkeypatch.setattr(modernbert.Rows, "packed", _counting(modernbert.Rows.packed, packed))
+    model = build_tiny_encoder(tmp_path, "modernbert")
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", model))
+    ours = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    expected = SentenceTransformer(str(model), device="cpu").encode(TEXTS, batch_size=32, convert_to_numpy=True)
+    assert cosines(ours, expected).min() >= 0.99999
+    assert any(packed), "no batch was packed"
+
+
+def _counting(method, seen: list):  # noqa: ANN001, ANN202
+    def packed(self, x):  # noqa: ANN001, ANN202
+        seen.append(self.index is not None)
+        return method(self, x)
+
+    return packed
+
+
 @pytest.mark.parametrize("kind", ["modernbert", "nomic_bert"])
 def test_token_embeddings_equal_sentence_transformers(tmp_path, kind):
     model = build_tiny_encoder(tmp_path, kind)

@@ -32,24 +32,28 @@ MAX_SEQ_LENGTH = 48  # make_texts' rows run to 80 words: many are cut
 
 
 def build_splade(path, seed: int = 0, strategy: str = "max", activation: str = "relu", bias: float = -5.0,
-                 max_active_dims: int | None = None):  # fmt: skip
+                 max_active_dims: int | None = None, family: str = "bert"):  # fmt: skip
     """A random SPLADE SparseEncoder saved by sentence-transformers, with the packaged MiniLM tokenizer.
-    `bias`: the MLM decoder's bias, negative so each row keeps a few hundred of its 30522 entries."""
+    `bias`: the MLM decoder's bias, negative so each row keeps a few hundred of its 30522 entries;
+    `family`: bert, or xlm-roberta (positions from padding_idx + 1, RoBERTa's lm_head)."""
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     tokenizer_from = build_tiny_classifier(path.parent / f"{path.name}-tokenizer", seed=seed)
-    config = transformers.BertConfig(
-        vocab_size=transformers.AutoConfig.from_pretrained(tokenizer_from).vocab_size,
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-    )  # fmt: skip
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    vocab = transformers.AutoConfig.from_pretrained(tokenizer_from).vocab_size
     torch.manual_seed(seed)
-    model = transformers.BertForMaskedLM(config).eval()
+    if family == "bert":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab, **shape)).eval()
+    else:
+        config = transformers.XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=MAX_SEQ_LENGTH + 2,
+                                               pad_token_id=1, type_vocab_size=1, **shape)  # fmt: skip
+        model = transformers.XLMRobertaForMaskedLM(config).eval()
     with torch.no_grad():  # NOTE: wider than the default init, so logits spread over the vocabulary
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.2)
-        model.cls.predictions.bias.fill_(bias)
+        (model.cls.predictions if family == "bert" else model.lm_head).bias.fill_(bias)
     raw = path.parent / f"{path.name}-mlm"
     model.save_pretrained(raw, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -78,11 +82,13 @@ def sparse_encoder_vectors(path, texts) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "strategy, activation, top_k, rows",
-    [("max", "relu", None, 300), ("sum", "log1p_relu", 12, 60)],
-)
-def test_sparse_vectors_equal_sparse_encoder(tmp_path, strategy, activation, top_k, rows, one_torch_thread):
-    path = build_splade(tmp_path / "m", seed=3, strategy=strategy, activation=activation, max_active_dims=top_k)
+    "strategy, activation, top_k, rows, family",
+    [("max", "relu", None, 300, "bert"), ("sum", "log1p_relu", 12, 60, "bert"),
+     ("max", "relu", None, 120, "xlm-roberta")],
+)  # fmt: skip
+def test_sparse_vectors_equal_sparse_encoder(tmp_path, strategy, activation, top_k, rows, family, one_torch_thread):
+    path = build_splade(tmp_path / "m", seed=3, strategy=strategy, activation=activation, max_active_dims=top_k,
+                        family=family)  # fmt: skip
     texts = make_texts(rows, seed=11)
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
     report, table = run_job(small_config(src, tmp_path / "out.parquet", path, task="sparse"))

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...errors import ModelError
-from ...models.bert import BertConfig
+from ...errors import ModelError, UnsupportedModel
 from ...models.checkpoint import CheckpointInfo, PoolingSpec, model_dir_config
+from ...models.encoders import encoder_config
 from ...models.st_files import read_model_json, transformer_config, truncation_length
 from .model import SpladeHead
 
@@ -49,21 +49,29 @@ def _fill_mask(path: Path, default_task: str) -> bool:
         return False
 
 
+# model_type -> the masked-LM architectures a SPLADE model of it is (its head: model.MLM_NAMES)
+MASKED_LMS = {
+    "bert": ("BertForMaskedLM", "BertForPreTraining"),
+    "roberta": ("RobertaForMaskedLM",),
+    "xlm-roberta": ("XLMRobertaForMaskedLM",),
+    "camembert": ("CamembertForMaskedLM",),
+}
+
+
 def inspect_splade(path: Path) -> CheckpointInfo:
-    """A BERT `*ForMaskedLM` under MLMTransformer + SpladePooling."""
+    """A BERT or RoBERTa / XLM-R / CamemBERT `*ForMaskedLM` under MLMTransformer + SpladePooling."""
     raw = model_dir_config(path)
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     arch = next(iter(raw.get("architectures") or []), None)
-    if raw.get("model_type") != "bert" or arch not in (None, "BertForMaskedLM", "BertForPreTraining"):
-        raise ModelError(f"a SPLADE model we run is a BertForMaskedLM (got {raw.get('model_type')!r}, {arch!r})",
-                         path=str(path))  # fmt: skip
-    try:
-        config = BertConfig.from_hf(raw)
-    except TypeError as exc:
-        raise ModelError(f"incomplete config.json ({exc})", path=str(path)) from None
+    kind = str(raw.get("model_type"))
+    if kind not in MASKED_LMS or arch not in (None, *MASKED_LMS[kind]):
+        named = ", ".join(a for archs in MASKED_LMS.values() for a in archs[:1])
+        raise UnsupportedModel(f"no native SPLADE model for {kind!r}, {arch!r} (native: {named})", path=str(path))
+    config = encoder_config(raw, path)
     pooling = _splade_pooling(path)
-    longest = truncation_length(path, config.max_position_embeddings)
+    positions = config.max_position_embeddings
+    longest = min(truncation_length(path, positions), positions - config.position_offset)  # RoBERTa's offset
     prompts, prompt, top_k = _model_config(path)
     head = SpladeHead(
         vocab_size=config.vocab_size,

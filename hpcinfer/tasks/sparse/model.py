@@ -1,7 +1,7 @@
-"""A SPLADE checkpoint as the encoder pipeline runs it: the BERT encoder, BERT's masked-LM head
-(transformers' `BertLMPredictionHead`), then SPLADE pooling as sentence-transformers'
-`SpladePooling` computes it: log(1 + relu(logits)) (twice log1p for `log1p_relu`) over the row's
-tokens, padding as zeros, then the max (or sum) over tokens.
+"""A SPLADE checkpoint as the encoder pipeline runs it: the BERT (or RoBERTa / XLM-R / CamemBERT)
+encoder, its masked-LM head (transformers' `BertLMPredictionHead`, RoBERTa's `lm_head`), then
+SPLADE pooling as sentence-transformers' `SpladePooling` computes it: log(1 + relu(logits)) (twice
+log1p for `log1p_relu`) over the row's tokens, padding as zeros, then the max (or sum) over tokens.
 
 A row's values are ragged items (`values.Ragged`): its non-zero vocabulary entries, `index`
 ascending and `value`, picked on the device (the `max_active_dims` largest first, where set), so
@@ -58,13 +58,14 @@ class SpladeHead:
 
 
 class MLMHead(nn.Module):
-    """transformers' BertLMPredictionHead: dense, the config's activation, LayerNorm, then the
-    decoder (tied to the word embeddings unless the checkpoint says otherwise) plus its bias."""
+    """transformers' BertLMPredictionHead (RoBERTa's lm_head is the same with GELU): dense, the
+    activation, LayerNorm, then the decoder (tied to the word embeddings unless the checkpoint says
+    otherwise) plus its bias."""
 
-    def __init__(self, cfg: BertConfig) -> None:
+    def __init__(self, cfg: BertConfig, activation: str) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.act = _ACTIVATIONS[activation]
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size)
 
@@ -78,21 +79,29 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
     if file is None:
         raise ModelError("no model.safetensors or pytorch_model.bin", path=str(info.path))
     weights = load_weights(file)
-    if info.config.hidden_act not in _ACTIVATIONS:
-        raise ModelError(f"unsupported hidden_act {info.config.hidden_act!r}", path=str(info.path))
+    bert = info.config.model_type == "bert"
+    activation = info.config.hidden_act if bert else "gelu"  # NOTE: RoBERTa's lm_head is GELU whatever the config
+    if activation not in _ACTIVATIONS:
+        raise ModelError(f"unsupported hidden_act {activation!r}", path=str(info.path))
 
     def named(*names: str) -> torch.Tensor | None:
         return next((weights[n] for n in names if n in weights), None)
 
-    words = named("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
-    p = "cls.predictions."
+    words = named(
+        f"{'bert' if bert else 'roberta'}.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"
+    )
+    p, dense, norm = (
+        ("cls.predictions.", "transform.dense.", "transform.LayerNorm.")
+        if bert
+        else ("lm_head.", "dense.", "layer_norm.")
+    )
     found = {
-        "dense.weight": named(p + "transform.dense.weight"),
-        "dense.bias": named(p + "transform.dense.bias"),
-        "norm.weight": named(p + "transform.LayerNorm.weight", p + "transform.LayerNorm.gamma"),
-        "norm.bias": named(p + "transform.LayerNorm.bias", p + "transform.LayerNorm.beta"),
+        "dense.weight": named(p + dense + "weight"),
+        "dense.bias": named(p + dense + "bias"),
+        "norm.weight": named(p + norm + "weight", p + norm + "gamma"),
+        "norm.bias": named(p + norm + "bias", p + norm + "beta"),
         # NOTE: transformers saves a tied decoder as the word embeddings alone, and its bias as
-        # `cls.predictions.bias` (decoder.bias is tied to it)
+        # `cls.predictions.bias` / `lm_head.bias` (decoder.bias is tied to it)
         "decoder.weight": words if head.tied else named(p + "decoder.weight"),  # NOTE: tied: shared after the load
         "decoder.bias": named(p + "decoder.bias", p + "bias"),
     }
@@ -100,7 +109,7 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
     if missing:
         raise ModelError(f"the masked-LM head's weights are missing {missing}", path=str(file))
     with empty_modules():  # NOTE: the head takes the checkpoint's tensors as they are: no second copy
-        mlm = MLMHead(info.config)
+        mlm = MLMHead(info.config, activation)
     mlm.load_state_dict({k: v.float() for k, v in found.items()}, assign=True)  # type: ignore[union-attr]
     return encoder_from_weights(info.config, weights, file), mlm.eval().requires_grad_(False)
 
