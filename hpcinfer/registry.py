@@ -159,7 +159,10 @@ def pick_task(config: RunConfig) -> str:
 
 
 # What a run on the transformers path gives up, said when `--backend auto` takes it
-FALLBACK_COST = "transformers' own forward, without fused QKV, prepacked CPU linears or int8"
+FALLBACK_COST = (
+    "transformers' own forward: no int8, token embeddings, NER or SPLADE; "
+    "no fused QKV or prepacked CPU linears, worth 2-7% on base-size encoders (docs/models.md)"
+)
 
 
 def settle_backend(task: Task, config: RunConfig) -> tuple[RunConfig, str]:

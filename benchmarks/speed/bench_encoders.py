@@ -8,7 +8,8 @@ built by the installed transformers and saved by sentence-transformers, embeds t
 - `hpcinfer run` with no backend flag (native for these architectures);
 - `hpcinfer run --backend transformers` (transformers' own model in hpcinfer's pipeline);
 - sentence-transformers `encode` at its best batch size (picked first on 128 rows per size, not
-  counted).
+  counted);
+- with `--bfloat16`, also `hpcinfer run --dtype bfloat16` (on a CPU with AMX or AVX-512 BF16).
 
 Each is a fresh process timed from start to exit, so start-up counts as users pay it. Outputs are
 checked against each other (minimum cosine). Then, for ModernBERT, an in-process comparison of
@@ -111,8 +112,11 @@ def bench(name: str, args: argparse.Namespace, folder: Path, env: dict[str, str]
     st_out = folder / f"{name}.npy"
     encode = SCRIPT.format(**common, corpus=str(corpus), pick=False, out=str(st_out), batch=batch)
     sides = {"sentence-transformers": [sys.executable, "-c", encode]}
-    for side, extra in (("hpcinfer", []), ("hpcinfer --backend transformers", ["--backend", "transformers"])):
-        out = folder / f"{name}-{len(extra)}.parquet"
+    extras = {"hpcinfer": [], "hpcinfer --backend transformers": ["--backend", "transformers"]}
+    if args.bfloat16:
+        extras["hpcinfer --dtype bfloat16"] = ["--dtype", "bfloat16"]
+    for side, extra in extras.items():
+        out = folder / f"{name}-{'-'.join(extra) or 'native'}.parquet"
         sides[side] = [sys.executable, "-m", "hpcinfer", "run", str(corpus), "-o", str(out), "--model", str(model),
                        "--threads", str(args.threads), "--progress", "off", "-q", "--overwrite", *extra]  # fmt: skip
     times: dict[str, list[float]] = {side: [] for side in sides}
@@ -121,12 +125,20 @@ def bench(name: str, args: argparse.Namespace, folder: Path, env: dict[str, str]
             times[side].append(timed_process(cmd, env)[0])
     s = {side: statistics.median(t) for side, t in times.items()}
     theirs = np.load(st_out)
-    native, fallback = embeddings(folder / f"{name}-0.parquet"), embeddings(folder / f"{name}-2.parquet")
+    native = embeddings(folder / f"{name}-native.parquet")
+    fallback = embeddings(folder / f"{name}---backend-transformers.parquet")
+    bf16 = {}
+    if args.bfloat16:
+        half = embeddings(folder / f"{name}---dtype-bfloat16.parquet")
+        ratio = s["sentence-transformers"] / s["hpcinfer --dtype bfloat16"]
+        bf16 = {"bfloat16_vs_sentence_transformers": round(ratio, 3)}
+        bf16["min_cosine_bfloat16_st"] = min_cosine(half, theirs)
     return {
         "architecture": name, "st_batch_size": batch, **{f"{k}_s": round(v, 2) for k, v in s.items()},
         "vs_sentence_transformers": round(s["sentence-transformers"] / s["hpcinfer"], 3),
         "vs_backend_transformers": round(s["hpcinfer --backend transformers"] / s["hpcinfer"], 3),
         "min_cosine_native_st": min_cosine(native, theirs), "min_cosine_fallback_st": min_cosine(fallback, theirs),
+        **bf16,
     }  # fmt: skip
 
 
@@ -176,6 +188,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-sizes", default="16,32,64")
+    ap.add_argument("--bfloat16", action="store_true", help="also time hpcinfer --dtype bfloat16 (AMX / AVX-512 BF16)")
+    ap.add_argument("--no-packing", action="store_true", help="skip ModernBERT's packed-against-padded comparison")
     args = ap.parse_args()
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
@@ -188,7 +202,7 @@ def main() -> None:
             print(f"{name}: hpcinfer {result['hpcinfer_s']:.1f} s; {result['vs_sentence_transformers']:.2f}x "
                   f"sentence-transformers (batch {result['st_batch_size']}), "
                   f"{result['vs_backend_transformers']:.2f}x --backend transformers", flush=True)  # fmt: skip
-            if name == "modernbert":
+            if name == "modernbert" and not args.no_packing:
                 for packed in unpadded_against_padded(args, Path(tmp)):
                     print(json.dumps(packed))
                     print(f"modernbert, sort window {packed['sort_window']} (padding efficiency "

@@ -25,7 +25,7 @@ from hpcinfer.models.registry import inspect_embedder, resolve_model_path
 from ..conftest import make_texts, run_job, small_config, write_jsonl
 
 POSITIONS = 66  # 64 tokens fit after the padding offset of 2: the rows below run past it
-TEXTS = make_texts(60, seed=21)
+TEXTS = make_texts(300, seed=21)
 FAMILIES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
 
 
