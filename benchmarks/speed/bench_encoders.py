@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -60,32 +59,9 @@ PICK_ROWS = 128
 
 def build(folder: Path, name: str) -> Path:
     """A random `name` model at real size, as a saved SentenceTransformer (mean pooling, 512 tokens)."""
-    import torch
-    import transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Transformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
+    from tests.fixtures.tiny_encoders import build_tiny_encoder
 
-    from hpcinfer.models.registry import resolve_model_path
-
-    prefix, fields = ARCHITECTURES[name]
-    raw = folder / f"{name}-raw"
-    raw.mkdir(parents=True)
-    source = resolve_model_path("default")
-    shutil.copy(source / "tokenizer.json", raw / "tokenizer.json")
-    vocab = len(json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
-    torch.manual_seed(0)
-    config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, **fields)
-    model = getattr(transformers, f"{prefix}Model")(config)
-    model.eval().save_pretrained(raw, safe_serialization=True)
-    (raw / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "[PAD]", "model_max_length": 512})
-    )
-    hidden = int(fields.get("hidden_size", fields.get("dim", 768)))
-    out = folder / name
-    modules = [Transformer(str(raw), max_seq_length=512), Pooling(hidden, pooling_mode="mean")]
-    SentenceTransformer(modules=modules, device="cpu").save(str(out))
-    return out
+    return build_tiny_encoder(folder, name, fields=ARCHITECTURES[name][1], limit=512, wide=False)
 
 
 def embeddings(path: Path) -> np.ndarray:

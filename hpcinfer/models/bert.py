@@ -120,12 +120,9 @@ class BertEncoder(nn.Module):
     def pack_for_cpu(self) -> BertEncoder:
         """Swaps every layer's linears for PackedLinear (fusing exact GELU into ffn_in)."""
         fuse = self.cfg.hidden_act == "gelu"
-        for layer in self.layers:
-            layer.qkv = PackedLinear(layer.qkv, False)
-            layer.attn_out = PackedLinear(layer.attn_out, False)
-            layer.ffn_in = PackedLinear(layer.ffn_in, fuse)
-            layer.ffn_out = PackedLinear(layer.ffn_out, False)
-            if fuse:
+        pack_layers(self.layers, fuse_gelu="ffn_in" if fuse else None)
+        if fuse:
+            for layer in self.layers:
                 layer.act = _identity
         return self
 
@@ -183,6 +180,17 @@ class PackedLinear(nn.Module):
             rows = torch.cat([rows, rows.new_zeros(padded - m, rows.shape[1])])
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, op, [], algorithm)
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def pack_layers(
+    layers: nn.ModuleList,
+    names: tuple[str, ...] = ("qkv", "attn_out", "ffn_in", "ffn_out"),
+    fuse_gelu: str | None = None,
+) -> None:
+    """Each layer's linears `names` as PackedLinear, in place (exact GELU fused into `fuse_gelu`'s)."""
+    for layer in layers:
+        for name in names:
+            setattr(layer, name, PackedLinear(getattr(layer, name), name == fuse_gelu))
 
 
 def can_pack_for_cpu(model: nn.Module) -> bool:

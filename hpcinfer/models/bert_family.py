@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .bert import BertConfig, BertEncoder
+from .weight_names import renamed
 
 _PREFIX = re.compile(r"^(bert|roberta|distilbert|mpnet|model)\.")
 _RENAMES = [
@@ -100,20 +101,13 @@ class BertShaped:
         qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         for name, tensor in weights.items():
             name = _PREFIX.sub("", name).replace(".gamma", ".weight").replace(".beta", ".bias")
-            for pattern, repl in self.names:
-                name, hits = re.subn(pattern, repl, name)
-                if hits:
-                    break
+            name = renamed(name, self.names) or name  # NOTE: the family's names become BERT's first
             if _IGNORED.match(name):
                 continue
             if m := _QKV.match(name):
                 qkv.setdefault((m[1], m[3]), {})[m[2]] = tensor
-                continue
-            for pattern, repl in _RENAMES:
-                new, hits = re.subn(pattern, repl, name)
-                if hits:
-                    state[new] = tensor
-                    break
+            elif (new := renamed(name, _RENAMES)) is not None:
+                state[new] = tensor
         for (layer, kind), parts in qkv.items():
             if len(parts) == 3:  # NOTE: a part missing leaves qkv missing: the loader names it
                 state[f"layers.{layer}.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])

@@ -11,6 +11,8 @@ embeddings, classify, score, NER) runs each architecture, with int8 and the CPU 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,8 +22,8 @@ from torch import nn
 from ..errors import ModelError, UnsupportedModel
 from .bert_family import BERT, DISTILBERT, MPNET, ROBERTA
 from .meta import empty_modules
-from .modernbert import MODERNBERT
-from .nomic_bert import NOMIC_BERT
+from .modernbert import ModernBertEncoder, modernbert_config, rename_modernbert
+from .nomic_bert import NomicBertEncoder, nomic_bert_config, rename_nomic_bert
 
 
 class Architecture(Protocol):
@@ -36,6 +38,15 @@ class Architecture(Protocol):
         """The checkpoint's tensors under the module's names (the rest dropped)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """An Architecture from its module's three functions."""
+
+    config: Callable[[dict[str, Any]], Any]
+    build: Callable[[Any], nn.Module]
+    rename: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": BERT,
     "roberta": ROBERTA,
@@ -43,8 +54,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "camembert": ROBERTA,
     "distilbert": DISTILBERT,
     "mpnet": MPNET,
-    "modernbert": MODERNBERT,
-    "nomic_bert": NOMIC_BERT,
+    "modernbert": Parts(modernbert_config, ModernBertEncoder, rename_modernbert),
+    "nomic_bert": Parts(nomic_bert_config, NomicBertEncoder, rename_nomic_bert),
 }
 ENCODER_TYPES = tuple(ARCHITECTURES)
 
@@ -80,4 +91,4 @@ def encoder_from_weights(config: Any, weights: dict[str, torch.Tensor], file: Pa
     return encoder.eval().requires_grad_(False)
 
 
-__all__ = ["ARCHITECTURES", "ENCODER_TYPES", "Architecture", "encoder_config", "encoder_from_weights"]
+__all__ = ["ARCHITECTURES", "ENCODER_TYPES", "Architecture", "Parts", "encoder_config", "encoder_from_weights"]

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from .bert import PackedLinear
+from .bert import pack_layers
 from .rope import rope_tables
+from .weight_names import renamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +193,7 @@ class ModernBertEncoder(nn.Module):
 
     def pack_for_cpu(self) -> ModernBertEncoder:
         """Every layer's linears on prepacked oneDNN weights."""
-        for layer in self.layers:
-            for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
-                setattr(layer, name, PackedLinear(getattr(layer, name), False))
+        pack_layers(self.layers)
         return self
 
 
@@ -209,28 +208,10 @@ _RENAMES = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ModernBert:
-    """encoders.Architecture for `model_type: modernbert`."""
-
-    def config(self, raw: dict[str, Any]) -> ModernBertConfig:
-        return modernbert_config(raw)
-
-    def build(self, config: ModernBertConfig) -> ModernBertEncoder:
-        return ModernBertEncoder(config)
-
-    def rename(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        state: dict[str, torch.Tensor] = {}
-        for name, tensor in weights.items():
-            name = re.sub(r"^model\.", "", name)
-            for pattern, repl in _RENAMES:
-                new, hits = re.subn(pattern, repl, name)
-                if hits:
-                    state[new] = tensor
-                    break
-        return state
+def rename_modernbert(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ModernBERT checkpoint's tensors under `ModernBertEncoder`'s names (the heads' dropped)."""
+    named = ((renamed(re.sub(r"^model\.", "", name), _RENAMES), tensor) for name, tensor in weights.items())
+    return {name: tensor for name, tensor in named if name is not None}
 
 
-MODERNBERT = ModernBert()
-
-__all__ = ["MODERNBERT", "ModernBertConfig", "ModernBertEncoder", "modernbert_config", "rotate"]
+__all__ = ["ModernBertConfig", "ModernBertEncoder", "modernbert_config", "rename_modernbert", "rotate"]

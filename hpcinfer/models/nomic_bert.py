@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from .bert import PackedLinear
+from .bert import pack_layers
 from .modernbert import rotate
 from .rope import rope_tables
+from .weight_names import renamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +138,7 @@ class NomicBertEncoder(nn.Module):
 
     def pack_for_cpu(self) -> NomicBertEncoder:
         """Every layer's linears on prepacked oneDNN weights."""
-        for layer in self.layers:
-            for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
-                setattr(layer, name, PackedLinear(getattr(layer, name), False))
+        pack_layers(self.layers)
         return self
 
 
@@ -156,41 +155,27 @@ _RENAMES = [
 _FC = {"mlp.fc12": "mlp.gate_proj", "mlp.fc11": "mlp.up_proj"}  # the hub's names for the gate and up
 
 
-@dataclass(frozen=True, slots=True)
-class NomicBert:
-    """encoders.Architecture for `model_type: nomic_bert`."""
-
-    def config(self, raw: dict[str, Any]) -> NomicBertConfig:
-        return nomic_bert_config(raw)
-
-    def build(self, config: NomicBertConfig) -> NomicBertEncoder:
-        return NomicBertEncoder(config)
-
-    def rename(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        state: dict[str, torch.Tensor] = {}
-        parts: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in weights.items():
-            name = re.sub(r"^(nomic_bert|bert|model)\.", "", name).replace("encoder.layers.", "layers.")
-            for old, new in _FC.items():
-                name = name.replace(old, new)
-            if m := _PARTS.match(name):
-                parts.setdefault(m[1], {})[m[2].rsplit(".", 1)[-1]] = tensor
-                continue
-            for pattern, repl in _RENAMES:
-                new, hits = re.subn(pattern, repl, name)
-                if hits:
-                    state[new] = tensor
-                    break
-        for layer, got in parts.items():
-            if "Wqkv" in got:
-                state[f"layers.{layer}.qkv.weight"] = got["Wqkv"]
-            elif {"q_proj", "k_proj", "v_proj"} <= set(got):
-                state[f"layers.{layer}.qkv.weight"] = torch.cat([got["q_proj"], got["k_proj"], got["v_proj"]])
-            if {"gate_proj", "up_proj"} <= set(got):
-                state[f"layers.{layer}.ffn_in.weight"] = torch.cat([got["gate_proj"], got["up_proj"]])
-        return state
+def rename_nomic_bert(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A NomicBERT checkpoint's tensors (transformers' names or the hub's) under `NomicBertEncoder`'s,
+    Q, K and V fused and the gate and up projections fused."""
+    state: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights.items():
+        name = re.sub(r"^(nomic_bert|bert|model)\.", "", name).replace("encoder.layers.", "layers.")
+        for old, new in _FC.items():
+            name = name.replace(old, new)
+        if m := _PARTS.match(name):
+            parts.setdefault(m[1], {})[m[2].rsplit(".", 1)[-1]] = tensor
+        elif (new := renamed(name, _RENAMES)) is not None:
+            state[new] = tensor
+    for layer, got in parts.items():
+        if "Wqkv" in got:
+            state[f"layers.{layer}.qkv.weight"] = got["Wqkv"]
+        elif {"q_proj", "k_proj", "v_proj"} <= set(got):
+            state[f"layers.{layer}.qkv.weight"] = torch.cat([got["q_proj"], got["k_proj"], got["v_proj"]])
+        if {"gate_proj", "up_proj"} <= set(got):
+            state[f"layers.{layer}.ffn_in.weight"] = torch.cat([got["gate_proj"], got["up_proj"]])
+    return state
 
 
-NOMIC_BERT = NomicBert()
-
-__all__ = ["NOMIC_BERT", "NomicBertConfig", "NomicBertEncoder", "nomic_bert_config"]
+__all__ = ["NomicBertConfig", "NomicBertEncoder", "nomic_bert_config", "rename_nomic_bert"]

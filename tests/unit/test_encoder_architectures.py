@@ -1,5 +1,6 @@
 """Every native encoder architecture beyond BERT embeds as sentence-transformers does, with no
-backend flag: DistilBERT, MPNet, ModernBERT (global and sliding-window layers, rows packed without
+backend flag: RoBERTa, XLM-R and CamemBERT (positions from padding_idx + 1), DistilBERT, MPNet
+(relative position bias), ModernBERT (global and sliding-window layers, rows packed without
 padding) and NomicBERT (rotary, SwiGLU).
 
 A tiny random checkpoint of each, built by the installed transformers' own class and wrapped by
@@ -33,6 +34,7 @@ def test_embeddings_equal_sentence_transformers_natively_with_no_backend_flag(tm
     model = build_tiny_encoder(tmp_path, kind)
     info = inspect_embedder(model, "embed")
     assert info.config.model_type == kind
+    assert info.max_seq_length == 64  # RoBERTa's: the positions left after padding_idx + 1 (66 - 2)
     tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
     tokenizer.no_truncation()
     assert sum(len(tokenizer.encode(t).ids) > info.max_seq_length for t in TEXTS) >= 10, "rows past the limit"
