@@ -164,7 +164,7 @@ def load_classifier(info: CheckpointInfo) -> tuple[BertEncoder, ClassificationHe
     file = weights_file(info.path)
     assert file is not None, "inspect_classifier checked it"
     encoder_weights, head_weights = split_weights(load_weights(file), info.classifier)
-    head = ClassificationHead(info.classifier.family, info.config.hidden_size, len(info.classifier.labels))
+    head = ClassificationHead(info.classifier, info.config.hidden_size)
     missing = sorted(set(head.state_dict()) - set(head_weights))
     if missing:
         raise ModelError(f"the classification head's weights are missing {missing}", path=str(file))

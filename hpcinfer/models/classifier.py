@@ -1,10 +1,12 @@
 """Sequence classifiers (`--task classify`): a BERT-family encoder and its classification head.
 
-Three heads, each read natively from a `*ForSequenceClassification` checkpoint:
+Four heads, each read natively from a `*ForSequenceClassification` checkpoint:
 - BERT's: the pooler (dense + tanh on [CLS]), then `classifier`;
 - RoBERTa's (also XLM-R's, CamemBERT's and MPNet's): `classifier.dense` + tanh +
   `classifier.out_proj` on <s>;
-- DistilBERT's: `pre_classifier` + ReLU + `classifier`.
+- DistilBERT's: `pre_classifier` + ReLU + `classifier`;
+- ModernBERT's: [CLS] or the mean of the row's tokens, `head.dense` + GELU + `head.norm`, then
+  `classifier`.
 The encoder is the embedding path's (models/encoders.py, by model_type); the head turns the first token's state into
 logits, and `postprocess` into probabilities: softmax over the labels, or a sigmoid per label for
 `problem_type: multi_label_classification`. The writer takes the best label and its probability.
@@ -12,7 +14,7 @@ logits, and `postprocess` into probabilities: softmax over the labels, or a sigm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ FAMILIES = {
     "camembert": "CamembertForSequenceClassification",
     "distilbert": "DistilBertForSequenceClassification",
     "mpnet": "MPNetForSequenceClassification",
+    "modernbert": "ModernBertForSequenceClassification",
 }
 _HEAD_FAMILY = {"xlm-roberta": "roberta", "camembert": "roberta", "mpnet": "roberta"}  # the same head's names
 
@@ -47,6 +50,11 @@ class ClassifierSpec:
     score: bool = False
     activation: str = "sigmoid"  # sigmoid | identity (a score's logit as it is)
     sep_id: int | None = None
+    # ModernBERT's head: the rows' states pooled ('cls' or 'mean'), dense (with a bias or not), the
+    # activation, then a LayerNorm (its eps, with a bias or not) before the labels' linear
+    pooling: str = "cls"
+    dense_bias: bool = True
+    head_norm: tuple[float, bool] | None = None  # (eps, bias) of the norm after the activation
 
 
 def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> tuple[Any, ClassifierSpec]:
@@ -63,7 +71,17 @@ def classifier_config(raw: dict[str, Any], path: Path, score: bool = False) -> t
             path=str(path),
         )
     config = encoder_config(raw, path)
-    return config, head_spec(raw, _HEAD_FAMILY.get(family, family), path, score)
+    spec = head_spec(raw, _HEAD_FAMILY.get(family, family), path, score)
+    if family == "modernbert":
+        pooling, activation = raw.get("classifier_pooling", "cls"), raw.get("classifier_activation", "gelu")
+        if activation != "gelu" or pooling not in ("cls", "mean"):
+            raise UnsupportedModel(
+                f"a ModernBERT classifier head with {activation} over {pooling} pooling", path=str(path)
+            )
+        norm = (float(raw.get("norm_eps", 1e-5)), bool(raw.get("norm_bias", False)))
+        bias = bool(raw.get("classifier_bias", False))
+        spec = replace(spec, pooling=str(pooling), dense_bias=bias, head_norm=norm)
+    return config, spec
 
 
 def head_spec(raw: dict[str, Any], family: str, path: Path, score: bool) -> ClassifierSpec:
@@ -109,24 +127,28 @@ def label_probabilities(logits: torch.Tensor, spec: ClassifierSpec) -> torch.Ten
 
 
 class ClassificationHead(nn.Module):
-    """The first token's state -> logits, in the family's own layers."""
+    """The pooled state (the first token's, or ModernBERT's mean) -> logits, in the family's own layers."""
 
-    def __init__(self, family: str, hidden: int, labels: int) -> None:
+    def __init__(self, spec: ClassifierSpec, hidden: int) -> None:
         super().__init__()
-        self.family = family
-        self.dense = nn.Linear(hidden, hidden)  # BERT's pooler, RoBERTa's dense, DistilBERT's pre_classifier
-        self.out = nn.Linear(hidden, labels)
+        self.family = spec.family
+        # BERT's pooler, RoBERTa's dense, DistilBERT's pre_classifier, ModernBERT's head.dense
+        self.dense = nn.Linear(hidden, hidden, bias=spec.dense_bias)
+        self.norm = nn.LayerNorm(hidden, eps=spec.head_norm[0], bias=spec.head_norm[1]) if spec.head_norm else None
+        self.out = nn.Linear(hidden, len(spec.labels))
 
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        h = self.dense(first)
-        h = torch.relu(h) if self.family == "distilbert" else torch.tanh(h)
-        return self.out(h)
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        h = self.dense(pooled)
+        act = {"distilbert": torch.relu, "modernbert": nn.functional.gelu}.get(self.family, torch.tanh)
+        h = act(h)
+        return self.out(self.norm(h) if self.norm is not None else h)
 
 
 _HEAD_NAMES = {
     "bert": {"bert.pooler.dense": "dense", "classifier": "out"},
     "roberta": {"classifier.dense": "dense", "classifier.out_proj": "out"},
     "distilbert": {"pre_classifier": "dense", "classifier": "out"},
+    "modernbert": {"head.dense": "dense", "head.norm": "norm", "classifier": "out"},
 }
 
 
@@ -155,7 +177,10 @@ class SequenceClassifier(BatchSteps):
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         types = pair_token_types(ids, self.spec.sep_id) if self.spec.sep_id is not None else None
-        hidden, _ = self.encoder(ids, lengths, padded, types)
+        hidden, token_mask = self.encoder(ids, lengths, padded, types)
+        if self.spec.pooling == "mean":  # NOTE: ModernBERT's option: the mean of the row's real tokens
+            mask = token_mask.unsqueeze(-1).to(hidden.dtype)
+            return self.head((hidden * mask).sum(dim=1) / mask.sum(dim=1))
         return self.head(hidden[:, 0])
 
     def postprocess(self, outputs: object) -> torch.Tensor:
