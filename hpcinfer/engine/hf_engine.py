@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelError
+from ..models.hf_backend import quiet_from_pretrained
 from .engine_stats import EngineStats
 from .sample.sampling import Sampler
 from .sample.stopping import stop_reason
@@ -202,7 +203,7 @@ def load_hf_causal_lm(path: Path, device: torch.device, dtype: torch.dtype) -> A
     except ImportError:
         raise ModelError("--backend transformers needs the transformers package (pip install transformers)") from None
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+        model = quiet_from_pretrained(transformers.AutoModelForCausalLM, path, dtype)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"transformers cannot load it ({exc})", path=str(path)) from None
     return model.to(device).eval().requires_grad_(False)

@@ -121,10 +121,24 @@ def load_hf(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> H
         raise ModelError("--backend transformers needs the transformers package (pip install transformers)") from None
     cls = transformers.AutoModelForSequenceClassification if info.classifier is not None else transformers.AutoModel
     try:
-        model = cls.from_pretrained(info.path, dtype=dtype, trust_remote_code=False)
+        model = quiet_from_pretrained(cls, info.path, dtype)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"transformers cannot load it ({exc})", path=str(info.path)) from None
     return HFModel(model.to(device).eval().requires_grad_(False), info, dtype)
 
 
-__all__ = ["HFModel", "TransformersHead", "inspect_hf", "load_hf"]
+def quiet_from_pretrained(cls: Any, path: Path, dtype: torch.dtype) -> Any:
+    """transformers' `cls.from_pretrained` (never the checkpoint's own code), without transformers'
+    own progress bars: the run's progress is hpcinfer's, on the native path and on this one alike."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+__all__ = ["HFModel", "TransformersHead", "inspect_hf", "load_hf", "quiet_from_pretrained"]

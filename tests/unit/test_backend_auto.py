@@ -70,11 +70,13 @@ def build(root: Path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("kind", FALLBACK)
-def test_an_architecture_without_a_native_model_runs_on_transformers_and_says_so(tmp_path, kind):
+def test_an_architecture_without_a_native_model_runs_on_transformers_and_says_so(tmp_path, kind, capfd):
     model = build(tmp_path, kind)
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
     notes = Notes()
+    capfd.readouterr()
     report = run(small_config(src, tmp_path / "out.parquet", model), progress=notes)
+    assert "Loading weights" not in capfd.readouterr().err  # transformers' own progress bar stays off
     assert report.backend == "transformers"
     said = [line for line in notes.lines if "--backend transformers" in line]
     assert len(said) == 1 and f"model_type '{kind}'" in said[0] and "\n" not in said[0], notes.lines
