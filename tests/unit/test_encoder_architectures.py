@@ -11,6 +11,7 @@ job; `SentenceTransformer.encode` is the oracle, and the report says the run was
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,69 @@ def test_int8_weights_take_every_native_encoder(tmp_path, kind):
     ours = np.asarray(ints.column("embedding").to_pylist(), dtype=np.float32)
     ref = np.asarray(floats.column("embedding").to_pylist(), dtype=np.float32)
     assert not np.array_equal(ours, ref) and cosines(ours, ref).min() >= 0.98
+
+
+def _as_hub_checkpoint(model: Path, kind: str) -> None:
+    """Rewrites a checkpoint saved by transformers 5 in the form its hub releases have: NomicBERT's
+    own tensor and config names (`attn.Wqkv`, `mlp.fc11` / `fc12`, `norm1`, `emb_ln`, `n_embd`, ...),
+    ModernBERT's older config (`global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    raw = model / "config.json"
+    config = json.loads(raw.read_text())
+    if kind == "modernbert":
+        rope = config.pop("rope_parameters")
+        config.pop("layer_types")
+        config |= {"global_attn_every_n_layers": 3, "global_rope_theta": rope["full_attention"]["rope_theta"],
+                   "local_rope_theta": rope["sliding_attention"]["rope_theta"]}  # fmt: skip
+        raw.write_text(json.dumps(config))
+        return
+    names = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+             "intermediate_size": "n_inner", "max_position_embeddings": "n_positions",
+             "layer_norm_eps": "layer_norm_epsilon"}  # fmt: skip
+    config = {names.get(k, k): v for k, v in config.items() if k not in ("hidden_act", "rope_parameters")}
+    config |= {"activation_function": "swiglu", "rotary_emb_base": 1000.0, "rotary_emb_fraction": 1.0,
+               "qkv_proj_bias": False, "prenorm": False}  # fmt: skip
+    raw.write_text(json.dumps(config))
+    weights = load_file(str(model / "model.safetensors"))
+    hub: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        layer = name.split(".")[1] if name.startswith("layers.") else None
+        if name.endswith("self_attn.q_proj.weight"):
+            parts = [weights[f"layers.{layer}.self_attn.{p}_proj.weight"] for p in "qkv"]
+            hub[f"encoder.layers.{layer}.attn.Wqkv.weight"] = torch.cat(parts)
+        elif "self_attn.k_proj" in name or "self_attn.v_proj" in name:
+            continue
+        else:
+            for old, new in (("layers.", "encoder.layers."), ("self_attn.o_proj", "attn.out_proj"),
+                             ("mlp.up_proj", "mlp.fc11"), ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2"),
+                             ("post_attention_layernorm", "norm1"), ("post_mlp_layernorm", "norm2"),
+                             ("embeddings.LayerNorm", "emb_ln")):  # fmt: skip
+                name = name.replace(old, new) if not (old == "layers." and name.startswith("encoder.")) else name
+            hub[name] = tensor.contiguous()
+    save_file(hub, str(model / "model.safetensors"))
+
+
+@pytest.mark.parametrize("kind", ["nomic_bert", "modernbert"])
+def test_a_checkpoint_in_its_hub_release_form_embeds_the_same(tmp_path, kind):
+    """nomic-embed-text's tensors and config keep the names of its own code; ModernBERT's hub configs
+    predate `layer_types`: the native path reads both as transformers 5's form."""
+    model = build_tiny_encoder(tmp_path, kind)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS[:60])])
+    _, ours = run_job(small_config(src, tmp_path / "out.parquet", model))
+    _as_hub_checkpoint(model, kind)
+    config = json.loads((model / "config.json").read_text())
+    if kind == "nomic_bert":
+        from safetensors import safe_open
+
+        with safe_open(str(model / "model.safetensors"), "pt") as f:
+            names = set(f.keys())
+        assert {"encoder.layers.0.attn.Wqkv.weight", "encoder.layers.0.mlp.fc12.weight", "emb_ln.weight"} <= names
+        assert "n_embd" in config and "hidden_size" not in config
+    else:
+        assert "layer_types" not in config and "global_rope_theta" in config
+    _, again = run_job(small_config(src, tmp_path / "hub.parquet", model))
+    a = np.asarray(ours.column("embedding").to_pylist(), dtype=np.float32)
+    b = np.asarray(again.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.array_equal(a, b)
