@@ -182,6 +182,12 @@ class CudaDevice(Device):
         return CudaDevice(self.torch_device, len(self.compute_streams))
 
 
+def capturing(tensor: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of `tensor`'s device (False off
+    CUDA): a forward may not read a value back from the device then."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 

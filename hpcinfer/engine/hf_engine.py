@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelError
-from ..models.hf_backend import quiet_from_pretrained
+from ..models.hf_load import quiet_from_pretrained
 from .engine_stats import EngineStats
 from .sample.sampling import Sampler
 from .sample.stopping import stop_reason

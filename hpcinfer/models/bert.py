@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -58,9 +58,9 @@ class BertLayer(nn.Module):
         self.ffn_in = nn.Linear(h, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, h)
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
-        if cfg.hidden_act not in _ACTIVATIONS:
+        if cfg.hidden_act not in ACTIVATIONS:
             raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
-        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         b, n, h = x.shape
@@ -113,7 +113,7 @@ class BertEncoder(nn.Module):
         assert self.relative_attention_bias is not None
         positions = torch.arange(n, device=self.relative_attention_bias.weight.device)
         distance = positions[None, :] - positions[:, None]  # key minus query
-        buckets = relative_position_bucket(distance, self.cfg.relative_attention_num_buckets)
+        buckets = relative_position_bucket(distance, MPNET_BUCKETS)
         bias = self.relative_attention_bias(buckets).permute(2, 0, 1)[None].to(dtype)  # [1, heads, n, n]
         return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
 
@@ -125,6 +125,10 @@ class BertEncoder(nn.Module):
             for layer in self.layers:
                 layer.act = _identity
         return self
+
+
+# NOTE: transformers' MPNet buckets distances into 32 whatever its table's size (compute_position_bias's default)
+MPNET_BUCKETS = 32
 
 
 def relative_position_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int = 128) -> torch.Tensor:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .bert import BertConfig, BertEncoder
+from ..errors import UnsupportedModel
+from .bert import ACTIVATIONS, BertConfig, BertEncoder
 from .weight_names import renamed
 
 _PREFIX = re.compile(r"^(bert|roberta|distilbert|mpnet|model)\.")
@@ -85,6 +86,8 @@ class BertShaped:
     def config(self, raw: dict[str, Any]) -> BertConfig:
         """Raises KeyError / TypeError for a config.json that lacks a field."""
         config = BertConfig.from_hf(_distilbert_config(raw) if self.distilbert else raw)
+        if config.hidden_act not in ACTIVATIONS:
+            raise UnsupportedModel(f"hidden_act {config.hidden_act!r} (native: {', '.join(ACTIVATIONS)})")
         if self.positions == "after_padding":
             config = replace(config, position_offset=int(raw.get("pad_token_id", 1)) + 1)
         elif self.positions == "mpnet":  # NOTE: transformers' MPNet counts from its fixed padding_idx 1

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedModel
 from .bert import BertEncoder, can_pack_for_cpu, pack_for_cpu
 from .classifier import ClassificationHead, SequenceClassifier, classifier_config, pair_separator, split_weights
 from .encoders import ENCODER_TYPES as ENCODER_TYPES  # re-exported: the native encoders' model_types
@@ -66,22 +66,33 @@ class CheckpointInfo:
         return int(self.head.width(self))
 
 
-def model_dir_config(path: Path) -> Any:
-    """The config.json of a checkpoint directory that has its tokenizer.json and weights."""
+def model_dir_config(path: Path, weights: bool = True) -> Any:
+    """The config.json of a checkpoint directory that has its tokenizer.json (and, with `weights`,
+    its weights: `require_weights`)."""
     if not path.is_dir():
         raise ModelError("model directory not found", path=str(path))
     for name in ("config.json", "tokenizer.json"):
         if not (path / name).is_file():
             raise ModelError(f"model directory has no {name}", path=str(path))
-    if weights_file(path) is None:
-        raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
+    if weights:
+        require_weights(path)
     return read_model_json(path / "config.json")
+
+
+def require_weights(path: Path) -> None:
+    """The native loaders read one model.safetensors or pytorch_model.bin (not a sharded index)."""
+    if weights_file(path) is not None:
+        return
+    if (path / "model.safetensors.index.json").is_file():  # NOTE: --backend auto loads it through transformers
+        raise UnsupportedModel("no native loader for sharded weights (model.safetensors.index.json)", path=str(path))
+    raise ModelError("model directory has no model.safetensors (nor pytorch_model.bin)", path=str(path))
 
 
 def inspect_checkpoint(path: Path) -> CheckpointInfo:
     """Validates an encoder checkpoint directory (models/encoders.py: any native architecture) and
     reads everything but the weights."""
-    config = encoder_config(model_dir_config(path), path)
+    config = encoder_config(model_dir_config(path, weights=False), path)  # NOTE: the architecture first
+    require_weights(path)
     info = sentence_transformers_info(path, config)
     longest = config.max_position_embeddings - config.position_offset
     return replace(info, max_seq_length=min(info.max_seq_length, longest))
@@ -130,10 +141,11 @@ def inspect_classifier(path: Path, score: bool = False) -> CheckpointInfo:
     """A `*ForSequenceClassification` checkpoint (BERT, RoBERTa / XLM-R, DistilBERT): its encoder's
     config, its labels, its sentence-transformers max_seq_length where it has one; `score`: as a
     cross-encoder (--task score), with the separator that splits a pair's token types."""
-    raw = model_dir_config(path)
+    raw = model_dir_config(path, weights=False)
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     config, spec = classifier_config(raw, path, score)
+    require_weights(path)
     if score and config.type_vocab_size > 1:
         spec = replace(spec, sep_id=pair_separator(path))
     info = sentence_transformers_info(path, config, "cls")

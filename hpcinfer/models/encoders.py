@@ -84,9 +84,14 @@ def encoder_from_weights(config: Any, weights: dict[str, torch.Tensor], file: Pa
     with empty_modules():
         encoder = architecture.build(config)
     state = {k: v.float() for k, v in architecture.rename(weights).items()}
-    missing = sorted(set(encoder.state_dict()) - set(state))
+    expected = encoder.state_dict()
+    missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelError(f"weights are missing {missing[:4]}", path=str(file))
+    wrong = [f"{k} {tuple(state[k].shape)} (the config says {tuple(v.shape)})" for k, v in expected.items()
+             if state[k].shape != v.shape]  # fmt: skip
+    if wrong:
+        raise ModelError(f"weights do not fit config.json: {', '.join(wrong[:2])}", path=str(file))
     encoder.load_state_dict(state, strict=False, assign=True)
     return encoder.eval().requires_grad_(False)
 

@@ -24,6 +24,7 @@ from ..errors import ModelError
 from .adapter import embed_vectors
 from .checkpoint import CheckpointInfo, PoolingSpec, read_model_json, sentence_transformers_info
 from .classifier import head_spec, label_probabilities, pair_separator, pair_token_types
+from .hf_load import quiet_from_pretrained
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox")
 
@@ -127,18 +128,4 @@ def load_hf(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> H
     return HFModel(model.to(device).eval().requires_grad_(False), info, dtype)
 
 
-def quiet_from_pretrained(cls: Any, path: Path, dtype: torch.dtype) -> Any:
-    """transformers' `cls.from_pretrained` (never the checkpoint's own code), without transformers'
-    own progress bars: the run's progress is hpcinfer's, on the native path and on this one alike."""
-    from transformers.utils import logging
-
-    shown = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-    finally:
-        if shown:
-            logging.enable_progress_bar()
-
-
-__all__ = ["HFModel", "TransformersHead", "inspect_hf", "load_hf", "quiet_from_pretrained"]
+__all__ = ["HFModel", "TransformersHead", "inspect_hf", "load_hf"]

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device.cuda import capturing
 from ..errors import UnsupportedModel
 from .bert import pack_layers
-from .rope import rope_tables
 from .weight_names import renamed
 
 
@@ -62,6 +62,10 @@ def modernbert_config(raw: dict[str, Any]) -> ModernBertConfig:
         "full_attention" if i % int(raw.get("global_attn_every_n_layers", 3)) == 0 else "sliding_attention"
         for i in range(layers)
     ]
+    if len(types) != layers:
+        raise KeyError(f"layer_types names {len(types)} layers of {layers}")
+    if raw.get("rope_scaling"):
+        raise UnsupportedModel(f"ModernBERT with rope_scaling {raw['rope_scaling']!r} (native: none)")
     rope = raw.get("rope_parameters") or {}
     full, local = (rope.get(k, rope) or {} for k in ("full_attention", "sliding_attention"))
     for part in (full, local):
@@ -96,6 +100,16 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
 }
+
+
+def rotary_tables(
+    theta: float, dim: int, n: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, dim/2] of default RoPE (rope.py's frequencies), made on `device`: nothing is
+    copied from the host, so a CUDA graph can capture the forward."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.int64).float() / dim))
+    freqs = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -177,11 +191,12 @@ class ModernBertEncoder(nn.Module):
         n = ids.shape[1]
         positions = torch.arange(n, device=ids.device)
         token_mask = positions[None, :] < lengths[:, None]
-        rows = Rows(token_mask, self.unpad_below if padded else 0.0)
+        # NOTE: packing reads the row count back from the device: never while a CUDA graph is captured
+        rows = Rows(token_mask, self.unpad_below if padded and not capturing(ids) else 0.0)
         x = rows.packed(self.embed_norm(self.word_embeddings(ids)))
         head_dim = self.cfg.hidden_size // self.cfg.num_attention_heads
         ropes = {
-            sliding: tuple(t.to(device=ids.device, dtype=x.dtype) for t in rope_tables(theta, head_dim, {}, n, n))
+            sliding: rotary_tables(theta, head_dim, n, ids.device, x.dtype)
             for sliding, theta in ((False, self.cfg.global_theta), (True, self.cfg.local_theta))
         }
         keys = token_mask[:, None, None, :] if padded else None
@@ -214,4 +229,4 @@ def rename_modernbert(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {name: tensor for name, tensor in named if name is not None}
 
 
-__all__ = ["ModernBertConfig", "ModernBertEncoder", "modernbert_config", "rename_modernbert", "rotate"]
+__all__ = ["ModernBertConfig", "ModernBertEncoder", "modernbert_config", "rename_modernbert", "rotary_tables", "rotate"]

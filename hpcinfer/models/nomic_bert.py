@@ -19,8 +19,7 @@ from torch import nn
 
 from ..errors import UnsupportedModel
 from .bert import pack_layers
-from .modernbert import rotate
-from .rope import rope_tables
+from .modernbert import rotary_tables, rotate
 from .weight_names import renamed
 
 
@@ -129,8 +128,7 @@ class NomicBertEncoder(nn.Module):
         types = table(token_types) if token_types is not None else table.weight[0]  # single segment: type 0
         x = self.embed_norm(self.word_embeddings(ids) + types)
         head_dim = self.cfg.hidden_size // self.cfg.num_attention_heads
-        cos, sin = rope_tables(self.cfg.rope_theta, head_dim, {}, n, n)
-        rope = (cos.to(device=ids.device, dtype=x.dtype), sin.to(device=ids.device, dtype=x.dtype))
+        rope = rotary_tables(self.cfg.rope_theta, head_dim, n, ids.device, x.dtype)
         mask = token_mask[:, None, None, :] if padded else None
         for layer in self.layers:
             x = layer(x, rope, mask)

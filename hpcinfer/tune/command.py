@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -86,7 +87,9 @@ def tune(
     from ..registry import check_honoured, pick_task, settle_backend, task_named
 
     picked = task_named(pick_task(base))
-    base, _ = settle_backend(picked, base)  # NOTE: trials run the job directly: the backend is settled once here
+    base, fallback = settle_backend(picked, base)  # NOTE: trials run the job directly: settled once, here
+    if fallback:
+        print(fallback, file=sys.stderr)
     check_honoured(picked, replace(base, task=picked.name))
     # NOTE: what the task settles (a score run's pair columns) is kept; the task as given stays, for the recipe
     base = replace(base, input=picked.settle(replace(base, task=picked.name)).input)

@@ -179,3 +179,41 @@ def test_a_checkpoint_in_its_hub_release_form_embeds_the_same(tmp_path, kind):
     a = np.asarray(ours.column("embedding").to_pylist(), dtype=np.float32)
     b = np.asarray(again.column("embedding").to_pylist(), dtype=np.float32)
     assert np.array_equal(a, b)
+
+
+def test_mpnet_buckets_distances_into_32_whatever_its_table_holds(tmp_path):
+    """transformers' MPNet buckets with its default 32 whatever `relative_attention_num_buckets` sizes
+    the table to: a 64-entry table embeds as sentence-transformers does too."""
+    fields = {**ARCHITECTURES["mpnet"][1], "relative_attention_num_buckets": 64}
+    model = build_tiny_encoder(tmp_path, "mpnet", fields=fields)
+    texts = TEXTS[:60]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    _, table = run_job(small_config(src, tmp_path / "out.parquet", model))
+    ours = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    expected = SentenceTransformer(str(model), device="cpu").encode(texts, batch_size=16, convert_to_numpy=True)
+    assert cosines(ours, expected).min() >= 0.99999
+
+
+def test_what_the_native_encoders_lack_is_an_unsupported_model_in_one_line(tmp_path):
+    """An activation, a sharded checkpoint or a ModernBERT token classifier (its head has layers the
+    native NER head lacks) are refused natively as UnsupportedModel (--backend auto falls back)."""
+    from hpcinfer.errors import UnsupportedModel
+    from hpcinfer.models.checkpoint import inspect_checkpoint
+    from hpcinfer.tasks.ner.model import inspect_token_classifier
+    from tests.fixtures.tiny import build_tiny_bert
+
+    model = build_tiny_bert(tmp_path / "bert")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_act": "quick_gelu"}))
+    with pytest.raises(UnsupportedModel, match="hidden_act 'quick_gelu'"):
+        inspect_checkpoint(model)
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+    (model / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(UnsupportedModel, match="sharded"):
+        inspect_checkpoint(model)
+    (model / "model-00001-of-00001.safetensors").rename(model / "model.safetensors")
+    token = {**config, "model_type": "modernbert", "architectures": ["ModernBertForTokenClassification"]}
+    (model / "config.json").write_text(json.dumps(token))
+    with pytest.raises(UnsupportedModel, match="no native token classifier for 'ModernBertForTokenClassification'"):
+        inspect_token_classifier(model, None)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 
 from ...config import RunConfig
-from ...errors import ConfigError, ModelError
+from ...errors import ConfigError, ModelError, UnsupportedModel
 from ...files.part_format import id_array
 from ...files.parts import TableStore
 from ...files.sources import is_openai_input
@@ -89,7 +89,11 @@ def inspect_token_embedder(path: Path, max_length: int | None) -> CheckpointInfo
             f"--output-value token_embeddings runs hpcinfer's BERT encoders; a decoder embedder ({kind}) "
             "gives sentence embeddings only"
         )
-    config = encoder_config(raw, path)  # NOTE: any native encoder (models/encoders.py)
+    try:
+        config = encoder_config(raw, path)  # NOTE: any native encoder (models/encoders.py)
+    except UnsupportedModel as exc:  # NOTE: no transformers path to point at: token embeddings are native only
+        native = exc.reason.split(";")[0] + ")"  # NOTE: the native list, without the fallback's hint
+        raise UnsupportedModel(f"--output-value token_embeddings: {native}", path=str(path)) from None
     _check_modules(path)
     prompts: dict[str, str] = {}
     prompt = ""

@@ -95,6 +95,11 @@ class TokenLabeller(BatchSteps):
         return Ragged(token_mask.sum(dim=1), fields)
 
 
+# The sequence classifiers' families whose token classifier is the encoder and one linear layer
+# (ModernBERT's puts its dense + GELU + norm head before it: not run natively)
+TOKEN_FAMILIES = tuple(f for f in FAMILIES if f != "modernbert")
+
+
 def token_architecture(family: str) -> str:
     return FAMILIES[family].replace("ForSequenceClassification", "ForTokenClassification")
 
@@ -106,8 +111,8 @@ def inspect_token_classifier(path: Path, max_length: int | None) -> CheckpointIn
     if not isinstance(raw, dict):
         raise ModelError("config.json is not an object", path=str(path))
     family, arch = str(raw.get("model_type")), next(iter(raw.get("architectures") or []), None)
-    if family not in FAMILIES or arch != token_architecture(family):
-        supported = ", ".join(token_architecture(f) for f in FAMILIES)
+    if family not in TOKEN_FAMILIES or arch != token_architecture(family):
+        supported = ", ".join(token_architecture(f) for f in TOKEN_FAMILIES)
         raise UnsupportedModel(f"no native token classifier for {arch!r} (native: {supported})", path=str(path))
     # NOTE: the encoder and labels read as for the family's sequence classifier: same config, same names
     config, spec = classifier_config({**raw, "architectures": [FAMILIES[family]]}, path)

@@ -17,7 +17,7 @@ from torch import nn
 
 from ...errors import ModelError
 from ...models.batch_model import BatchSteps
-from ...models.bert import _ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
+from ...models.bert import ACTIVATIONS, BertConfig, BertEncoder, can_pack_for_cpu, pack_for_cpu
 from ...models.checkpoint import CheckpointInfo, encoder_from_weights, load_weights, weights_file
 from ...models.meta import empty_modules
 from ...values import Ragged, RaggedField, RaggedSpec
@@ -65,7 +65,7 @@ class MLMHead(nn.Module):
     def __init__(self, cfg: BertConfig, activation: str) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.act = _ACTIVATIONS[activation]
+        self.act = ACTIVATIONS[activation]
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size)
 
@@ -81,7 +81,7 @@ def load_splade(info: CheckpointInfo, head: SpladeHead) -> tuple[BertEncoder, ML
     weights = load_weights(file)
     bert = info.config.model_type == "bert"
     activation = info.config.hidden_act if bert else "gelu"  # NOTE: RoBERTa's lm_head is GELU whatever the config
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise ModelError(f"unsupported hidden_act {activation!r}", path=str(info.path))
 
     def named(*names: str) -> torch.Tensor | None:
