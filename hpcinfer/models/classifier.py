@@ -1,7 +1,7 @@
 """Sequence classifiers (`--task classify`): a BERT-family encoder and its classification head.
 
 Four heads, each read natively from a `*ForSequenceClassification` checkpoint:
-- BERT's: the pooler (dense + tanh on [CLS]), then `classifier`;
+- BERT's (also NomicBERT's): the pooler (dense + tanh on [CLS]), then `classifier`;
 - RoBERTa's (also XLM-R's, CamemBERT's and MPNet's): `classifier.dense` + tanh +
   `classifier.out_proj` on <s>;
 - DistilBERT's: `pre_classifier` + ReLU + `classifier`;
@@ -34,6 +34,7 @@ FAMILIES = {
     "distilbert": "DistilBertForSequenceClassification",
     "mpnet": "MPNetForSequenceClassification",
     "modernbert": "ModernBertForSequenceClassification",
+    "nomic_bert": "NomicBertForSequenceClassification",
 }
 _HEAD_FAMILY = {"xlm-roberta": "roberta", "camembert": "roberta", "mpnet": "roberta"}  # the same head's names
 
@@ -149,6 +150,7 @@ _HEAD_NAMES = {
     "roberta": {"classifier.dense": "dense", "classifier.out_proj": "out"},
     "distilbert": {"pre_classifier": "dense", "classifier": "out"},
     "modernbert": {"head.dense": "dense", "head.norm": "norm", "classifier": "out"},
+    "nomic_bert": {"nomic_bert.pooler.dense": "dense", "classifier": "out"},  # BERT's head
 }
 
 

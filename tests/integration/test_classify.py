@@ -38,7 +38,7 @@ def _oracle(path, multi_label: bool) -> np.ndarray:
 @pytest.mark.parametrize(
     ("family", "multi_label"),
     [("bert", False), ("roberta", False), ("xlm-roberta", True), ("camembert", False), ("distilbert", False),
-     ("mpnet", False), ("modernbert", False)],
+     ("mpnet", False), ("modernbert", False), ("nomic_bert", False)],
 )  # fmt: skip
 def test_labels_and_scores_equal_transformers(tmp_path, family, multi_label, one_torch_thread):
     labels = ("sports", "politics", "science", "arts")

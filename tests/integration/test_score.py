@@ -24,7 +24,14 @@ PAIRS = [(QUERIES[i % len(QUERIES)], DOCS[i]) for i in range(len(DOCS))]
 
 @pytest.mark.parametrize(
     ("family", "identity"),
-    [("bert", False), ("roberta", True), ("distilbert", False), ("mpnet", False), ("modernbert", False)],
+    [
+        ("bert", False),
+        ("roberta", True),
+        ("distilbert", False),
+        ("mpnet", False),
+        ("modernbert", False),
+        ("nomic_bert", False),
+    ],
 )
 def test_scores_equal_cross_encoder(tmp_path, family, identity, one_torch_thread):
     path = build_tiny_classifier(tmp_path / family, family, ("LABEL_0",), seed=5)
