@@ -200,8 +200,10 @@ class ModernBertEncoder(nn.Module):
             for sliding, theta in ((False, self.cfg.global_theta), (True, self.cfg.local_theta))
         }
         keys = token_mask[:, None, None, :] if padded else None
-        near = (positions[None, :] - positions[:, None]).abs() <= self.cfg.window  # [n, n]
-        local = keys if n <= self.cfg.window + 1 else (near if keys is None else near & keys)
+        local = keys  # NOTE: a row no longer than the window: its local layers see all of it
+        if n > self.cfg.window + 1:
+            near = (positions[None, :] - positions[:, None]).abs() <= self.cfg.window  # [n, n]
+            local = near if keys is None else near & keys
         for layer in self.layers:
             x = layer(x, rows, ropes[layer.sliding], local if layer.sliding else keys)
         return rows.padded(self.final_norm(x)), token_mask
