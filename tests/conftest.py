@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from hpcinfer.config import (
 )
 from hpcinfer.obs.progress import Progress
 from tests.fixtures.tiny import build_tiny_bert
+from tests.fixtures.warm_cli import warm_cli
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -96,6 +98,14 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 def write_parquet(path: Path, rows: list[dict[str, Any]], row_group_size: int = 64) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cli_processes_start_warm():
+    """`python -m hpcinfer ...` in a test forks from a server that imported torch and hpcinfer once
+    (tests/fixtures/warm_cli.py): a real process, without ~1.5 s of imports each."""
+    with tempfile.TemporaryDirectory(prefix="hpcinfer-cli-") as folder, warm_cli(Path(folder)):
+        yield
 
 
 @pytest.fixture(scope="session")
