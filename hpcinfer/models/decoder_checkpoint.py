@@ -53,6 +53,9 @@ _DIRECT = {
     "post_attention_layernorm.weight": "post_norm",
     "self_attn.q_norm.weight": "q_norm",
     "self_attn.k_norm.weight": "k_norm",
+    # phi3 stores q/k/v and gate/up fused, in the order this model runs them: kept as they are
+    "self_attn.qkv_proj.weight": "qkv.weight",
+    "mlp.gate_up_proj.weight": "gate_up.weight",
 }
 _FUSED = {  # HF name -> (native fused name, position in the concatenation)
     "self_attn.q_proj": ("qkv", 0),
@@ -63,9 +66,20 @@ _FUSED = {  # HF name -> (native fused name, position in the concatenation)
 }
 
 
-def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up."""
+# Gemma's norms: the one before the MLP is `pre_feedforward_layernorm`, and post_attention_layernorm
+# normalises the attention's output, as post_feedforward_layernorm does the MLP's
+_GEMMA_NORMS = {
+    "post_attention_layernorm.weight": "attn_out_norm",
+    "pre_feedforward_layernorm.weight": "post_norm",
+    "post_feedforward_layernorm.weight": "mlp_out_norm",
+}
+
+
+def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
+    """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up. Gemma's RMSNorms
+    scale by (1 + weight): their weights get the 1 added here, in float32, so one norm serves all."""
     state: dict[str, torch.Tensor] = {}
+    direct = {**_DIRECT, **_GEMMA_NORMS} if family.startswith("gemma") else _DIRECT
     fused: dict[str, dict[int, torch.Tensor]] = {}
     bare = not any(name.startswith("model.") for name in weights)  # a `*Model` checkpoint: no prefix
     for name, tensor in weights.items():
@@ -79,8 +93,8 @@ def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
             state["lm_head.weight"] = tensor
         elif m := _LAYER.match(name):
             layer, rest = m[1], m[2]
-            if rest in _DIRECT:
-                state[f"layers.{layer}.{_DIRECT[rest]}"] = tensor
+            if rest in direct:
+                state[f"layers.{layer}.{direct[rest]}"] = tensor
                 continue
             module, _, kind = rest.rpartition(".")
             if module in _FUSED:
@@ -88,6 +102,10 @@ def native_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
                 fused.setdefault(f"layers.{layer}.{target}.{kind}", {})[pos] = tensor
     for name, parts in fused.items():
         state[name] = torch.cat([parts[i] for i in sorted(parts)])
+    if family.startswith("gemma"):
+        for name, tensor in state.items():
+            if name == "norm" or name.endswith("_norm"):
+                state[name] = (tensor.float() + 1.0).to(tensor.dtype)
     return state
 
 
@@ -162,7 +180,8 @@ def load_decoder(
                 weights.update(load_file(str(file)))
             except Exception as exc:  # safetensors raises its own error types
                 raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
-        state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights).items()}
+        family = ARCHITECTURES[info.config.architecture]
+        state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights, family).items()}
     with empty_modules():
         model = LlamaDecoder(info.config)
     if info.config.tie_word_embeddings:

@@ -32,7 +32,8 @@ PROBE_TEXT = (
 def next_tokens(model: LlamaDecoder, ids: torch.Tensor) -> torch.Tensor:
     """The model's greedy next token after each prefix of `ids`."""
     with torch.inference_mode():
-        return model.logits(model(ids, torch.arange(len(ids)), DenseCausalAttention())).argmax(-1)
+        hidden = model(ids, torch.arange(len(ids)), DenseCausalAttention(model.cfg.layer_windows))
+        return model.logits(hidden).argmax(-1)
 
 
 def int8_checked(build_float: Callable[[], LlamaDecoder], kernel_name: str, ids: torch.Tensor) -> LlamaDecoder:

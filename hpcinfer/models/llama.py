@@ -1,4 +1,5 @@
-"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over flat, variable-length batches.
+"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3) over flat,
+variable-length batches.
 
 Consumes flat token ids [T] with their positions [T] and an attention object that owns the KV
 cache and the batch's layout; produces hidden states [T, hidden]. The model knows nothing about
@@ -24,13 +25,18 @@ from .rope import ROPE_TYPES, rope_tables
 # 43 GFLOP/s as one matmul, 66 in slices of 512 columns), so the MLP's gate and up run in slices
 # sized to this CPU's L2 (`matmul_slice_rows`: 512 columns on that 2 MiB L2).
 
-# HF architecture name -> (qkv bias, q/k RMSNorm). Llama's `attention_bias` also biases o_proj.
+# HF architecture name -> family. Families differ in biases (qwen2's q/k/v, llama's optional ones),
+# q/k RMSNorm (qwen3), and phi3's partial rotary dimensions and LongRoPE; phi3 checkpoints store q/k/v
+# and gate/up already fused, as this model runs them (decoder_checkpoint.py).
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,16 @@ class DecoderConfig:
     qk_norm: bool = False
     sliding_window: int | None = None
     context_cap: int | None = None  # --max-model-len: a context shorter than the checkpoint's
+    rotary_dim: int = 0  # dimensions of each head RoPE turns (phi3's partial_rotary_factor); 0: all
+    # Gemma 3: each layer's sliding window (keys with query - key < window; 0: every key), the
+    # local layers' own RoPE base, post-attention and post-MLP norms, embeddings scaled by
+    # sqrt(hidden), GELU (tanh), and a query scale of its own (query_pre_attn_scalar ** -0.5)
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
+    sandwich_norms: bool = False
+    embed_scale: float = 1.0
+    hidden_act: str = "silu"
+    query_scale: float | None = None
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
@@ -62,6 +78,8 @@ class DecoderConfig:
         family = ARCHITECTURES.get(str(arch))
         if family is None:
             raise UnsupportedModel(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        if family == "gemma3":
+            return _gemma3(raw)
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older checkpoints
@@ -72,9 +90,17 @@ class DecoderConfig:
         if rope_type not in ROPE_TYPES:
             raise UnsupportedModel(f"unsupported rope_scaling type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
         rope["rope_type"] = rope_type
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise UnsupportedModel("partial_rotary_factor other than 1.0 is not supported")
+        partial = float(rope.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0)
+        if partial != 1.0 and family != "phi3":
+            raise UnsupportedModel(f"partial_rotary_factor {partial} on {arch} (native: phi3 only)")
+        if rope_type == "longrope":
+            # NOTE: the short factors up to the pretraining context; past it transformers recomputes
+            # every position with the long ones, which a KV cache cannot follow: the context stops there
+            rope.setdefault("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+            if rope["original_max_position_embeddings"] is None or rope.get("short_factor") is None:
+                raise UnsupportedModel("longrope without original_max_position_embeddings or short_factor")
         heads = int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or raw["hidden_size"] // heads)
         window = raw.get("sliding_window")
         if family == "qwen2" or family == "qwen3":
             window = window if raw.get("use_sliding_window") else None
@@ -86,7 +112,7 @@ class DecoderConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rope_theta=theta,
@@ -97,6 +123,7 @@ class DecoderConfig:
             mlp_bias=family == "llama" and bool(raw.get("mlp_bias")),
             qk_norm=family == "qwen3",
             sliding_window=int(window) if window else None,
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
         )
 
     @property
@@ -104,7 +131,70 @@ class DecoderConfig:
         """Longest sequence we run exactly: positions, capped by a sliding window we don't implement
         and by --max-model-len."""
         caps = [c for c in (self.sliding_window, self.context_cap) if c]
+        if self.rope_scaling.get("rope_type") == "longrope":
+            caps.append(int(self.rope_scaling["original_max_position_embeddings"]))
         return min([self.max_position_embeddings, *caps])
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions of each head RoPE turns: all, or phi3's leading fraction."""
+        return self.rotary_dim or self.head_dim
+
+
+def _gemma3(raw: dict[str, Any]) -> DecoderConfig:
+    """Gemma 3's text decoder (Gemma3ForCausalLM): transformers 5's `rope_parameters` per layer type,
+    or the older `rope_theta` / `rope_local_base_freq` / `rope_scaling`."""
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(name):
+            raise UnsupportedModel(f"Gemma 3 with {name} {raw[name]} (native: none)")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModel("Gemma 3 with use_bidirectional_attention (native: causal)")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ACTIVATIONS:
+        raise UnsupportedModel(f"unsupported hidden_activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
+    layers = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % int(raw.get("sliding_window_pattern", 6)) else "full_attention"
+        for i in range(layers)
+    ]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedModel(f"Gemma 3 layer_types {types!r} (native: sliding_attention, full_attention)")
+    params = raw.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or raw.get("rope_scaling") or {})
+    local = dict(params.get("sliding_attention") or {})
+    theta = float(full.pop("rope_theta", raw.get("rope_theta", 1_000_000.0)))
+    local_theta = float(local.pop("rope_theta", raw.get("rope_local_base_freq", 10_000.0)))
+    full["rope_type"] = full.get("rope_type", full.get("type", "default"))
+    if full["rope_type"] not in ROPE_TYPES or local.get("rope_type", "default") != "default":
+        raise UnsupportedModel(
+            f"Gemma 3 RoPE {params or full!r} (native: default local layers; {', '.join(ROPE_TYPES)})"
+        )
+    heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
+    window = int(raw.get("sliding_window") or 4096)
+    return DecoderConfig(
+        architecture="Gemma3ForCausalLM",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or 256),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+        rope_theta=theta,
+        rope_scaling=full,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        qkv_bias=bool(raw.get("attention_bias")),
+        o_bias=bool(raw.get("attention_bias")),
+        qk_norm=True,
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        local_rope_theta=local_theta,
+        sandwich_norms=True,
+        embed_scale=hidden**0.5,
+        hidden_act=act,
+        query_scale=float(raw.get("query_pre_attn_scalar") or 256) ** -0.5,
+    )
 
 
 class Attention(Protocol):
@@ -116,12 +206,22 @@ class Attention(Protocol):
 
 
 class DenseCausalAttention:
-    """One whole sequence, no cache: the reference path (and the model's own unit test)."""
+    """One whole sequence, no cache: the reference path (and the model's own unit test).
+    `windows`: each layer's sliding window (DecoderConfig.layer_windows), if any."""
+
+    def __init__(self, windows: tuple[int, ...] = ()) -> None:
+        self.windows = windows
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        window = self.windows[layer] if self.windows else 0
+        mask = None
+        if window and q.shape[0] > window:
+            pos = torch.arange(q.shape[0], device=q.device)
+            mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
-        )
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
+            enable_gqa=True,
+        )  # fmt: skip
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
 
@@ -147,7 +247,14 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
         self.input_norm = nn.Parameter(torch.ones(h))
-        self.post_norm = nn.Parameter(torch.ones(h))
+        self.post_norm = nn.Parameter(torch.ones(h))  # before the MLP
+        self.local = bool(cfg.layer_windows and cfg.layer_windows[index])  # a sliding-window layer
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        # NOTE: sdpa scales by 1/sqrt(head_dim); a model with its own scale has q rescaled to match
+        self.q_rescale = cfg.query_scale * d**0.5 if cfg.query_scale else None
+        if cfg.sandwich_norms:
+            self.attn_out_norm = nn.Parameter(torch.ones(h))
+            self.mlp_out_norm = nn.Parameter(torch.ones(h))
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(d))
             self.k_norm = nn.Parameter(torch.ones(d))
@@ -163,20 +270,33 @@ class DecoderLayer(nn.Module):
             q = rms_norm(q.view(t, heads, cfg.head_dim), self.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim), self.k_norm, cfg.rms_norm_eps)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            if self.q_rescale is not None:
+                q = q * self.q_rescale
         else:
             # NOTE: q's and k's heads are adjacent columns of qkv, so one rotation covers both: the
             # same arithmetic in half the elementwise calls (3.5x faster at 1024 tokens on CPU).
             qk = qkv[:, : self.q_size + self.kv_size].view(t, heads + cfg.num_kv_heads, cfg.head_dim)
             qk = _rotate(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
-        x = x + self.o_proj(attn(self.index, q, k, v))
-        h = rms_norm(x, self.post_norm, cfg.rms_norm_eps)
-        if x.device.type == "cpu" and isinstance(self.gate_up, nn.Linear):
+            if self.q_rescale is not None:
+                q = q * self.q_rescale
+        out = self.o_proj(attn(self.index, q, k, v))
+        if cfg.sandwich_norms:
+            out = rms_norm(out, self.attn_out_norm, cfg.rms_norm_eps)
+        x = x + out
+        out = self._mlp(rms_norm(x, self.post_norm, cfg.rms_norm_eps))
+        if cfg.sandwich_norms:
+            out = rms_norm(out, self.mlp_out_norm, cfg.rms_norm_eps)
+        return x + out
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if h.device.type == "cpu" and isinstance(self.gate_up, nn.Linear):
             width = matmul_slice_rows(cfg.hidden_size * h.element_size())
             if width < cfg.intermediate_size:
-                return x + self.down(self._sliced_act(h, width))
+                return self.down(self._sliced_act(h, width))
         gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return self.down(self.act(gate) * up)
 
     def _sliced_act(self, h: torch.Tensor, width: int) -> torch.Tensor:
         """silu(gate) * up [T, intermediate], `width` columns of gate and of up per matmul."""
@@ -188,12 +308,17 @@ class DecoderLayer(nn.Module):
             cols, up_cols = slice(start, end), slice(inter + start, inter + end)  # gate rows, then up rows
             gate = F.linear(h, weight[cols], None if bias is None else bias[cols])
             up = F.linear(h, weight[up_cols], None if bias is None else bias[up_cols])
-            torch.mul(F.silu(gate, inplace=True), up, out=act[:, cols])
+            torch.mul(F.silu(gate, inplace=True) if self.act is F.silu else self.act(gate), up, out=act[:, cols])
         return act
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in HF's half-split layout: x [T, H, D], cos/sin [T, 1, D/2]."""
+    """RoPE in HF's half-split layout: x [T, H, D], cos/sin [T, 1, R/2] turn the first R dimensions
+    (R = D but for a partial rotary factor); the others pass unchanged."""
+    half = cos.shape[-1]
+    if 2 * half != x.shape[-1]:
+        x1, x2, rest = x.split([half, half, x.shape[-1] - 2 * half], dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -210,22 +335,35 @@ class LlamaDecoder(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.register_buffer("local_cos", torch.empty(0), persistent=False)  # Gemma 3's local layers
+        self.register_buffer("local_sin", torch.empty(0), persistent=False)
 
     def build_rope(self) -> None:
         """The cos/sin table for every position, computed once (float32, then the model's dtype)."""
         c = self.cfg
-        cos, sin = rope_tables(c.rope_theta, c.head_dim, c.rope_scaling, c.max_position_embeddings, c.max_model_len)
+        cos, sin = rope_tables(c.rope_theta, c.rope_dim, c.rope_scaling, c.max_position_embeddings, c.max_model_len)
         dtype, device = self.norm.dtype, self.norm.device
         self.rope_cos = cos.to(device=device, dtype=dtype)
         self.rope_sin = sin.to(device=device, dtype=dtype)
+        if c.local_rope_theta is not None:
+            cos, sin = rope_tables(c.local_rope_theta, c.rope_dim, {}, c.max_position_embeddings, c.max_model_len)
+            self.local_cos = cos.to(device=device, dtype=dtype)
+            self.local_sin = sin.to(device=device, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, hidden] (before the final norm)."""
         x = self.embed(input_ids)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)  # NOTE: rounded to the dtype first, as HF does
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
+        local = (
+            (self.local_cos[positions].unsqueeze(1), self.local_sin[positions].unsqueeze(1))
+            if self.local_cos.numel()
+            else None
+        )
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
+            x = layer(x, *local, attn) if local is not None and layer.local else layer(x, cos, sin, attn)
         return x
 
     def logits(self, hidden: torch.Tensor, vocab_chunk: int = 0) -> torch.Tensor:

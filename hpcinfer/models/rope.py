@@ -9,6 +9,10 @@ that range the types whose frequencies depend on the current length reduce to fi
   so its frequencies are the default ones.
 - `yarn` blends interpolated and extrapolated frequencies and scales cos/sin by an attention
   factor; it does not depend on the length.
+- `longrope` (Phi-3, Phi-4; `su` in older configs) divides each frequency by its short factor and
+  scales cos/sin by sqrt(1 + ln(factor) / ln(original context)); transformers switches to the long
+  factors (for every position) once a sequence passes the original context, so the engine's context
+  stops there (DecoderConfig.max_model_len).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su")
 
 
 def _default(theta: float, dim: int) -> torch.Tensor:
@@ -72,6 +76,17 @@ def _yarn(theta: float, dim: int, p: Mapping[str, Any], max_positions: int) -> t
     return interpolated * (1 - keep) + extrapolated * keep, float(attention)
 
 
+def _longrope(theta: float, dim: int, p: Mapping[str, Any], max_positions: int) -> tuple[torch.Tensor, float]:
+    old_ctx = float(p["original_max_position_embeddings"])
+    factor = float(p.get("factor") or max_positions / old_ctx)
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_ctx))
+    short = torch.tensor(p["short_factor"], dtype=torch.float32)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (short * theta**shape), float(attention)
+
+
 def rope_frequencies(
     theta: float, dim: int, scaling: Mapping[str, Any], max_positions: int
 ) -> tuple[torch.Tensor, float]:
@@ -79,6 +94,8 @@ def rope_frequencies(
     kind = scaling.get("rope_type", "default")
     if kind == "yarn":
         return _yarn(theta, dim, scaling, max_positions)
+    if kind in ("longrope", "su"):
+        return _longrope(theta, dim, scaling, max_positions)
     inv = _default(theta, dim)
     if kind == "linear":
         inv = inv / float(scaling["factor"])

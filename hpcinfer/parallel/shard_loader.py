@@ -68,45 +68,69 @@ class _Checkpoint:
 
 def shard_tensors(ckpt: _Checkpoint, model: ShardedDecoder) -> dict[str, torch.Tensor]:
     """The rank's tensors under the sharded model's names (q/k/v and gate/up fused)."""
-    full, cfg, rank = model.full, model.cfg, model.comm.rank
+    full, cfg, rank, world = model.full, model.cfg, model.comm.rank, model.comm.world
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    q_all, kv_all, inter_all = full.num_heads * full.head_dim, full.num_kv_heads * full.head_dim, full.intermediate_size
     state: dict[str, torch.Tensor] = {}
     for i in range(full.num_layers):
         hf, ours = f"layers.{i}.", f"layers.{i}."
-        kinds = ["weight"] + (["bias"] if cfg.qkv_bias else [])
-        for kind in kinds:
-            state[f"{ours}qkv.{kind}"] = torch.cat(
-                [
-                    ckpt.read(f"{hf}self_attn.q_proj.{kind}", _rows(rank * q, (rank + 1) * q)),
-                    ckpt.read(f"{hf}self_attn.k_proj.{kind}", _rows(rank * kv, (rank + 1) * kv)),
-                    ckpt.read(f"{hf}self_attn.v_proj.{kind}", _rows(rank * kv, (rank + 1) * kv)),
-                ]
-            )
-        for kind in ["weight"] + (["bias"] if cfg.mlp_bias else []):
-            state[f"{ours}gate_up.{kind}"] = torch.cat(
-                [
-                    ckpt.read(f"{hf}mlp.gate_proj.{kind}", _rows(rank * inter, (rank + 1) * inter)),
-                    ckpt.read(f"{hf}mlp.up_proj.{kind}", _rows(rank * inter, (rank + 1) * inter)),
-                ]
-            )
-            if kind == "bias":
-                state[f"{ours}down.bias"] = ckpt.read(f"{hf}mlp.down_proj.bias", _whole)
+        if ckpt.has(f"{hf}self_attn.qkv_proj.weight"):  # phi3: q/k/v and gate/up stored fused
+            qkv, gate_up = [q_all, kv_all, kv_all], [inter_all, inter_all]
+            state[f"{ours}qkv.weight"] = _fused_rows(ckpt, f"{hf}self_attn.qkv_proj.weight", qkv, rank, world)
+            state[f"{ours}gate_up.weight"] = _fused_rows(ckpt, f"{hf}mlp.gate_up_proj.weight", gate_up, rank, world)
+        else:
+            for kind in ["weight"] + (["bias"] if cfg.qkv_bias else []):
+                state[f"{ours}qkv.{kind}"] = torch.cat(
+                    [
+                        ckpt.read(f"{hf}self_attn.q_proj.{kind}", _rows(rank * q, (rank + 1) * q)),
+                        ckpt.read(f"{hf}self_attn.k_proj.{kind}", _rows(rank * kv, (rank + 1) * kv)),
+                        ckpt.read(f"{hf}self_attn.v_proj.{kind}", _rows(rank * kv, (rank + 1) * kv)),
+                    ]
+                )
+            for kind in ["weight"] + (["bias"] if cfg.mlp_bias else []):
+                state[f"{ours}gate_up.{kind}"] = torch.cat(
+                    [
+                        ckpt.read(f"{hf}mlp.gate_proj.{kind}", _rows(rank * inter, (rank + 1) * inter)),
+                        ckpt.read(f"{hf}mlp.up_proj.{kind}", _rows(rank * inter, (rank + 1) * inter)),
+                    ]
+                )
+                if kind == "bias":
+                    state[f"{ours}down.bias"] = ckpt.read(f"{hf}mlp.down_proj.bias", _whole)
         state[f"{ours}o_proj.weight"] = ckpt.read(f"{hf}self_attn.o_proj.weight", _cols(rank * q, (rank + 1) * q))
         state[f"{ours}down.weight"] = ckpt.read(f"{hf}mlp.down_proj.weight", _cols(rank * inter, (rank + 1) * inter))
         if cfg.o_bias:
             state[f"{ours}o_proj.bias"] = ckpt.read(f"{hf}self_attn.o_proj.bias", _whole)
         state[f"{ours}input_norm"] = ckpt.read(f"{hf}input_layernorm.weight", _whole)
-        state[f"{ours}post_norm"] = ckpt.read(f"{hf}post_attention_layernorm.weight", _whole)
+        if cfg.sandwich_norms:  # Gemma: the norm before the MLP, and one after each of attention and MLP
+            state[f"{ours}post_norm"] = ckpt.read(f"{hf}pre_feedforward_layernorm.weight", _whole)
+            state[f"{ours}attn_out_norm"] = ckpt.read(f"{hf}post_attention_layernorm.weight", _whole)
+            state[f"{ours}mlp_out_norm"] = ckpt.read(f"{hf}post_feedforward_layernorm.weight", _whole)
+        else:
+            state[f"{ours}post_norm"] = ckpt.read(f"{hf}post_attention_layernorm.weight", _whole)
         if cfg.qk_norm:
             state[f"{ours}q_norm"] = ckpt.read(f"{hf}self_attn.q_norm.weight", _whole)
             state[f"{ours}k_norm"] = ckpt.read(f"{hf}self_attn.k_norm.weight", _whole)
     state["norm"] = ckpt.read("norm.weight", _whole)
+    if cfg.sandwich_norms:  # Gemma's norms scale by (1 + weight), as decoder_checkpoint.native_state_dict says
+        for name in [n for n in state if n == "norm" or n.endswith("_norm")]:
+            state[name] = (state[name].float() + 1.0).to(state[name].dtype)
     state["embed.weight"] = _vocab(ckpt, "embed_tokens.weight", model)
     if not cfg.tie_word_embeddings:
         # some checkpoints omit a head equal to the embedding
         head = "lm_head.weight" if ckpt.has("lm_head.weight") else "embed_tokens.weight"
         state["lm_head.weight"] = _vocab(ckpt, head, model)
     return state
+
+
+def _fused_rows(ckpt: _Checkpoint, name: str, parts: list[int], rank: int, world: int) -> torch.Tensor:
+    """This rank's rows of each part of a fused tensor (q, k, v or gate, up: `parts` rows each, one
+    after another in the file), each part split evenly across the `world` ranks."""
+    pieces, offset = [], 0
+    for rows in parts:
+        share = rows // world
+        pieces.append(ckpt.read(name, _rows(offset + rank * share, offset + (rank + 1) * share)))
+        offset += rows
+    return torch.cat(pieces)
 
 
 def _vocab(ckpt: _Checkpoint, name: str, model: ShardedDecoder) -> torch.Tensor:

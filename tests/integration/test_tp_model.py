@@ -1,5 +1,6 @@
-"""Tensor parallelism on 2 gloo ranks: each rank's shard of Llama, Qwen2 (qkv bias) and Qwen3 (q/k
-norm) tiny checkpoints gives the logits and greedy tokens of the whole model (TP=1)."""
+"""Tensor parallelism on 2 gloo ranks: each rank's shard of Llama, Qwen2 (qkv bias), Qwen3 (q/k
+norm), Phi-3 (fused q/k/v and gate/up, partial rotary) and Gemma 3 tiny checkpoints gives the
+logits and greedy tokens of the whole model (TP=1)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ CHECKPOINTS = {
     "llama-bias-tied": ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True, "tie": True}),
     "qwen2": ("Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3ForCausalLM", {"head_dim": 16}),
+    "phi3": ("Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),  # q/k/v and gate/up stored fused
+    "gemma3": (  # sandwich norms, (1 + weight), a sliding-window layer (prompts of 19 cross its 8)
+        "Gemma3ForCausalLM",
+        {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
 }
 
 
@@ -34,7 +40,7 @@ def _reference(path: Path, prompts: list[list[int]], steps: int) -> tuple[list[t
         for prompt in prompts:
             seq = list(prompt)
             for step in range(steps):
-                hidden = model(torch.tensor(seq), torch.arange(len(seq)), DenseCausalAttention())
+                hidden = model(torch.tensor(seq), torch.arange(len(seq)), DenseCausalAttention(model.cfg.layer_windows))
                 rows = model.logits(hidden if step == 0 else hidden[-1:])
                 if step == 0:
                     logits.append(rows)

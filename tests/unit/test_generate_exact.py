@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kvcache.pools import KVLayout
@@ -16,7 +15,7 @@ from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.registry import load_tokenizer
-from tests.fixtures.tiny_decoder import build_tiny_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
 
 from ..conftest import make_texts
 
@@ -36,13 +35,7 @@ def case(request, tmp_path_factory, one_torch_thread):
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     tokenizer = load_tokenizer(path, 256)
     prompts = [tokenizer.encode(t).ids for t in make_texts(64, seed=5)]
-    ref = getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
-    expected = []
-    with torch.inference_mode():
-        for p in prompts:
-            out = ref.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p) :].tolist()
-            eos = [i for i, t in enumerate(out) if t in info.eos_token_ids]
-            expected.append(out[: eos[0] + 1] if eos else out)
+    ref, expected = transformers_greedy(path, arch, prompts, MAX_TOKENS, info.eos_token_ids)
     return model, info, prompts, expected, ref
 
 

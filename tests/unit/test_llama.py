@@ -76,9 +76,9 @@ def test_unsupported_architecture_is_one_line(tmp_path):
 def test_unsupported_rope_type_is_named(tmp_path):
     path = build_tiny_decoder(tmp_path / "ckpt")
     raw = json.loads((path / "config.json").read_text())
-    raw["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0}
+    raw["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0}
     (path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ModelError, match="unsupported rope_scaling type 'longrope'"):
+    with pytest.raises(ModelError, match="unsupported rope_scaling type 'mrope'"):
         inspect_decoder(path)
 
 

@@ -21,6 +21,7 @@ from .paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAtte
 
 ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
+SLIDING = "does not run sliding-window layers (Gemma 3) yet: they run --attention torch"
 
 
 def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
@@ -29,6 +30,8 @@ def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device})"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
+    if any(layout.windows):
+        return SLIDING
     if layout.dtype not in (torch.float16, torch.bfloat16):
         return f"runs float16 or bfloat16, not {str(layout.dtype).removeprefix('torch.')} (--dtype)"
     if layout.block_size % FLASH_ATTN_BLOCK:
@@ -71,6 +74,8 @@ def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device}; on the CPU Triton only interprets)"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
+    if any(layout.windows):
+        return SLIDING
     size = layout.block_size
     if size & (size - 1):
         return f"needs --kv-block-size a power of two (got {size})"

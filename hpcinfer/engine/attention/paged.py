@@ -82,17 +82,28 @@ class _BoundToStep:
         return batch
 
 
-def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_self_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """A fresh prefill chunk (every key is this step's): q [n, H, D], k/v [n, Hkv, D] -> [n, H, D].
 
     NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones go to
     the math path, which materialises the scores and runs about half as fast. No mask: on CUDA it
-    runs the flash kernel.
+    runs the flash kernel. A sliding-window layer's chunk longer than its window passes its
+    `window_mask` [n, n] instead.
     """
     out = F.scaled_dot_product_attention(
-        _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, enable_gqa=True
-    )
+        _heads_first(q), _heads_first(k), _heads_first(v), attn_mask=window_mask, is_causal=window_mask is None,
+        enable_gqa=True,
+    )  # fmt: skip
     return out[0].transpose(0, 1)
+
+
+def in_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """[len(queries), len(keys)] True where a key is causal to the query and within its window
+    (query - key < window, as transformers' sliding-window masks)."""
+    gap = queries[:, None] - keys[None, :]
+    return (gap >= 0) & (gap < window)
 
 
 class TorchPagedAttention(_BoundToStep):
@@ -105,8 +116,14 @@ class TorchPagedAttention(_BoundToStep):
         self.batch: PagedBatch | None = None
         self.timed = timed
         self.gather_s = 0.0
+        self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
+        self._window_masks: dict[tuple[int, int], torch.Tensor] = {}  # (id of a group or segment, window)
         self._kbuf = cache.raw(cache.k).new_empty(0, *cache.k.shape[2:])
         self._vbuf = cache.raw(cache.v).new_empty(0, *cache.v.shape[2:])
+
+    def bind(self, batch: PagedBatch) -> TorchPagedAttention:  # type: ignore[override]
+        self._window_masks.clear()  # the step's masks, made by the first layer of each window that needs them
+        return super().bind(batch)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -145,11 +162,27 @@ class TorchPagedAttention(_BoundToStep):
             self.gather_s += time.perf_counter() - start
         return kk, vv
 
+    def _mask(self, of: object, window: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        key = (id(of), window)
+        if key not in self._window_masks:
+            self._window_masks[key] = make()
+        return self._window_masks[key]
+
     def _decode(self, layer: int, group: DecodeGroup, q: torch.Tensor) -> torch.Tensor:
         """q [n, H, D], one query per sequence -> [n, H, D]."""
         kk, vv = self._gather(layer, group.blocks)  # [n, L, Hkv, D]
+        mask = group.mask
+        if window := (self.windows[layer] if self.windows else 0):
+            assert group.lens is not None, "decode groups carry their context lengths"
+
+            def windowed() -> torch.Tensor:
+                keys = torch.arange(mask.shape[-1], device=mask.device)
+                old = keys[None, :] <= (group.lens - 1 - window)[:, None]  # before the query's window
+                return mask.masked_fill(old.view(mask.shape), -torch.inf)
+
+            mask = self._mask(group, window, windowed)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=mask, enable_gqa=True
         )
         return out.squeeze(2)
 
@@ -157,15 +190,25 @@ class TorchPagedAttention(_BoundToStep):
         self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
-        if seg.start == 0:
-            return causal_self_attention(q, k, v)
-        kk, vv = self._gather(layer, seg.blocks)
+        window = self.windows[layer] if self.windows else 0
         total = seg.start + seg.length
+        mask = seg.mask
+        if window and total > window:
+            device = q.device
+
+            def windowed() -> torch.Tensor:
+                keys = torch.arange(total, device=device)
+                return in_window(keys[seg.start :], keys, window)
+
+            mask = self._mask(seg, window, windowed)
+        if seg.start == 0:
+            return causal_self_attention(q, k, v, mask)
+        kk, vv = self._gather(layer, seg.blocks)
         out = F.scaled_dot_product_attention(
             _heads_first(q),
             _heads_first(kk[:total]),
             _heads_first(vv[:total]),
-            attn_mask=seg.mask,
+            attn_mask=mask,
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)

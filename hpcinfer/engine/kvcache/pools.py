@@ -57,12 +57,13 @@ class KVLayout:
     block_size: int
     dtype: torch.dtype  # what attention computes in (the run's dtype)
     storage: torch.dtype | None = None  # what the pools hold, when not `dtype` (float8_e4m3fn)
+    windows: tuple[int, ...] = ()  # each layer's sliding window (0: every key), when some layers have one
 
     @classmethod
     def of(
         cls, cfg: DecoderConfig, block_size: int, dtype: torch.dtype, storage: torch.dtype | None = None
     ) -> KVLayout:
-        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage)
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage, cfg.layer_windows)
 
     @property
     def stored(self) -> torch.dtype:

@@ -1,0 +1,156 @@
+"""Each decoder family beyond Llama/Mistral/Qwen in the paged engine, natively and with no flag.
+
+Per family, a tiny random checkpoint saved by the installed transformers, 64 prompts of 16-300
+token ids: greedy tokens equal transformers' `generate` (float32, one prompt at a time); top-5
+log-probabilities within 1e-4 of transformers' log-softmax on 8; n=2 seeded sampling held to a JSON
+schema gives valid JSON (jsonschema); prefix caching on and off give the same tokens; the CLI's
+default `--backend auto` runs it natively and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec
+from hpcinfer.engine.engine import Engine, EngineConfig
+from hpcinfer.engine.sequence import SamplingParams
+from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
+from hpcinfer.models.decoder_inspect import inspect_decoder
+from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
+from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
+
+from ..conftest import generate_config, read_output, run_job, write_jsonl
+
+MAX_TOKENS = 24
+# family -> (transformers class, config beyond build_tiny_decoder's shape)
+FAMILIES = {
+    # Phi-3 / Phi-4: q/k/v and gate/up stored fused, RoPE on the first 3/4 of each head, LongRoPE
+    # (short factors; cos/sin scaled by sqrt(1 + ln 4 / ln 512) for a 4x context)
+    "phi3": (
+        "Phi3ForCausalLM",
+        {
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 512,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.15 * i for i in range(6)],
+                "long_factor": [4.0] * 6,
+            },
+        },
+    ),
+    # Gemma 3: sliding-window layers (a window of 32 tokens, crossed by every prompt) beside a
+    # global one, local and global RoPE bases (linear scaling on the global), QK-norm, sandwich
+    # norms with (1 + weight), embeddings scaled by sqrt(hidden), GELU, query_pre_attn_scalar
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        {
+            "layers": 4,
+            "head_dim": 16,
+            "sliding_window": 32,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "query_pre_attn_scalar": 24,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+    ),
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory, one_torch_thread):
+    """(name, checkpoint, info, model, prompts, transformers' greedy answers, transformers' model)."""
+    arch, extra = FAMILIES[request.param]
+    path = build_tiny_decoder(tmp_path_factory.mktemp(request.param), arch, seed=7, max_positions=2048, **extra)
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(16, 301, (64,), generator=g).tolist()
+    prompts = [torch.randint(1000, 29000, (n,), generator=g).tolist() for n in lengths]
+    ref, expected = transformers_greedy(path, arch, prompts, MAX_TOKENS, info.eos_token_ids)
+    return request.param, path, info, model, prompts, expected, ref
+
+
+def _greedy(family, prefix_cache: bool) -> list[list[int]]:
+    """The 64 prompts, then 8 that share their first 64 tokens (blocks the prefix cache can share)."""
+    _, _, info, model, prompts, _, _ = family
+    config = EngineConfig(max_num_seqs=16, max_num_batched_tokens=512, kv_cache_memory=64 << 20,
+                          prefix_cache=prefix_cache)  # fmt: skip
+    engine = Engine(model, config, info.eos_token_ids)
+    shared = [prompts[0][:64] + p[:100] for p in prompts[:8]]
+    return [s.completion for s in engine.generate(prompts + shared, SamplingParams(max_tokens=MAX_TOKENS))]
+
+
+def test_greedy_tokens_equal_transformers_and_the_prefix_cache_changes_none(family):
+    *_, prompts, expected, _ = family
+    cached = _greedy(family, prefix_cache=True)
+    assert cached == _greedy(family, prefix_cache=False)
+    got = cached[: len(prompts)]
+    same = sum(a == b for a, b in zip(got, expected, strict=True))
+    assert same == len(prompts), f"{same}/{len(prompts)} equal"
+    assert len({tuple(a[:6]) for a in got}) > 32  # varied answers, not one repeated token
+    assert sum(map(len, got)) > 64 * 8
+
+
+def test_top5_logprobs_equal_transformers_log_softmax(family):
+    _, _, info, model, prompts, _, ref = family
+    engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=64 << 20), info.eos_token_ids)
+    seqs = engine.generate(prompts[:8], SamplingParams(max_tokens=6, logprobs=5))
+    worst = 0.0
+    with torch.inference_mode():
+        for prompt, seq in zip(prompts[:8], seqs, strict=True):
+            logits = ref(torch.tensor([prompt + seq.completion])).logits[0, len(prompt) - 1 : -1]
+            want = torch.log_softmax(logits.double(), dim=-1)
+            for step, (chosen, top) in enumerate(seq.logprobs):
+                assert len(top) == 5
+                worst = max(worst, abs(chosen - float(want[step, seq.completion[step]])))
+                for token, value in top:
+                    worst = max(worst, abs(value - float(want[step, token])))
+                assert [t for t, _ in top] == want[step].topk(5).indices.tolist()
+    assert worst <= 1e-4, worst
+
+
+def test_two_seeded_samples_held_to_a_json_schema_are_valid_json(family, tmp_path):
+    """The family's checkpoint again, with a byte-level BPE vocabulary (a grammar needs one)."""
+    arch, extra = FAMILIES[family[0]]
+    folder, eos = write_byte_level_tokenizer(tmp_path / "tokenizer")
+    path = build_tiny_decoder(
+        tmp_path / "bytes", arch, seed=7, max_positions=2048, tokenizer_dir=folder, eos=eos, **extra
+    )
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(info)
+    grammars = Grammars(tokenizer.to_str(), info.config.vocab_size, info.eos_token_ids)
+    config = EngineConfig(max_num_seqs=8, kv_cache_memory=64 << 20)
+    engine = Engine(model, config, info.eos_token_ids, grammars=grammars)
+    prompts = [tokenizer.encode(f"person {i}:").ids for i in range(4)]
+    structured = GrammarSpec.of("json_schema", SCHEMA)
+    params = SamplingParams(max_tokens=160, temperature=1.0, seed=3, n=2, structured=structured)
+    answers = [sample.completion for seq in engine.generate(prompts, params) for sample in seq.all_samples]
+    assert len(answers) == 8 and len({tuple(a) for a in answers}) > 1  # seeded samples differ
+    for answer in answers:
+        jsonschema.validate(json.loads(tokenizer.decode(answer)), SCHEMA)
+
+
+def test_the_cli_default_runs_it_natively(family, tmp_path):
+    path = family[1]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"say {i}", "max_tokens": 4} for i in range(3)])
+    report, table = run_job(generate_config(src, tmp_path / "out.jsonl", path))
+    assert report.backend == "native" and report.to_dict()["backend"] == "native"
+    assert table.num_rows == 3
+    assert read_output(tmp_path / "out.jsonl").num_rows == 3
