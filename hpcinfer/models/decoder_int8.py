@@ -32,7 +32,7 @@ PROBE_TEXT = (
 def next_tokens(model: LlamaDecoder, ids: torch.Tensor) -> torch.Tensor:
     """The model's greedy next token after each prefix of `ids`."""
     with torch.inference_mode():
-        hidden = model(ids, torch.arange(len(ids)), DenseCausalAttention(model.cfg.layer_windows))
+        hidden = model(ids, torch.arange(len(ids)), DenseCausalAttention.of(model.cfg))
         return model.logits(hidden).argmax(-1)
 
 

@@ -1,5 +1,5 @@
-"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 3) over flat,
-variable-length batches.
+"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3) over
+flat, variable-length batches.
 
 Consumes flat token ids [T] with their positions [T] and an attention object that owns the KV
 cache and the batch's layout; produces hidden states [T, hidden]. The model knows nothing about
@@ -34,6 +34,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
 }
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -61,15 +62,18 @@ class DecoderConfig:
     sliding_window: int | None = None
     context_cap: int | None = None  # --max-model-len: a context shorter than the checkpoint's
     rotary_dim: int = 0  # dimensions of each head RoPE turns (phi3's partial_rotary_factor); 0: all
-    # Gemma 3: each layer's sliding window (keys with query - key < window; 0: every key), the
-    # local layers' own RoPE base, post-attention and post-MLP norms, embeddings scaled by
-    # sqrt(hidden), GELU (tanh), and a query scale of its own (query_pre_attn_scalar ** -0.5)
+    # Gemma 2 and 3: each layer's sliding window (keys with query - key < window; 0: every key), the
+    # local layers' own RoPE base (Gemma 3), post-attention and post-MLP norms, embeddings scaled by
+    # sqrt(hidden), GELU (tanh), a query scale of its own (query_pre_attn_scalar ** -0.5), and
+    # Gemma 2's tanh soft-capping of attention scores and of the final logits
     layer_windows: tuple[int, ...] = ()
     local_rope_theta: float | None = None
     sandwich_norms: bool = False
     embed_scale: float = 1.0
     hidden_act: str = "silu"
     query_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
@@ -78,8 +82,8 @@ class DecoderConfig:
         family = ARCHITECTURES.get(str(arch))
         if family is None:
             raise UnsupportedModel(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
-        if family == "gemma3":
-            return _gemma3(raw)
+        if family in ("gemma2", "gemma3"):
+            return _gemma(raw, family)
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older checkpoints
@@ -141,38 +145,41 @@ class DecoderConfig:
         return self.rotary_dim or self.head_dim
 
 
-def _gemma3(raw: dict[str, Any]) -> DecoderConfig:
-    """Gemma 3's text decoder (Gemma3ForCausalLM): transformers 5's `rope_parameters` per layer type,
-    or the older `rope_theta` / `rope_local_base_freq` / `rope_scaling`."""
-    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if raw.get(name):
-            raise UnsupportedModel(f"Gemma 3 with {name} {raw[name]} (native: none)")
+def _gemma(raw: dict[str, Any], family: str) -> DecoderConfig:
+    """Gemma 2 (Gemma2ForCausalLM) or Gemma 3's text decoder (Gemma3ForCausalLM), from transformers
+    5's `rope_parameters` (per layer type for Gemma 3) or the older `rope_theta`,
+    `rope_local_base_freq` and `rope_scaling`."""
+    gemma3 = family == "gemma3"
+    name = "Gemma 3" if gemma3 else "Gemma 2"
     if raw.get("use_bidirectional_attention"):
-        raise UnsupportedModel("Gemma 3 with use_bidirectional_attention (native: causal)")
+        raise UnsupportedModel(f"{name} with use_bidirectional_attention (native: causal)")
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ACTIVATIONS:
         raise UnsupportedModel(f"unsupported hidden_activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
     layers = int(raw["num_hidden_layers"])
+    every = int(raw.get("sliding_window_pattern", 6)) if gemma3 else 2  # one global layer in `every`
     types = raw.get("layer_types") or [
-        "sliding_attention" if (i + 1) % int(raw.get("sliding_window_pattern", 6)) else "full_attention"
-        for i in range(layers)
+        "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
     ]
     if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedModel(f"Gemma 3 layer_types {types!r} (native: sliding_attention, full_attention)")
-    params = raw.get("rope_parameters") or {}
-    full = dict(params.get("full_attention") or raw.get("rope_scaling") or {})
-    local = dict(params.get("sliding_attention") or {})
-    theta = float(full.pop("rope_theta", raw.get("rope_theta", 1_000_000.0)))
-    local_theta = float(local.pop("rope_theta", raw.get("rope_local_base_freq", 10_000.0)))
+        raise UnsupportedModel(f"{name} layer_types {types!r} (native: sliding_attention, full_attention)")
+    params = dict(raw.get("rope_parameters") or {})
+    if gemma3:
+        full = dict(params.get("full_attention") or raw.get("rope_scaling") or {})
+        local = dict(params.get("sliding_attention") or {})
+        local_theta: float | None = float(local.pop("rope_theta", raw.get("rope_local_base_freq", 10_000.0)))
+    else:
+        full, local, local_theta = dict(params or raw.get("rope_scaling") or {}), {}, None
+    theta = float(full.pop("rope_theta", raw.get("rope_theta", 1_000_000.0 if gemma3 else 10_000.0)))
     full["rope_type"] = full.get("rope_type", full.get("type", "default"))
     if full["rope_type"] not in ROPE_TYPES or local.get("rope_type", "default") != "default":
-        raise UnsupportedModel(
-            f"Gemma 3 RoPE {params or full!r} (native: default local layers; {', '.join(ROPE_TYPES)})"
-        )
+        supported = f"default on local layers; {', '.join(ROPE_TYPES)} on global ones"
+        raise UnsupportedModel(f"{name} RoPE {params or full!r} (native: {supported})")
     heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
     window = int(raw.get("sliding_window") or 4096)
+    softcaps = [raw.get(k) for k in ("attn_logit_softcapping", "final_logit_softcapping")]
     return DecoderConfig(
-        architecture="Gemma3ForCausalLM",
+        architecture=str(next(iter(raw.get("architectures") or []), "")) or f"{family.title()}ForCausalLM",
         vocab_size=int(raw["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
@@ -181,20 +188,55 @@ def _gemma3(raw: dict[str, Any]) -> DecoderConfig:
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or 256),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 131_072 if gemma3 else 8192)),
         rope_theta=theta,
         rope_scaling=full,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
         qkv_bias=bool(raw.get("attention_bias")),
         o_bias=bool(raw.get("attention_bias")),
-        qk_norm=True,
+        qk_norm=gemma3,
         layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
         local_rope_theta=local_theta,
         sandwich_norms=True,
         embed_scale=hidden**0.5,
         hidden_act=act,
         query_scale=float(raw.get("query_pre_attn_scalar") or 256) ** -0.5,
+        attn_softcap=float(softcaps[0]) if softcaps[0] else None,
+        final_softcap=float(softcaps[1]) if softcaps[1] else None,
     )
+
+
+def attention_scores_softcapped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, cap: float
+) -> torch.Tensor:
+    """SDPA with Gemma 2's soft-capping, cap * tanh(scores / cap) before the mask, as transformers'
+    eager attention computes it (SDPA has no such option): q [B, H, Lq, D], k/v [B, Hkv, Lk, D],
+    `mask` boolean (True: attend) or additive, `causal` aligned to the last query."""
+    groups = q.shape[-3] // k.shape[-3]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        lq, lk = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """torch's SDPA (grouped-query), or the soft-capped form where a model caps its scores."""
+    if softcap:
+        return attention_scores_softcapped(q, k, v, mask, causal, softcap)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
 class Attention(Protocol):
@@ -209,8 +251,12 @@ class DenseCausalAttention:
     """One whole sequence, no cache: the reference path (and the model's own unit test).
     `windows`: each layer's sliding window (DecoderConfig.layer_windows), if any."""
 
-    def __init__(self, windows: tuple[int, ...] = ()) -> None:
-        self.windows = windows
+    def __init__(self, windows: tuple[int, ...] = (), softcap: float | None = None) -> None:
+        self.windows, self.softcap = windows, softcap
+
+    @classmethod
+    def of(cls, cfg: DecoderConfig) -> DenseCausalAttention:
+        return cls(cfg.layer_windows, cfg.attn_softcap)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         window = self.windows[layer] if self.windows else 0
@@ -218,10 +264,9 @@ class DenseCausalAttention:
         if window and q.shape[0] > window:
             pos = torch.arange(q.shape[0], device=q.device)
             mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
-            enable_gqa=True,
-        )  # fmt: skip
+        out = scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, mask is None, self.softcap
+        )
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
 
@@ -372,7 +417,12 @@ class LlamaDecoder(nn.Module):
         NOTE: each logit is the same dot product either way (bit for bit); chunks only change which
         part of the weight a matmul streams through the cache at once.
         """
-        h = rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
+        logits = self._logits(rms_norm(hidden, self.norm, self.cfg.rms_norm_eps), vocab_chunk)
+        if (cap := self.cfg.final_softcap) is not None:  # Gemma 2: cap * tanh(logits / cap)
+            logits = torch.tanh(logits.div_(cap)).mul_(cap)
+        return logits
+
+    def _logits(self, h: torch.Tensor, vocab_chunk: int) -> torch.Tensor:
         if self.lm_head is not None and not isinstance(self.lm_head, nn.Linear):  # an int8 head (models/int8.py)
             return self.lm_head(h).float()
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight

@@ -1,6 +1,6 @@
 """Tensor parallelism on 2 gloo ranks: each rank's shard of Llama, Qwen2 (qkv bias), Qwen3 (q/k
-norm), Phi-3 (fused q/k/v and gate/up, partial rotary) and Gemma 3 tiny checkpoints gives the
-logits and greedy tokens of the whole model (TP=1)."""
+norm), Phi-3 (fused q/k/v and gate/up, partial rotary), Gemma 2 and Gemma 3 tiny checkpoints gives
+the logits and greedy tokens of the whole model (TP=1)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ CHECKPOINTS = {
         "Gemma3ForCausalLM",
         {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
     ),
+    "gemma2": (  # soft-capped scores and logits
+        "Gemma2ForCausalLM",
+        {"head_dim": 16, "sliding_window": 8, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 4.0},
+    ),
 }
 
 
@@ -40,7 +44,7 @@ def _reference(path: Path, prompts: list[list[int]], steps: int) -> tuple[list[t
         for prompt in prompts:
             seq = list(prompt)
             for step in range(steps):
-                hidden = model(torch.tensor(seq), torch.arange(len(seq)), DenseCausalAttention(model.cfg.layer_windows))
+                hidden = model(torch.tensor(seq), torch.arange(len(seq)), DenseCausalAttention.of(model.cfg))
                 rows = model.logits(hidden if step == 0 else hidden[-1:])
                 if step == 0:
                     logits.append(rows)

@@ -30,7 +30,7 @@ def run_rank(
                     seq = list(prompt)
                     for step in range(steps):
                         ids = torch.tensor(seq)
-                        hidden = model(ids, torch.arange(len(seq)), DenseCausalAttention(model.cfg.layer_windows))
+                        hidden = model(ids, torch.arange(len(seq)), DenseCausalAttention.of(model.cfg))
                         rows = model.logits(hidden if step == 0 else hidden[-1:])
                         if step == 0:
                             logits.append(rows)

@@ -44,6 +44,20 @@ FAMILIES = {
             },
         },
     ),
+    # Gemma 2: sliding-window layers alternating with global ones, tanh soft-capping of the
+    # attention scores and of the logits (caps small enough to bite on a tiny random model),
+    # sandwich norms with (1 + weight), scaled embeddings, GELU, query_pre_attn_scalar
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        {
+            "layers": 4,
+            "head_dim": 16,
+            "sliding_window": 32,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 4.0,
+        },
+    ),
     # Gemma 3: sliding-window layers (a window of 32 tokens, crossed by every prompt) beside a
     # global one, local and global RoPE bases (linear scaling on the global), QK-norm, sandwich
     # norms with (1 + weight), embeddings scaled by sqrt(hidden), GELU, query_pre_attn_scalar

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 
+from ...models.llama import scaled_dot_product_attention
 from ..kvcache.pools import KVCache
 
 
@@ -83,19 +83,21 @@ class _BoundToStep:
 
 
 def causal_self_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window_mask: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """A fresh prefill chunk (every key is this step's): q [n, H, D], k/v [n, Hkv, D] -> [n, H, D].
 
     NOTE: batched 4-D inputs [1, H, n, D]: SDPA's CPU flash kernel takes only those; 3-D ones go to
     the math path, which materialises the scores and runs about half as fast. No mask: on CUDA it
     runs the flash kernel. A sliding-window layer's chunk longer than its window passes its
-    `window_mask` [n, n] instead.
+    `window_mask` [n, n] instead; Gemma 2's `softcap` caps the scores.
     """
-    out = F.scaled_dot_product_attention(
-        _heads_first(q), _heads_first(k), _heads_first(v), attn_mask=window_mask, is_causal=window_mask is None,
-        enable_gqa=True,
-    )  # fmt: skip
+    q4, k4, v4 = _heads_first(q), _heads_first(k), _heads_first(v)
+    out = scaled_dot_product_attention(q4, k4, v4, window_mask, window_mask is None, softcap)
     return out[0].transpose(0, 1)
 
 
@@ -117,6 +119,7 @@ class TorchPagedAttention(_BoundToStep):
         self.timed = timed
         self.gather_s = 0.0
         self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
+        self.softcap = cache.layout.softcap
         self._window_masks: dict[tuple[int, int], torch.Tensor] = {}  # (id of a group or segment, window)
         self._kbuf = cache.raw(cache.k).new_empty(0, *cache.k.shape[2:])
         self._vbuf = cache.raw(cache.v).new_empty(0, *cache.v.shape[2:])
@@ -181,8 +184,8 @@ class TorchPagedAttention(_BoundToStep):
                 return mask.masked_fill(old.view(mask.shape), -torch.inf)
 
             mask = self._mask(group, window, windowed)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        out = scaled_dot_product_attention(
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask, softcap=self.softcap
         )
         return out.squeeze(2)
 
@@ -202,14 +205,10 @@ class TorchPagedAttention(_BoundToStep):
 
             mask = self._mask(seg, window, windowed)
         if seg.start == 0:
-            return causal_self_attention(q, k, v, mask)
+            return causal_self_attention(q, k, v, mask, self.softcap)
         kk, vv = self._gather(layer, seg.blocks)
-        out = F.scaled_dot_product_attention(
-            _heads_first(q),
-            _heads_first(kk[:total]),
-            _heads_first(vv[:total]),
-            attn_mask=mask,
-            enable_gqa=True,
+        out = scaled_dot_product_attention(
+            _heads_first(q), _heads_first(kk[:total]), _heads_first(vv[:total]), mask, softcap=self.softcap
         )
         return out[0].transpose(0, 1)
 

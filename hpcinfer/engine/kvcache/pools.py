@@ -57,13 +57,17 @@ class KVLayout:
     block_size: int
     dtype: torch.dtype  # what attention computes in (the run's dtype)
     storage: torch.dtype | None = None  # what the pools hold, when not `dtype` (float8_e4m3fn)
-    windows: tuple[int, ...] = ()  # each layer's sliding window (0: every key), when some layers have one
+    # how layers read the pools: each layer's sliding window (0: every key), when some layers have
+    # one, and a soft cap on the attention scores (Gemma 2)
+    windows: tuple[int, ...] = ()
+    softcap: float | None = None
 
     @classmethod
     def of(
         cls, cfg: DecoderConfig, block_size: int, dtype: torch.dtype, storage: torch.dtype | None = None
     ) -> KVLayout:
-        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage, cfg.layer_windows)
+        shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage)
+        return cls(*shape, cfg.layer_windows, cfg.attn_softcap)
 
     @property
     def stored(self) -> torch.dtype:
