@@ -44,6 +44,17 @@ def load_tokenizer(info: DecoderInfo) -> Tokenizer:
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# a mixture of experts: Qwen3-MoE's `mlp.experts.E.{gate,up,down}_proj`, Mixtral's
+# `block_sparse_moe.experts.E.{w1,w3,w2}`, stacked per layer into MoE's [experts, ...] tensors;
+# transformers 5 may also save them stacked already (`mlp.experts.gate_up_proj`, `...down_proj`)
+_EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+_MOE_DIRECT = {
+    "mlp.gate.weight": "moe.router",
+    "block_sparse_moe.gate.weight": "moe.router",
+    "mlp.experts.gate_up_proj": "moe.gate_up",
+    "mlp.experts.down_proj": "moe.down",
+}
 _DIRECT = {
     "self_attn.o_proj.weight": "o_proj.weight",
     "self_attn.o_proj.bias": "o_proj.bias",
@@ -79,7 +90,8 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
     """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up. Gemma's RMSNorms
     scale by (1 + weight): their weights get the 1 added here, in float32, so one norm serves all."""
     state: dict[str, torch.Tensor] = {}
-    direct = {**_DIRECT, **_GEMMA_NORMS} if family.startswith("gemma") else _DIRECT
+    direct = {**_DIRECT, **_GEMMA_NORMS} if family.startswith("gemma") else {**_DIRECT, **_MOE_DIRECT}
+    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}  # layer -> gate/up/down -> expert -> tensor
     fused: dict[str, dict[int, torch.Tensor]] = {}
     bare = not any(name.startswith("model.") for name in weights)  # a `*Model` checkpoint: no prefix
     for name, tensor in weights.items():
@@ -96,12 +108,22 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
             if rest in direct:
                 state[f"layers.{layer}.{direct[rest]}"] = tensor
                 continue
+            if e := _EXPERT.match(rest):
+                experts.setdefault(layer, {}).setdefault(_EXPERT_PART[e[2]], {})[int(e[1])] = tensor
+                continue
             module, _, kind = rest.rpartition(".")
             if module in _FUSED:
                 target, pos = _FUSED[module]
                 fused.setdefault(f"layers.{layer}.{target}.{kind}", {})[pos] = tensor
     for name, parts in fused.items():
         state[name] = torch.cat([parts[i] for i in sorted(parts)])
+    for layer, parts in experts.items():
+        count = 1 + max(max(p) for p in parts.values())
+        if any(len(parts.get(k, {})) != count for k in ("gate", "up", "down")):
+            continue  # NOTE: left out, so the model's strict load names what is missing
+        gate, up, down = ([parts[k][e] for e in range(count)] for k in ("gate", "up", "down"))
+        state[f"layers.{layer}.moe.gate_up"] = torch.stack([torch.cat(pair) for pair in zip(gate, up, strict=True)])
+        state[f"layers.{layer}.moe.down"] = torch.stack(down)
     if family.startswith("gemma"):
         for name, tensor in state.items():
             if name == "norm" or name.endswith("_norm"):

@@ -1,5 +1,5 @@
-"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3) over
-flat, variable-length batches.
+"""A native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2, Gemma 3, and the
+mixtures of experts Qwen3-MoE and Mixtral) over flat, variable-length batches.
 
 Consumes flat token ids [T] with their positions [T] and an attention object that owns the KV
 cache and the batch's layout; produces hidden states [T, hidden]. The model knows nothing about
@@ -18,6 +18,7 @@ from torch import nn
 
 from ..device.cpu_shape import matmul_slice_rows
 from ..errors import UnsupportedModel
+from .moe import MoE
 from .rope import ROPE_TYPES, rope_tables
 
 # NOTE: on CPU, MKL runs a [T, hidden] x [hidden, 2 * intermediate] matmul well below its usual
@@ -36,6 +37,8 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -74,6 +77,14 @@ class DecoderConfig:
     query_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    # Mixtures of experts (models/moe.py): which layers route (the others keep a dense MLP of
+    # `intermediate_size`), how many experts, how many each token takes, their MLP width, and
+    # whether the chosen experts' weights are renormalised to sum to one
+    moe_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    renormalize_experts: bool = False
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
@@ -106,8 +117,9 @@ class DecoderConfig:
         heads = int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or raw["hidden_size"] // heads)
         window = raw.get("sliding_window")
-        if family == "qwen2" or family == "qwen3":
+        if family in ("qwen2", "qwen3", "qwen3_moe"):
             window = window if raw.get("use_sliding_window") else None
+        experts = _experts(raw, family)
         return cls(
             architecture=str(arch),
             vocab_size=int(raw["vocab_size"]),
@@ -125,9 +137,10 @@ class DecoderConfig:
             qkv_bias=family == "qwen2" or (family == "llama" and bool(raw.get("attention_bias"))),
             o_bias=family == "llama" and bool(raw.get("attention_bias")),
             mlp_bias=family == "llama" and bool(raw.get("mlp_bias")),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             sliding_window=int(window) if window else None,
             rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
+            **experts,
         )
 
     @property
@@ -143,6 +156,36 @@ class DecoderConfig:
     def rope_dim(self) -> int:
         """The dimensions of each head RoPE turns: all, or phi3's leading fraction."""
         return self.rotary_dim or self.head_dim
+
+
+def _experts(raw: dict[str, Any], family: str) -> dict[str, Any]:
+    """The DecoderConfig fields of a mixture of experts (none for a dense family): Mixtral routes in
+    every layer and always renormalises; Qwen3-MoE in every `decoder_sparse_step`-th layer but
+    `mlp_only_layers`, renormalising where `norm_topk_prob` says."""
+    if family == "mixtral":
+        count, width, renormalize = int(raw["num_local_experts"]), int(raw["intermediate_size"]), True
+        layers = (True,) * int(raw["num_hidden_layers"])
+    elif family == "qwen3_moe":
+        # NOTE: transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`
+        count = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+        width = int(raw.get("moe_intermediate_size") or 0)
+        renormalize = bool(raw.get("norm_topk_prob"))
+        step, dense = int(raw.get("decoder_sparse_step") or 1), set(raw.get("mlp_only_layers") or [])
+        n = int(raw["num_hidden_layers"])
+        layers = tuple(count > 0 and i not in dense and (i + 1) % step == 0 for i in range(n))
+    else:
+        return {}
+    # NOTE: router_jitter_noise is training-time noise: inference routes without it, as transformers does
+    top_k = int(raw["num_experts_per_tok"])
+    if any(layers) and not 0 < top_k <= count:
+        raise UnsupportedModel(f"num_experts_per_tok {top_k} with {count} experts")
+    return {
+        "moe_layers": layers if any(layers) else (),
+        "num_experts": count,
+        "experts_per_token": top_k,
+        "expert_intermediate_size": width,
+        "renormalize_experts": renormalize,
+    }
 
 
 def _gemma(raw: dict[str, Any], family: str) -> DecoderConfig:
@@ -289,8 +332,13 @@ class DecoderLayer(nn.Module):
         # NOTE: q, k, v (and gate, up) are fused into one matmul each; the loader concatenates them.
         self.qkv = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, h, bias=cfg.o_bias)
-        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
+        self.moe: MoE | None = None
+        if cfg.moe_layers and cfg.moe_layers[index]:
+            inter, experts, top_k = cfg.expert_intermediate_size, cfg.num_experts, cfg.experts_per_token
+            self.moe = MoE(h, inter, experts, top_k, cfg.renormalize_experts, ACTIVATIONS[cfg.hidden_act])
+        else:
+            self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+            self.down = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
         self.input_norm = nn.Parameter(torch.ones(h))
         self.post_norm = nn.Parameter(torch.ones(h))  # before the MLP
         self.local = bool(cfg.layer_windows and cfg.layer_windows[index])  # a sliding-window layer
@@ -336,6 +384,8 @@ class DecoderLayer(nn.Module):
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
+        if self.moe is not None:
+            return self.moe(h)
         if h.device.type == "cpu" and isinstance(self.gate_up, nn.Linear):
             width = matmul_slice_rows(cfg.hidden_size * h.element_size())
             if width < cfg.intermediate_size:

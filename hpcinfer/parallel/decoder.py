@@ -28,6 +28,8 @@ from .group import Collectives
 def rank_config(cfg: DecoderConfig, world: int) -> DecoderConfig:
     """One rank's share of `cfg`: heads, KV heads and MLP width divided by `world` (the vocabulary
     stays whole: the logits rank 0 returns cover all of it). Raises ConfigError when they don't divide."""
+    if cfg.moe_layers and world > 1:
+        raise ConfigError(f"--tp {world} does not split mixture-of-experts layers yet (run {cfg.architecture} on one)")
     for name, count in (
         ("attention heads", cfg.num_heads),
         ("KV heads", cfg.num_kv_heads),

@@ -18,8 +18,11 @@ import torch
 from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
+from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
+from hpcinfer.models.llama import DecoderConfig
+from hpcinfer.parallel.decoder import rank_config
 from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
 from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
 
@@ -75,6 +78,22 @@ FAMILIES = {
             },
         },
     ),
+    # mixtures of experts: 8 experts, 2 per token, grouped by expert over each step's tokens;
+    # Qwen3-MoE with QK-norm, a dense MLP in its first layer (mlp_only_layers) and renormalised
+    # top-k weights; Mixtral routing in every layer, always renormalised
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {
+            "layers": 3,
+            "head_dim": 16,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [0],
+        },
+    ),
+    "mixtral": ("MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2}),
 }
 SCHEMA = {
     "type": "object",
@@ -168,3 +187,14 @@ def test_the_cli_default_runs_it_natively(family, tmp_path):
     assert report.backend == "native" and report.to_dict()["backend"] == "native"
     assert table.num_rows == 3
     assert read_output(tmp_path / "out.jsonl").num_rows == 3
+
+
+def test_tensor_parallel_refuses_a_mixture_of_experts_in_one_line():
+    import transformers
+
+    shape = {"vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    raw = transformers.MixtralConfig(**shape).to_dict()
+    cfg = DecoderConfig.from_hf({**raw, "architectures": ["MixtralForCausalLM"]})
+    assert cfg.moe_layers and rank_config(cfg, 1) == cfg
+    with pytest.raises(ConfigError, match=r"^--tp 2 does not split mixture-of-experts layers yet"):
+        rank_config(cfg, 2)

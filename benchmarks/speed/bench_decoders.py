@@ -1,0 +1,128 @@
+"""The native decoder families against `--backend transformers`, whole process, side by side in one run.
+
+For each family (`--families`), a random checkpoint shaped like a small real model of that family
+(its attention layout, MLP, norms, windows and RoPE; the MiniLM vocabulary, so the LM head is not
+what is measured), built by the installed transformers, answers the same prompts (sample_data's
+texts) greedily with a fixed number of new tokens (`--ignore-eos`) two ways:
+
+- `hpcinfer run` with no backend flag: native (continuous batching over the paged KV cache);
+- `hpcinfer run --backend transformers`: transformers' own model, in static batches.
+
+Each is a fresh process timed from start to exit, so start-up counts as users pay it. The answers
+are compared token for token (random weights give near-ties, so a few may part late).
+
+    python benchmarks/speed/bench_decoders.py [--families gemma3,phi3,llama,qwen3_moe] [--prompts 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
+
+from benchmarks.common import lscpu, timed_process  # noqa: E402
+
+# family -> (transformers class, shape and family options). Gemma 3 270M's layout (640 hidden, 4
+# heads of 256, 1 KV head, 2048 MLP, a 512-token window, 5 local layers per global one) with 12
+# layers; Gemma 2 2B's head layout at a quarter of its width; Phi-3-mini's at a third; a Llama of
+# the same size as the Gemma 3 one, and a Qwen3-MoE with that Llama's active parameters (the MoE
+# against dense comparison: their native times, side by side).
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        {"hidden": 640, "layers": 12, "heads": 4, "kv_heads": 1, "intermediate": 2048, "head_dim": 256,
+         "sliding_window": 512, "query_pre_attn_scalar": 256},
+    ),
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        {"hidden": 576, "layers": 12, "heads": 8, "kv_heads": 4, "intermediate": 2304, "head_dim": 128,
+         "sliding_window": 4096, "query_pre_attn_scalar": 128},
+    ),
+    "phi3": (
+        "Phi3ForCausalLM",
+        {"hidden": 1024, "layers": 10, "heads": 16, "kv_heads": 16, "intermediate": 2730},
+    ),
+    "llama": (
+        "LlamaForCausalLM",
+        {"hidden": 640, "layers": 12, "heads": 4, "kv_heads": 1, "intermediate": 2048, "head_dim": 160},
+    ),
+    # the Llama above with its MLP made 32 experts of 512, 4 per token: the same active parameters
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {"hidden": 640, "layers": 12, "heads": 4, "kv_heads": 1, "intermediate": 2048, "head_dim": 160,
+         "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 512, "norm_topk_prob": True},
+    ),
+}  # fmt: skip
+
+
+def build(folder: Path, family: str) -> Path:
+    from tests.fixtures.tiny_decoder import build_tiny_decoder
+
+    arch, shape = FAMILIES[family]
+    return build_tiny_decoder(folder / family, arch, seed=0, max_positions=4096, initializer_range=0.02, **shape)
+
+
+def prompts(path: Path, count: int) -> Path:
+    texts = [json.loads(line)["text"] for line in (ROOT / "sample_data" / "requests.jsonl").open()]
+    rows = [{"id": i, "prompt": " ".join(texts[i % len(texts)].split()[:48])} for i in range(count)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def answers(path: Path) -> dict[Any, str]:
+    return {row["id"]: row["text"] for row in map(json.loads, path.open())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", default="gemma3,gemma2,phi3,llama,qwen3_moe")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    cpu = lscpu()
+    simd = [f for f in cpu.get("Flags", "").split() if f.startswith(("avx", "amx", "fma"))]
+    print(f"cpu: {cpu.get('Model name')}, {os.cpu_count()} cores; {' '.join(simd)}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        src = prompts(folder / "prompts.jsonl", args.prompts)
+        for family in args.families.split(","):
+            model = build(folder, family)
+            times, outs = {}, {}
+            for backend in ("native", "transformers"):
+                out = folder / f"{family}-{backend}.jsonl"
+                cmd = [sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(out), "--model", str(model)]
+                cmd += ["--max-tokens", str(args.new_tokens), "--ignore-eos", "--progress", "off", "--overwrite"]
+                if backend == "transformers":
+                    cmd += ["--backend", "transformers"]
+                times[backend], _ = timed_process(cmd, env=env)
+                outs[backend] = answers(out)
+            same = sum(outs["native"][k] == outs["transformers"].get(k) for k in outs["native"])
+            ratio = times["transformers"] / times["native"]
+            rows.append((family, times["native"], times["transformers"], ratio, same))
+            print(
+                f"{family}: native {times['native']:.1f} s, --backend transformers {times['transformers']:.1f} s "
+                f"({ratio:.2f}x), same answers {same}/{len(outs['native'])}",
+                flush=True,
+            )
+    print(f"\n{args.prompts} prompts, {args.new_tokens} new tokens each, greedy, whole process:")
+    print("| family | native | --backend transformers | native speed-up | same answers |")
+    print("|---|---|---|---|---|")
+    for family, native, hf, ratio, same in rows:
+        print(f"| {family} | {native:.1f} s | {hf:.1f} s | {ratio:.2f}x | {same}/{args.prompts} |")
+    native = {family: seconds for family, seconds, *_ in rows}
+    if "qwen3_moe" in native and "llama" in native:
+        moe = native["qwen3_moe"] / native["llama"]
+        print(f"MoE against dense, same active parameters (native, whole process): {moe:.2f}x the time")
+
+
+if __name__ == "__main__":
+    main()

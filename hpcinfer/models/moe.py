@@ -1,0 +1,61 @@
+"""A mixture-of-experts MLP (Qwen3-MoE, Mixtral): top-k routing, experts run grouped by expert.
+
+Each token's router picks `top_k` experts (softmax over the router's logits in float32, the top
+k, renormalised where the family does); each expert then runs once per step on every token routed
+to it (one gate/up and one down matmul over the gathered rows), never token by token, and its
+weighted output is added back to those tokens. Experts run in ascending order, each adding its
+share with `index_add_`, as transformers does, so a token's sum is taken in the same order.
+
+The expert weights are held stacked ([experts, 2 x intermediate, hidden] and [experts, hidden,
+intermediate]): the loader stacks a checkpoint's per-expert tensors once (decoder_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MoE(nn.Module):
+    def __init__(
+        self, hidden: int, intermediate: int, experts: int, top_k: int, renormalize: bool, act: Callable
+    ) -> None:
+        super().__init__()
+        self.top_k, self.renormalize, self.act = top_k, renormalize, act
+        self.router = nn.Parameter(torch.empty(experts, hidden))
+        self.gate_up = nn.Parameter(torch.empty(experts, 2 * intermediate, hidden))
+        self.down = nn.Parameter(torch.empty(experts, hidden, intermediate))
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [T, hidden] -> (expert ids [T, k], their weights [T, k] in float32)."""
+        probs = torch.softmax(F.linear(h, self.router).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]: each expert once, over the rows routed to it."""
+        experts, weights = self.route(h)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # assignments grouped by expert, tokens in order
+        counts = torch.bincount(flat, minlength=self.router.shape[0]).tolist()
+        tokens = order // self.top_k
+        share = weights.reshape(-1)[order]
+        out = torch.zeros_like(h)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = tokens[start : start + count]
+            gate, up = F.linear(h[rows], self.gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.down[expert])
+            out.index_add_(0, rows, (y * share[start : start + count, None]).to(h.dtype))
+            start += count
+        return out
+
+
+__all__ = ["MoE"]
