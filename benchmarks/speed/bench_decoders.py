@@ -76,6 +76,29 @@ def prompts(path: Path, count: int) -> Path:
     return path
 
 
+def engine_seconds(model_dir: Path, prompts: int, new_tokens: int) -> float:
+    """The native engine's time for the prompts alone, in this process (the model loaded first)."""
+    import time
+
+    import torch
+
+    from hpcinfer.engine.engine import Engine, EngineConfig
+    from hpcinfer.engine.sequence import SamplingParams
+    from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
+    from hpcinfer.models.decoder_inspect import inspect_decoder
+
+    info = inspect_decoder(model_dir)
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(info)
+    texts = [json.loads(line)["text"] for line in (ROOT / "sample_data" / "requests.jsonl").open()]
+    ids = [tokenizer.encode(" ".join(texts[i % len(texts)].split()[:48])).ids for i in range(prompts)]
+    engine = Engine(model, EngineConfig(max_num_seqs=128, kv_cache_memory=1 << 30), info.eos_token_ids)
+    engine.generate(ids[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+    start = time.perf_counter()
+    engine.generate(ids, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    return time.perf_counter() - start
+
+
 def answers(path: Path) -> dict[Any, str]:
     return {row["id"]: row["text"] for row in map(json.loads, path.open())}
 
@@ -91,6 +114,7 @@ def main() -> None:
     print(f"cpu: {cpu.get('Model name')}, {os.cpu_count()} cores; {' '.join(simd)}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     rows = []
+    engine_only: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         src = prompts(folder / "prompts.jsonl", args.prompts)
@@ -106,6 +130,8 @@ def main() -> None:
                 times[backend], _ = timed_process(cmd, env=env)
                 outs[backend] = answers(out)
             same = sum(outs["native"][k] == outs["transformers"].get(k) for k in outs["native"])
+            if family in ("llama", "qwen3_moe"):
+                engine_only[family] = engine_seconds(model, args.prompts, args.new_tokens)
             ratio = times["transformers"] / times["native"]
             rows.append((family, times["native"], times["transformers"], ratio, same))
             print(
@@ -122,6 +148,11 @@ def main() -> None:
     if "qwen3_moe" in native and "llama" in native:
         moe = native["qwen3_moe"] / native["llama"]
         print(f"MoE against dense, same active parameters (native, whole process): {moe:.2f}x the time")
+        steps = engine_only["qwen3_moe"] / engine_only["llama"]
+        print(
+            f"the same, the engine's steps alone (weights loaded): MoE {engine_only['qwen3_moe']:.1f} s, "
+            f"dense {engine_only['llama']:.1f} s: {steps:.2f}x the time per token"
+        )
 
 
 if __name__ == "__main__":

@@ -38,24 +38,30 @@ class MoE(nn.Module):
         return experts, weights
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]: each expert once, over the rows routed to it."""
+        """h [T, hidden] -> [T, hidden]: each expert once, over the rows routed to it.
+
+        NOTE: the routed rows are gathered once, sorted by expert (each expert's rows are then one
+        contiguous slice), and added back with one `index_add_` in that order: a token's shares
+        still sum in ascending expert order, as transformers' expert-by-expert loop adds them.
+        """
         experts, weights = self.route(h)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # assignments grouped by expert, tokens in order
         counts = torch.bincount(flat, minlength=self.router.shape[0]).tolist()
         tokens = order // self.top_k
-        share = weights.reshape(-1)[order]
-        out = torch.zeros_like(h)
+        routed = h.index_select(0, tokens)
+        out_rows = torch.empty_like(routed)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            rows = tokens[start : start + count]
-            gate, up = F.linear(h[rows], self.gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down[expert])
-            out.index_add_(0, rows, (y * share[start : start + count, None]).to(h.dtype))
+            rows = slice(start, start + count)
+            gate, up = F.linear(routed[rows], self.gate_up[expert]).chunk(2, dim=-1)
+            torch.matmul(self.act(gate).mul_(up), self.down[expert].t(), out=out_rows[rows])
             start += count
-        return out
+        share = weights.reshape(-1)[order]
+        weighted = (out_rows * share[:, None]).to(h.dtype)
+        return torch.zeros_like(h).index_add_(0, tokens, weighted)
 
 
 __all__ = ["MoE"]

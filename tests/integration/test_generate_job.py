@@ -134,7 +134,18 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "hpcinfer", "run", *args]
 
 
-def test_kill_9_then_resume_is_identical(tmp_path, ckpt):
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """A Gemma 3 (sliding-window layers of 8 tokens, crossed by every prompt): a family beyond Llama's."""
+    windows = {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    return build_tiny_decoder(
+        tmp_path_factory.mktemp("gemma3"), "Gemma3ForCausalLM", seed=4, max_positions=128, **windows
+    )
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_kill_9_then_resume_is_identical(tmp_path, request, family):
+    ckpt = request.getfixturevalue("ckpt" if family == "qwen2" else family)
     rows = []
     for i, t in enumerate(make_texts(60, seed=8)):
         row = {"id": f"r{i}", "prompt": t, "max_tokens": 4 + i % 9}

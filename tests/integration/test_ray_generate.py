@@ -170,6 +170,17 @@ def test_ray_answers_and_rejects_equal_the_local_engine(tmp_path, ckpt, ray_addr
     assert report.to_dict()["cluster"]["replicas"] == 2 and report.to_dict()["devices"] == report.devices
 
 
+def test_a_gemma3_on_ray_answers_as_the_local_engine(tmp_path, ray_address):
+    """A family beyond Llama's (Gemma 3: sliding-window layers, crossed by the prompts) on 2 replicas."""
+    windows = {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    model = build_tiny_decoder(tmp_path / "gemma3", "Gemma3ForCausalLM", seed=4, max_positions=128, **windows)
+    inputs = _inputs(tmp_path)
+    local = run(_config(inputs, tmp_path / "local.jsonl", model), progress=Progress("off"))
+    report = run(_config(inputs, tmp_path / "ray.jsonl", model, replicas=2), progress=Progress("off"))
+    _same_output(tmp_path / "local.jsonl", tmp_path / "ray.jsonl")
+    assert report.rows == local.rows == 20 and report.backend == local.backend == "native"
+
+
 def test_openai_batch_answers_equal_the_local_engine(tmp_path, ckpt, ray_address):
     rows = [
         {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": t, "max_tokens": 3}}
