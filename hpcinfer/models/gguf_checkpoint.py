@@ -22,7 +22,12 @@ from .gguf_header import read_header
 
 # GGUF `general.architecture` -> the HF architecture whose native decoder runs it. Mistral files
 # say "llama". llama.cpp's converter permutes Llama's q/k rows for its rotary layout; Qwen's not.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
 _PERMUTED_QK = {"llama", "mistral"}  # native decoder families
 
 _LAYER_TENSORS = {  # GGUF name inside blk.N -> (native name, position in a fused tensor or None)
@@ -35,6 +40,8 @@ _LAYER_TENSORS = {  # GGUF name inside blk.N -> (native name, position in a fuse
     "ffn_down": ("down", None),
 }
 _LAYER_NORMS = {"attn_norm": "input_norm", "ffn_norm": "post_norm", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
+# phi3 files keep HF's fused q/k/v (attn_qkv) and gate/up (in ffn_up): whole tensors of ours
+_FUSED_AS_STORED = {"phi3": {"attn_qkv": "qkv", "ffn_up": "gate_up"}}
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm", "output.weight": "lm_head.weight"}
 
 
@@ -79,6 +86,8 @@ class GGUFFile:
             )
         if "rope_freqs.weight" in self.tensors:
             raise ModelError("GGUF rope_freqs (per-dimension RoPE factors) are not supported", path=str(self.file))
+        if "rope_factors_short.weight" in self.tensors and arch != "phi3":
+            raise ModelError(f"GGUF LongRoPE factors on {arch} are not supported", path=str(self.file))
 
         def key(name: str, default: Any = None) -> Any:
             return self.value(f"{arch}.{name}", default)
@@ -109,7 +118,26 @@ class GGUFFile:
             }
         if arch == "llama" and "blk.0.attn_q.bias" in self.tensors:
             config["attention_bias"] = True
+        if arch == "phi3":
+            self._phi3(config, key)
         return config
+
+    def _phi3(self, config: dict[str, Any], key: Any) -> None:
+        """Phi-3's partial rotary dimensions and LongRoPE factors, as llama.cpp's converter stores them
+        (`rope.dimension_count`; `rope_factors_short` / `rope_factors_long` tensors beside
+        `rope.scaling.original_context_length` and `rope.scaling.attn_factor`)."""
+        rotary = key("rope.dimension_count")
+        if rotary:
+            config["partial_rotary_factor"] = int(rotary) / config["head_dim"]
+        if "rope_factors_short.weight" in self.tensors:
+            config["rope_scaling"] = {
+                "rope_type": "longrope",
+                "short_factor": self.float_tensor("rope_factors_short.weight").tolist(),
+                "long_factor": self.float_tensor("rope_factors_long.weight").tolist(),
+                "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
+            }
+            if key("rope.scaling.attn_factor") is not None:
+                config["rope_scaling"]["attention_factor"] = float(key("rope.scaling.attn_factor"))
 
     def eos_token_ids(self) -> tuple[int, ...]:
         ids = [self.value(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
@@ -171,7 +199,9 @@ class GGUFFile:
             if block != "blk" or not layer.isdigit():
                 continue
             module, _, kind = rest.rpartition(".")
-            if module in _LAYER_NORMS and kind == "weight":
+            if module in (stored := _FUSED_AS_STORED.get(arch, {})):
+                yield f"layers.{layer}.{stored[module]}.{kind}", self.float_tensor(name), None
+            elif module in _LAYER_NORMS and kind == "weight":
                 yield f"layers.{layer}.{_LAYER_NORMS[module]}", self.float_tensor(name), None
             elif module in _LAYER_TENSORS:
                 target, position = _LAYER_TENSORS[module]

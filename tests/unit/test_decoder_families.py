@@ -24,7 +24,7 @@ from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.llama import DecoderConfig
 from hpcinfer.parallel.decoder import rank_config
 from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
-from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
+from tests.fixtures.tiny_gguf import build_tiny_gguf, write_byte_level_tokenizer
 
 from ..conftest import generate_config, read_output, run_job, write_jsonl
 
@@ -198,3 +198,23 @@ def test_tensor_parallel_refuses_a_mixture_of_experts_in_one_line():
     assert cfg.moe_layers and rank_config(cfg, 1) == cfg
     with pytest.raises(ConfigError, match=r"^--tp 2 does not split mixture-of-experts layers yet"):
         rank_config(cfg, 2)
+
+
+def test_a_phi3_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path):
+    """A Phi-3 GGUF as llama.cpp's converter writes one (fused attn_qkv, gate and up in ffn_up,
+    rope.dimension_count, LongRoPE factors as tensors): the same greedy tokens as transformers
+    running the checkpoint the file was written from."""
+    _, extra = FAMILIES["phi3"]
+    hf = tmp_path / "hf"
+    path = build_tiny_gguf(tmp_path / "phi3.gguf", "Phi3ForCausalLM", hidden=64, intermediate=128, max_positions=2048,
+                           seed=5, source=hf, pad_token_id=0, **extra)  # fmt: skip
+    info = inspect_decoder(path)
+    assert info.gguf and info.config.rotary_dim == 12 and info.config.rope_scaling["rope_type"] == "longrope"
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 255, (n,), generator=g).tolist() for n in torch.randint(16, 301, (16,), generator=g)]
+    _, expected = transformers_greedy(hf, "Phi3ForCausalLM", prompts, MAX_TOKENS, info.eos_token_ids)
+    engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=64 << 20), info.eos_token_ids)
+    got = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
+    assert got == expected
+    assert len({tuple(a[:6]) for a in got}) > 8
