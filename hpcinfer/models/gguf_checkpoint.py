@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 _PERMUTED_QK = {"llama", "mistral"}  # native decoder families
 
@@ -39,7 +40,14 @@ _LAYER_TENSORS = {  # GGUF name inside blk.N -> (native name, position in a fuse
     "attn_output": ("o_proj", None),
     "ffn_down": ("down", None),
 }
-_LAYER_NORMS = {"attn_norm": "input_norm", "ffn_norm": "post_norm", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
+_LAYER_NORMS = {
+    "attn_norm": "input_norm",
+    "ffn_norm": "post_norm",  # before the MLP
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "attn_out_norm",  # Gemma's norms after attention and after the MLP
+    "post_ffw_norm": "mlp_out_norm",
+}
 # phi3 files keep HF's fused q/k/v (attn_qkv) and gate/up (in ffn_up): whole tensors of ours
 _FUSED_AS_STORED = {"phi3": {"attn_qkv": "qkv", "ffn_up": "gate_up"}}
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm", "output.weight": "lm_head.weight"}
@@ -120,7 +128,20 @@ class GGUFFile:
             config["attention_bias"] = True
         if arch == "phi3":
             self._phi3(config, key)
+        if arch == "gemma3":
+            self._gemma3(config, key)
         return config
+
+    def _gemma3(self, config: dict[str, Any], key: Any) -> None:
+        """Gemma 3 as llama.cpp runs its files: the window from `attention.sliding_window`, one global
+        layer in six, local layers' RoPE base 10,000, and queries scaled by 1/sqrt(head_dim) (by
+        1/sqrt(hidden / heads) for the 62-layer 27B), none of which the file stores. Its norms already
+        hold (1 + weight): llama.cpp's converter adds the 1, so the loader does not."""
+        config["sliding_window"] = int(key("attention.sliding_window", 4096))
+        config["sliding_window_pattern"] = 6
+        config["rope_local_base_freq"] = 10_000.0
+        layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
+        config["query_pre_attn_scalar"] = hidden // heads if layers == 62 else config["head_dim"]
 
     def _phi3(self, config: dict[str, Any], key: Any) -> None:
         """Phi-3's partial rotary dimensions and LongRoPE factors, as llama.cpp's converter stores them

@@ -200,20 +200,38 @@ def test_tensor_parallel_refuses_a_mixture_of_experts_in_one_line():
         rank_config(cfg, 2)
 
 
-def test_a_phi3_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path):
-    """A Phi-3 GGUF as llama.cpp's converter writes one (fused attn_qkv, gate and up in ffn_up,
-    rope.dimension_count, LongRoPE factors as tensors): the same greedy tokens as transformers
-    running the checkpoint the file was written from."""
-    _, extra = FAMILIES["phi3"]
+# family -> what a GGUF of it is written with: llama.cpp's conventions where the file stores nothing
+# (Gemma 3: one global layer in six, queries scaled by 1/sqrt(head_dim))
+GGUF_FAMILIES = {
+    "phi3": ("Phi3ForCausalLM", {"pad_token_id": 0, **FAMILIES["phi3"][1]}),
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        {"layers": 6, "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16, "rope_theta": 100000.0},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_FAMILIES))
+def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
+    """A GGUF as llama.cpp's converter writes one (Phi-3: fused attn_qkv, gate and up in ffn_up,
+    rope.dimension_count, LongRoPE factors as tensors; Gemma 3: the window, norms holding 1 + weight):
+    the same greedy tokens, 16 prompts of 16-300 ids, as transformers running the checkpoint the
+    file was written from."""
+    arch, extra = GGUF_FAMILIES[name]
     hf = tmp_path / "hf"
-    path = build_tiny_gguf(tmp_path / "phi3.gguf", "Phi3ForCausalLM", hidden=64, intermediate=128, max_positions=2048,
-                           seed=5, source=hf, pad_token_id=0, **extra)  # fmt: skip
+    path = build_tiny_gguf(tmp_path / f"{name}.gguf", arch, hidden=64, intermediate=128, max_positions=2048, seed=5,
+                           source=hf, **extra)  # fmt: skip
     info = inspect_decoder(path)
-    assert info.gguf and info.config.rotary_dim == 12 and info.config.rope_scaling["rope_type"] == "longrope"
+    assert info.gguf and info.config.architecture == arch
+    cfg = info.config
+    if name == "phi3":
+        assert cfg.rotary_dim == 12 and cfg.rope_scaling["rope_type"] == "longrope"
+    else:
+        assert cfg.layer_windows == (32, 32, 32, 32, 32, 0) and cfg.local_rope_theta == 10_000.0
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 255, (n,), generator=g).tolist() for n in torch.randint(16, 301, (16,), generator=g)]
-    _, expected = transformers_greedy(hf, "Phi3ForCausalLM", prompts, MAX_TOKENS, info.eos_token_ids)
+    _, expected = transformers_greedy(hf, arch, prompts, MAX_TOKENS, info.eos_token_ids)
     engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=64 << 20), info.eos_token_ids)
     got = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
     assert got == expected
