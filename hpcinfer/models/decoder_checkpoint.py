@@ -146,7 +146,8 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
         parts = fused.setdefault(name, {})
         parts[position] = tensor
         if len(parts) == (3 if ".qkv." in name else 2):
-            state[name] = torch.cat([parts[i] for i in sorted(parts)])
+            # NOTE: experts' gate and up are stacked [experts, rows, hidden]: joined along the rows
+            state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=1 if name.endswith(".moe.gate_up") else 0)
             del fused[name]
     if fused:
         raise ModelError(f"GGUF lacks parts of {sorted(fused)[:2]}", path=str(info.path))

@@ -28,6 +28,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 _PERMUTED_QK = {"llama", "mistral"}  # native decoder families
 
@@ -48,6 +49,9 @@ _LAYER_NORMS = {
     "post_attention_norm": "attn_out_norm",  # Gemma's norms after attention and after the MLP
     "post_ffw_norm": "mlp_out_norm",
 }
+# a mixture of experts' tensors, stacked over the experts ([experts, rows, columns]) as MoE holds them
+_EXPERT_TENSORS = {"ffn_gate_inp": ("router", None), "ffn_gate_exps": ("gate_up", 0), "ffn_up_exps": ("gate_up", 1)}
+_EXPERT_TENSORS |= {"ffn_down_exps": ("down", None)}
 # phi3 files keep HF's fused q/k/v (attn_qkv) and gate/up (in ffn_up): whole tensors of ours
 _FUSED_AS_STORED = {"phi3": {"attn_qkv": "qkv", "ffn_up": "gate_up"}}
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm", "output.weight": "lm_head.weight"}
@@ -130,6 +134,12 @@ class GGUFFile:
             self._phi3(config, key)
         if arch == "gemma3":
             self._gemma3(config, key)
+        if arch == "qwen3moe":
+            # NOTE: llama.cpp runs every layer as experts and renormalises the chosen experts' weights
+            config["num_experts"] = int(key("expert_count"))
+            config["num_experts_per_tok"] = int(key("expert_used_count"))
+            config["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
+            config["norm_topk_prob"] = True
         return config
 
     def _gemma3(self, config: dict[str, Any], key: Any) -> None:
@@ -220,7 +230,10 @@ class GGUFFile:
             if block != "blk" or not layer.isdigit():
                 continue
             module, _, kind = rest.rpartition(".")
-            if module in (stored := _FUSED_AS_STORED.get(arch, {})):
+            if module in _EXPERT_TENSORS and kind == "weight":
+                target, position = _EXPERT_TENSORS[module]
+                yield f"layers.{layer}.moe.{target}", self.float_tensor(name), position
+            elif module in (stored := _FUSED_AS_STORED.get(arch, {})):
                 yield f"layers.{layer}.{stored[module]}.{kind}", self.float_tensor(name), None
             elif module in _LAYER_NORMS and kind == "weight":
                 yield f"layers.{layer}.{_LAYER_NORMS[module]}", self.float_tensor(name), None

@@ -208,13 +208,20 @@ GGUF_FAMILIES = {
         "Gemma3ForCausalLM",
         {"layers": 6, "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16, "rope_theta": 100000.0},
     ),
-}
+    # Qwen3-MoE: experts in every layer, renormalised, as llama.cpp runs them
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+         "norm_topk_prob": True},
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(GGUF_FAMILIES))
 def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
     """A GGUF as llama.cpp's converter writes one (Phi-3: fused attn_qkv, gate and up in ffn_up,
-    rope.dimension_count, LongRoPE factors as tensors; Gemma 3: the window, norms holding 1 + weight):
+    rope.dimension_count, LongRoPE factors as tensors; Gemma 3: the window, norms holding 1 + weight;
+    Qwen3-MoE: the router and each expert tensor stacked over the experts):
     the same greedy tokens, 16 prompts of 16-300 ids, as transformers running the checkpoint the
     file was written from."""
     arch, extra = GGUF_FAMILIES[name]
@@ -226,8 +233,10 @@ def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
     cfg = info.config
     if name == "phi3":
         assert cfg.rotary_dim == 12 and cfg.rope_scaling["rope_type"] == "longrope"
-    else:
+    elif name == "gemma3":
         assert cfg.layer_windows == (32, 32, 32, 32, 32, 0) and cfg.local_rope_theta == 10_000.0
+    else:
+        assert cfg.moe_layers == (True, True) and cfg.num_experts == 8 and cfg.renormalize_experts
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 255, (n,), generator=g).tolist() for n in torch.randint(16, 301, (16,), generator=g)]
