@@ -27,10 +27,11 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
 }
-_PERMUTED_QK = {"llama", "mistral"}  # native decoder families
+_PERMUTED_QK = {"llama", "mistral", "mixtral"}  # native decoder families
 
 _LAYER_TENSORS = {  # GGUF name inside blk.N -> (native name, position in a fused tensor or None)
     "attn_q": ("qkv", 0),
@@ -132,26 +133,38 @@ class GGUFFile:
             config["attention_bias"] = True
         if arch == "phi3":
             self._phi3(config, key)
-        if arch == "gemma3":
-            self._gemma3(config, key)
+        if arch in ("gemma2", "gemma3"):
+            self._gemma(arch, config, key)
         if arch == "qwen3moe":
             # NOTE: llama.cpp runs every layer as experts and renormalises the chosen experts' weights
             config["num_experts"] = int(key("expert_count"))
             config["num_experts_per_tok"] = int(key("expert_used_count"))
             config["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
             config["norm_topk_prob"] = True
+        if arch == "llama" and key("expert_count"):  # Mixtral: llama.cpp writes it as a llama with experts
+            if "blk.0.ffn_gate_exps.weight" not in self.tensors:
+                raise ModelError("GGUF experts stored one tensor each (an older converter's layout) are not supported; "
+                                 "reconvert with a current llama.cpp", path=str(self.file))  # fmt: skip
+            config["architectures"] = ["MixtralForCausalLM"]
+            config["num_local_experts"] = int(key("expert_count"))
+            config["num_experts_per_tok"] = int(key("expert_used_count"))
         return config
 
-    def _gemma3(self, config: dict[str, Any], key: Any) -> None:
-        """Gemma 3 as llama.cpp runs its files: the window from `attention.sliding_window`, one global
-        layer in six, local layers' RoPE base 10,000, and queries scaled by 1/sqrt(head_dim) (by
-        1/sqrt(hidden / heads) for the 62-layer 27B), none of which the file stores. Its norms already
-        hold (1 + weight): llama.cpp's converter adds the 1, so the loader does not."""
+    def _gemma(self, arch: str, config: dict[str, Any], key: Any) -> None:
+        """Gemma 2 and 3 as llama.cpp runs their files: the window and Gemma 2's soft caps from the
+        file; one global layer in two (Gemma 2) or six (Gemma 3), Gemma 3's local RoPE base 10,000,
+        and queries scaled by 1/sqrt(head_dim) (by 1/sqrt(hidden / heads) for the 27B models: 46 or
+        62 layers), none of which the file stores. Its norms already hold (1 + weight): llama.cpp's
+        converter adds the 1, so the loader does not."""
         config["sliding_window"] = int(key("attention.sliding_window", 4096))
-        config["sliding_window_pattern"] = 6
-        config["rope_local_base_freq"] = 10_000.0
         layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
-        config["query_pre_attn_scalar"] = hidden // heads if layers == 62 else config["head_dim"]
+        config["query_pre_attn_scalar"] = hidden // heads if layers in (46, 62) else config["head_dim"]
+        if arch == "gemma3":
+            config["sliding_window_pattern"] = 6
+            config["rope_local_base_freq"] = 10_000.0
+            return
+        config["attn_logit_softcapping"] = key("attn_logit_softcapping")
+        config["final_logit_softcapping"] = key("final_logit_softcapping")
 
     def _phi3(self, config: dict[str, Any], key: Any) -> None:
         """Phi-3's partial rotary dimensions and LongRoPE factors, as llama.cpp's converter stores them

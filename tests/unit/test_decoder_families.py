@@ -208,6 +208,14 @@ GGUF_FAMILIES = {
         "Gemma3ForCausalLM",
         {"layers": 6, "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16, "rope_theta": 100000.0},
     ),
+    # Gemma 2: soft caps from the file, one global layer in two
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        {"layers": 4, "head_dim": 16, "sliding_window": 32, "query_pre_attn_scalar": 16,
+         "attn_logit_softcapping": 1.5, "final_logit_softcapping": 4.0},
+    ),
+    # Mixtral: a llama with experts in llama.cpp's files (q/k rows permuted as llama's)
+    "mixtral": ("MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2}),
     # Qwen3-MoE: experts in every layer, renormalised, as llama.cpp runs them
     "qwen3_moe": (
         "Qwen3MoeForCausalLM",
@@ -235,6 +243,8 @@ def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
         assert cfg.rotary_dim == 12 and cfg.rope_scaling["rope_type"] == "longrope"
     elif name == "gemma3":
         assert cfg.layer_windows == (32, 32, 32, 32, 32, 0) and cfg.local_rope_theta == 10_000.0
+    elif name == "gemma2":
+        assert cfg.layer_windows == (32, 0, 32, 0) and (cfg.attn_softcap, cfg.final_softcap) == (1.5, 4.0)
     else:
         assert cfg.moe_layers == (True, True) and cfg.num_experts == 8 and cfg.renormalize_experts
     model = load_decoder(info, torch.device("cpu"), torch.float32)
