@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError, UnsupportedModel
 from .decoder_inspect import DecoderInfo, open_gguf, weight_files
 from .decoder_int8 import PROBE_TEXT, int8_checked
 from .fp8 import quantize_decoder_fp8
@@ -86,6 +86,27 @@ _GEMMA_NORMS = {
 }
 
 
+def _gpt_oss(rest: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """A gpt-oss layer tensor under MoE's name and layout, or None for one shared with Llama's:
+    its experts are stored [experts, in, out] with gate and up interleaved column by column."""
+    if rest == "self_attn.sinks":
+        return "sinks", tensor
+    if rest in ("mlp.router.weight", "mlp.router.bias"):
+        return "moe.router" + ("_bias" if rest.endswith("bias") else ""), tensor
+    if rest == "mlp.experts.gate_up_proj":
+        rows = tensor.transpose(1, 2)  # [experts, 2 x width, hidden], gate and up rows interleaved
+        return "moe.gate_up", torch.cat([rows[:, 0::2], rows[:, 1::2]], dim=1).contiguous()
+    if rest == "mlp.experts.gate_up_proj_bias":
+        return "moe.gate_up_bias", torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1).contiguous()
+    if rest == "mlp.experts.down_proj":
+        return "moe.down", tensor.transpose(1, 2).contiguous()
+    if rest == "mlp.experts.down_proj_bias":
+        return "moe.down_bias", tensor
+    if rest.startswith("mlp.experts.") and rest.endswith(("_blocks", "_scales")):
+        raise UnsupportedModel("gpt-oss experts in MXFP4 (native: float weights; the fallback dequantizes them)")
+    return None
+
+
 def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
     """Maps HF Llama-family names onto LlamaDecoder's, fusing q/k/v and gate/up. Gemma's RMSNorms
     scale by (1 + weight): their weights get the 1 added here, in float32, so one norm serves all."""
@@ -105,6 +126,9 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
             state["lm_head.weight"] = tensor
         elif m := _LAYER.match(name):
             layer, rest = m[1], m[2]
+            if family == "gpt_oss" and (mapped := _gpt_oss(rest, tensor)) is not None:
+                state[f"layers.{layer}.{mapped[0]}"] = mapped[1]
+                continue
             if rest in direct:
                 state[f"layers.{layer}.{direct[rest]}"] = tensor
                 continue

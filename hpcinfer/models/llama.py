@@ -18,7 +18,7 @@ from torch import nn
 
 from ..device.cpu_shape import matmul_slice_rows
 from ..errors import UnsupportedModel
-from .moe import MoE
+from .moe import GptOssMoE, MoE
 from .rope import ROPE_TYPES, rope_tables
 
 # NOTE: on CPU, MKL runs a [T, hidden] x [hidden, 2 * intermediate] matmul well below its usual
@@ -39,6 +39,7 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -85,6 +86,10 @@ class DecoderConfig:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     renormalize_experts: bool = False
+    # gpt-oss: each head's learned attention sink, and its experts' clamped SwiGLU (models/moe.py)
+    attn_sinks: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> DecoderConfig:
@@ -95,6 +100,8 @@ class DecoderConfig:
             raise UnsupportedModel(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
         if family in ("gemma2", "gemma3"):
             return _gemma(raw, family)
+        if family == "gpt_oss":
+            return _gpt_oss(raw)
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"unsupported hidden_act {raw.get('hidden_act')!r} (supported: silu)")
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older checkpoints
@@ -188,6 +195,52 @@ def _experts(raw: dict[str, Any], family: str) -> dict[str, Any]:
     }
 
 
+def _gpt_oss(raw: dict[str, Any]) -> DecoderConfig:
+    """gpt-oss (GptOssForCausalLM): sliding-window and global layers in turn, YaRN, biased q/k/v/o,
+    a learned sink per head, and experts in every layer (a biased router softmaxing its top-k
+    logits, biased experts with a clamped SwiGLU)."""
+    if (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        raise UnsupportedModel("gpt-oss with MXFP4 experts (native: float weights)")
+    layers, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
+    types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedModel(f"gpt-oss layer_types {types!r} (native: sliding_attention, full_attention)")
+    rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", raw.get("rope_theta", 150_000.0)))
+    rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] not in ROPE_TYPES:
+        raise UnsupportedModel(
+            f"unsupported rope_scaling type {rope['rope_type']!r} (supported: {', '.join(ROPE_TYPES)})"
+        )
+    window, experts = int(raw.get("sliding_window") or 128), int(raw["num_local_experts"])
+    bias = bool(raw.get("attention_bias", True))
+    return DecoderConfig(
+        architecture="GptOssForCausalLM",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+        rope_theta=theta,
+        rope_scaling=rope,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=bias,
+        o_bias=bias,
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        moe_layers=(True,) * layers,
+        num_experts=experts,
+        experts_per_token=int(raw["num_experts_per_tok"]),
+        expert_intermediate_size=int(raw["intermediate_size"]),
+        attn_sinks=True,
+        swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+        swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)),
+    )
+
+
 def _gemma(raw: dict[str, Any], family: str) -> DecoderConfig:
     """Gemma 2 (Gemma2ForCausalLM) or Gemma 3's text decoder (Gemma3ForCausalLM), from transformers
     5's `rope_parameters` (per layer type for Gemma 3) or the older `rope_theta`,
@@ -268,6 +321,28 @@ def attention_scores_softcapped(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
+def attention_with_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, sinks: torch.Tensor
+) -> torch.Tensor:
+    """gpt-oss's attention: each head's learned sink logit joins the softmax and is dropped after it
+    (so a query may attend to nothing), as transformers' eager attention computes it: q [B, H, Lq, D],
+    k/v [B, Hkv, Lk, D], `sinks` [H]."""
+    groups = q.shape[-3] // k.shape[-3]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        lq, lk = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else scores + mask
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(combined, dim=-1)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -275,8 +350,12 @@ def scaled_dot_product_attention(
     mask: torch.Tensor | None = None,
     causal: bool = False,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """torch's SDPA (grouped-query), or the soft-capped form where a model caps its scores."""
+    """torch's SDPA (grouped-query), or the soft-capped form where a model caps its scores, or with
+    gpt-oss's per-head sinks."""
+    if sinks is not None:
+        return attention_with_sinks(q, k, v, mask, causal, sinks)
     if softcap:
         return attention_scores_softcapped(q, k, v, mask, causal, softcap)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
@@ -301,14 +380,16 @@ class DenseCausalAttention:
     def of(cls, cfg: DecoderConfig) -> DenseCausalAttention:
         return cls(cfg.layer_windows, cfg.attn_softcap)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         window = self.windows[layer] if self.windows else 0
         mask = None
         if window and q.shape[0] > window:
             pos = torch.arange(q.shape[0], device=q.device)
             mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
         out = scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, mask is None, self.softcap
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, mask is None, self.softcap, sinks
         )
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
@@ -335,7 +416,10 @@ class DecoderLayer(nn.Module):
         self.moe: MoE | None = None
         if cfg.moe_layers and cfg.moe_layers[index]:
             inter, experts, top_k = cfg.expert_intermediate_size, cfg.num_experts, cfg.experts_per_token
-            self.moe = MoE(h, inter, experts, top_k, cfg.renormalize_experts, ACTIVATIONS[cfg.hidden_act])
+            if cfg.swiglu_limit is not None:  # gpt-oss
+                self.moe = GptOssMoE(h, inter, experts, top_k, cfg.swiglu_limit, cfg.swiglu_alpha)
+            else:
+                self.moe = MoE(h, inter, experts, top_k, cfg.renormalize_experts, ACTIVATIONS[cfg.hidden_act])
         else:
             self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
             self.down = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
@@ -345,6 +429,7 @@ class DecoderLayer(nn.Module):
         self.act = ACTIVATIONS[cfg.hidden_act]
         # NOTE: sdpa scales by 1/sqrt(head_dim); a model with its own scale has q rescaled to match
         self.q_rescale = cfg.query_scale * d**0.5 if cfg.query_scale else None
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
         if cfg.sandwich_norms:
             self.attn_out_norm = nn.Parameter(torch.ones(h))
             self.mlp_out_norm = nn.Parameter(torch.ones(h))
@@ -373,7 +458,7 @@ class DecoderLayer(nn.Module):
             q, k = qk[:, :heads], qk[:, heads:]
             if self.q_rescale is not None:
                 q = q * self.q_rescale
-        out = self.o_proj(attn(self.index, q, k, v))
+        out = self.o_proj(attn(self.index, q, k, v) if self.sinks is None else attn(self.index, q, k, v, self.sinks))
         if cfg.sandwich_norms:
             out = rms_norm(out, self.attn_out_norm, cfg.rms_norm_eps)
         x = x + out

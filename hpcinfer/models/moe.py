@@ -37,6 +37,11 @@ class MoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return experts, weights
 
+    def expert(self, expert: int, x: torch.Tensor, out: torch.Tensor) -> None:
+        """One expert's MLP over its rows x [n, hidden], into out [n, hidden]."""
+        gate, up = F.linear(x, self.gate_up[expert]).chunk(2, dim=-1)
+        torch.matmul(self.act(gate).mul_(up), self.down[expert].t(), out=out)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]: each expert once, over the rows routed to it.
 
@@ -56,12 +61,36 @@ class MoE(nn.Module):
             if count == 0:
                 continue
             rows = slice(start, start + count)
-            gate, up = F.linear(routed[rows], self.gate_up[expert]).chunk(2, dim=-1)
-            torch.matmul(self.act(gate).mul_(up), self.down[expert].t(), out=out_rows[rows])
+            self.expert(expert, routed[rows], out_rows[rows])
             start += count
         share = weights.reshape(-1)[order]
         weighted = (out_rows * share[:, None]).to(h.dtype)
         return torch.zeros_like(h).index_add_(0, tokens, weighted)
 
 
-__all__ = ["MoE"]
+class GptOssMoE(MoE):
+    """gpt-oss's experts: the router has a bias and softmaxes the top-k logits only; experts have
+    biases and a clamped SwiGLU, (up + 1) * gate * sigmoid(alpha * gate), gate clamped above at
+    `limit`, up to [-limit, limit]. The checkpoint's interleaved gate/up columns are split into
+    MoE's gate rows then up rows at load (decoder_checkpoint.py)."""
+
+    def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, limit: float, alpha: float) -> None:
+        super().__init__(hidden, intermediate, experts, top_k, False, F.silu)
+        self.limit, self.alpha = limit, alpha
+        self.router_bias = nn.Parameter(torch.empty(experts))
+        self.gate_up_bias = nn.Parameter(torch.empty(experts, 2 * intermediate))
+        self.down_bias = nn.Parameter(torch.empty(experts, hidden))
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, experts = torch.topk(F.linear(h, self.router, self.router_bias), self.top_k, dim=-1)
+        return experts, torch.softmax(top, dim=-1)
+
+    def expert(self, expert: int, x: torch.Tensor, out: torch.Tensor) -> None:
+        gate, up = F.linear(x, self.gate_up[expert], self.gate_up_bias[expert]).chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        torch.matmul((up.clamp(-self.limit, self.limit) + 1) * glu, self.down[expert].t(), out=out)
+        out.add_(self.down_bias[expert])
+
+
+__all__ = ["GptOssMoE", "MoE"]

@@ -94,6 +94,13 @@ FAMILIES = {
         },
     ),
     "mixtral": ("MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2}),
+    # gpt-oss: per-head attention sinks, sliding-window and global layers in turn, YaRN, biased
+    # q/k/v/o, a biased router softmaxing its top-k logits, biased experts whose clamped SwiGLU
+    # (a limit small enough to bite here) reads gate and up interleaved
+    "gpt_oss": (
+        "GptOssForCausalLM",
+        {"head_dim": 16, "sliding_window": 32, "num_local_experts": 8, "num_experts_per_tok": 2, "swiglu_limit": 0.5},
+    ),
 }
 SCHEMA = {
     "type": "object",

@@ -21,7 +21,7 @@ from .paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAtte
 
 ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
-SLIDING = "does not run sliding-window layers or soft-capped scores (Gemma) yet: they run --attention torch"
+SLIDING = "does not run sliding windows, soft caps or sinks (Gemma, gpt-oss) yet: they run --attention torch"
 
 
 def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
@@ -30,7 +30,7 @@ def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device})"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
-    if any(layout.windows) or layout.softcap:
+    if any(layout.windows) or layout.softcap or layout.sinks:
         return SLIDING
     if layout.dtype not in (torch.float16, torch.bfloat16):
         return f"runs float16 or bfloat16, not {str(layout.dtype).removeprefix('torch.')} (--dtype)"
@@ -74,7 +74,7 @@ def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device}; on the CPU Triton only interprets)"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
-    if any(layout.windows) or layout.softcap:
+    if any(layout.windows) or layout.softcap or layout.sinks:
         return SLIDING
     size = layout.block_size
     if size & (size - 1):

@@ -88,6 +88,7 @@ def causal_self_attention(
     v: torch.Tensor,
     window_mask: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A fresh prefill chunk (every key is this step's): q [n, H, D], k/v [n, Hkv, D] -> [n, H, D].
 
@@ -97,7 +98,7 @@ def causal_self_attention(
     `window_mask` [n, n] instead; Gemma 2's `softcap` caps the scores.
     """
     q4, k4, v4 = _heads_first(q), _heads_first(k), _heads_first(v)
-    out = scaled_dot_product_attention(q4, k4, v4, window_mask, window_mask is None, softcap)
+    out = scaled_dot_product_attention(q4, k4, v4, window_mask, window_mask is None, softcap, sinks)
     return out[0].transpose(0, 1)
 
 
@@ -128,19 +129,21 @@ class TorchPagedAttention(_BoundToStep):
         self._window_masks.clear()  # the step's masks, made by the first layer of each window that needs them
         return super().bind(batch)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]; `sinks` [H]: gpt-oss's per-head sink logits."""
         batch = self._write(layer, k, v)
         t, heads, dim = q.shape
         if len(batch.decodes) == 1 and not batch.prefills:
-            return self._decode(layer, batch.decodes[0], q).reshape(t, heads * dim)
+            return self._decode(layer, batch.decodes[0], q, sinks).reshape(t, heads * dim)
         out = q.new_empty(t, heads, dim)
         for group in batch.decodes:
             rows = slice(group.offset, group.offset + group.count)
-            out[rows] = self._decode(layer, group, q[rows])
+            out[rows] = self._decode(layer, group, q[rows], sinks)
         for seg in batch.prefills:
             rows = slice(seg.offset, seg.offset + seg.length)
-            out[rows] = self._prefill(layer, seg, q[rows], k[rows], v[rows])
+            out[rows] = self._prefill(layer, seg, q[rows], k[rows], v[rows], sinks)
         return out.view(t, heads * dim)
 
     def _gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +174,9 @@ class TorchPagedAttention(_BoundToStep):
             self._window_masks[key] = make()
         return self._window_masks[key]
 
-    def _decode(self, layer: int, group: DecodeGroup, q: torch.Tensor) -> torch.Tensor:
+    def _decode(
+        self, layer: int, group: DecodeGroup, q: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q [n, H, D], one query per sequence -> [n, H, D]."""
         kk, vv = self._gather(layer, group.blocks)  # [n, L, Hkv, D]
         mask = group.mask
@@ -185,12 +190,18 @@ class TorchPagedAttention(_BoundToStep):
 
             mask = self._mask(group, window, windowed)
         out = scaled_dot_product_attention(
-            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask, softcap=self.softcap
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask, softcap=self.softcap, sinks=sinks
         )
         return out.squeeze(2)
 
     def _prefill(
-        self, layer: int, seg: PrefillSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        layer: int,
+        seg: PrefillSegment,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
         window = self.windows[layer] if self.windows else 0
@@ -205,11 +216,10 @@ class TorchPagedAttention(_BoundToStep):
 
             mask = self._mask(seg, window, windowed)
         if seg.start == 0:
-            return causal_self_attention(q, k, v, mask, self.softcap)
+            return causal_self_attention(q, k, v, mask, self.softcap, sinks)
         kk, vv = self._gather(layer, seg.blocks)
-        out = scaled_dot_product_attention(
-            _heads_first(q), _heads_first(kk[:total]), _heads_first(vv[:total]), mask, softcap=self.softcap
-        )
+        q4, k4, v4 = _heads_first(q), _heads_first(kk[:total]), _heads_first(vv[:total])
+        out = scaled_dot_product_attention(q4, k4, v4, mask, softcap=self.softcap, sinks=sinks)
         return out[0].transpose(0, 1)
 
 

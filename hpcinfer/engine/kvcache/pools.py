@@ -58,16 +58,17 @@ class KVLayout:
     dtype: torch.dtype  # what attention computes in (the run's dtype)
     storage: torch.dtype | None = None  # what the pools hold, when not `dtype` (float8_e4m3fn)
     # how layers read the pools: each layer's sliding window (0: every key), when some layers have
-    # one, and a soft cap on the attention scores (Gemma 2)
+    # one, a soft cap on the attention scores (Gemma 2), per-head sinks (gpt-oss)
     windows: tuple[int, ...] = ()
     softcap: float | None = None
+    sinks: bool = False  # gpt-oss: a learned sink logit per head
 
     @classmethod
     def of(
         cls, cfg: DecoderConfig, block_size: int, dtype: torch.dtype, storage: torch.dtype | None = None
     ) -> KVLayout:
         shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage)
-        return cls(*shape, cfg.layer_windows, cfg.attn_softcap)
+        return cls(*shape, cfg.layer_windows, cfg.attn_softcap, cfg.attn_sinks)
 
     @property
     def stored(self) -> torch.dtype:
