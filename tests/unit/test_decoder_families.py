@@ -18,7 +18,7 @@ import torch
 from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
-from hpcinfer.errors import ConfigError
+from hpcinfer.errors import ConfigError, UnsupportedModel
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.llama import DecoderConfig
@@ -262,3 +262,16 @@ def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
     got = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
     assert got == expected
     assert len({tuple(a[:6]) for a in got}) > 8
+
+
+def test_gpt_oss_with_mxfp4_experts_is_left_to_the_fallback():
+    """As published, gpt-oss's experts are MXFP4: the native decoder says so as an UnsupportedModel,
+    which `--backend auto` turns into the transformers fallback with one line."""
+    import transformers
+
+    raw = transformers.GptOssConfig(vocab_size=100, hidden_size=64, num_attention_heads=4, head_dim=16).to_dict()
+    raw |= {"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}}
+    with pytest.raises(UnsupportedModel, match="MXFP4"):
+        DecoderConfig.from_hf(raw)
+    del raw["quantization_config"]
+    assert DecoderConfig.from_hf(raw).attn_sinks
