@@ -50,7 +50,9 @@ def int8_checked(build_float: Callable[[], LlamaDecoder], kernel_name: str, ids:
     kernels = candidate_kernels(kernel_name)
     if not kernels:
         raise ConfigError(f"--quantize int8: {no_accurate_kernel()}")
-    first = pick_kernel(model.layers[0].gate_up.weight.detach(), INT8_ROWS, kernels) if len(kernels) > 1 else kernels[0]
+    # NOTE: timed on a dense MLP's gate/up, or where every layer routes to experts, on q/k/v
+    timed = next((layer.gate_up for layer in model.layers if layer.moe is None), model.layers[0].qkv)
+    first = pick_kernel(timed.weight.detach(), INT8_ROWS, kernels) if len(kernels) > 1 else kernels[0]
     found: list[str] = []
     for i, kernel in enumerate([first] + [k for k in kernels if k != first]):
         if i:

@@ -275,3 +275,19 @@ def test_gpt_oss_with_mxfp4_experts_is_left_to_the_fallback():
         DecoderConfig.from_hf(raw)
     del raw["quantization_config"]
     assert DecoderConfig.from_hf(raw).attn_sinks
+
+
+def test_int8_quantizes_a_mixture_of_experts_linear_layers_and_keeps_its_experts(tmp_path):
+    """--quantize int8 on a model whose every layer routes to experts: its attention linears become
+    int8 (the kernel timed on q/k/v, as there is no dense MLP), its experts stay float, it answers."""
+    from hpcinfer.models.int8 import Int8Linear
+    from hpcinfer.models.moe import MoE
+
+    path = build_tiny_decoder(tmp_path, "MixtralForCausalLM", seed=3, hidden=256, intermediate=256,
+                              num_local_experts=4, num_experts_per_tok=2)  # fmt: skip
+    info = inspect_decoder(path)
+    model = load_decoder(info, torch.device("cpu"), torch.float32, quantize="int8")
+    assert isinstance(model.layers[0].qkv, Int8Linear) and isinstance(model.layers[0].moe, MoE)
+    engine = Engine(model, EngineConfig(max_num_seqs=4, kv_cache_memory=16 << 20), info.eos_token_ids)
+    seqs = engine.generate([[5, 6, 7, 8] * 5] * 3, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert [len(s.completion) for s in seqs] == [4, 4, 4]
