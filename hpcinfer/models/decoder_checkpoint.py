@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from ..errors import ConfigError, ModelError, UnsupportedModel
+from ..errors import ConfigError, ModelError
 from .decoder_inspect import DecoderInfo, open_gguf, weight_files
 from .decoder_int8 import PROBE_TEXT, int8_checked
 from .fp8 import quantize_decoder_fp8
@@ -23,6 +23,7 @@ from .gguf_tokenizer import gguf_tokenizer
 from .int8_kernels import int8_problem
 from .llama import ARCHITECTURES, LlamaDecoder
 from .meta import empty_modules
+from .mxfp4 import dequantize_mxfp4
 
 
 def load_tokenizer(info: DecoderInfo) -> Tokenizer:
@@ -102,9 +103,19 @@ def _gpt_oss(rest: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None
         return "moe.down", tensor.transpose(1, 2).contiguous()
     if rest == "mlp.experts.down_proj_bias":
         return "moe.down_bias", tensor
-    if rest.startswith("mlp.experts.") and rest.endswith(("_blocks", "_scales")):
-        raise UnsupportedModel("gpt-oss experts in MXFP4 (native: float weights; the fallback dequantizes them)")
     return None
+
+
+_MXFP4 = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)_(blocks|scales)$")
+
+
+def _gpt_oss_mxfp4(layer: str, which: str, parts: dict[str, torch.Tensor]) -> tuple[str, torch.Tensor]:
+    """gpt-oss's MXFP4 experts as MoE's float ones (models/mxfp4.py): gate_up's rows interleave gate
+    and up, as its float form's columns do."""
+    dense = dequantize_mxfp4(parts["blocks"], parts["scales"])  # [experts, rows, columns]
+    if which == "down_proj":
+        return f"layers.{layer}.moe.down", dense
+    return f"layers.{layer}.moe.gate_up", torch.cat([dense[:, 0::2], dense[:, 1::2]], dim=1).contiguous()
 
 
 def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
@@ -113,6 +124,7 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
     state: dict[str, torch.Tensor] = {}
     direct = {**_DIRECT, **_GEMMA_NORMS} if family.startswith("gemma") else {**_DIRECT, **_MOE_DIRECT}
     experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}  # layer -> gate/up/down -> expert -> tensor
+    mxfp4: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer, gate_up_proj | down_proj) -> blocks, scales
     fused: dict[str, dict[int, torch.Tensor]] = {}
     bare = not any(name.startswith("model.") for name in weights)  # a `*Model` checkpoint: no prefix
     for name, tensor in weights.items():
@@ -129,6 +141,9 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
             if family == "gpt_oss" and (mapped := _gpt_oss(rest, tensor)) is not None:
                 state[f"layers.{layer}.{mapped[0]}"] = mapped[1]
                 continue
+            if family == "gpt_oss" and (packed := _MXFP4.match(rest)):
+                mxfp4.setdefault((layer, packed[1]), {})[packed[2]] = tensor
+                continue
             if rest in direct:
                 state[f"layers.{layer}.{direct[rest]}"] = tensor
                 continue
@@ -141,6 +156,10 @@ def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -
                 fused.setdefault(f"layers.{layer}.{target}.{kind}", {})[pos] = tensor
     for name, parts in fused.items():
         state[name] = torch.cat([parts[i] for i in sorted(parts)])
+    for (layer, which), packed in mxfp4.items():
+        if len(packed) == 2:  # NOTE: else left out, so the model's strict load names what is missing
+            name, tensor = _gpt_oss_mxfp4(layer, which, packed)
+            state[name] = tensor
     for layer, parts in experts.items():
         count = 1 + max(max(p) for p in parts.values())
         if any(len(parts.get(k, {})) != count for k in ("gate", "up", "down")):

@@ -199,8 +199,9 @@ def _gpt_oss(raw: dict[str, Any]) -> DecoderConfig:
     """gpt-oss (GptOssForCausalLM): sliding-window and global layers in turn, YaRN, biased q/k/v/o,
     a learned sink per head, and experts in every layer (a biased router softmaxing its top-k
     logits, biased experts with a clamped SwiGLU)."""
-    if (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4":
-        raise UnsupportedModel("gpt-oss with MXFP4 experts (native: float weights)")
+    quantized = (raw.get("quantization_config") or {}).get("quant_method")
+    if quantized not in (None, "mxfp4"):  # MXFP4 experts are expanded at load (models/mxfp4.py)
+        raise UnsupportedModel(f"gpt-oss quantized with {quantized!r} (native: float or MXFP4 experts)")
     layers, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
     types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:

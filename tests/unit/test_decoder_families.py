@@ -264,16 +264,68 @@ def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
     assert len({tuple(a[:6]) for a in got}) > 8
 
 
-def test_gpt_oss_with_mxfp4_experts_is_left_to_the_fallback():
-    """As published, gpt-oss's experts are MXFP4: the native decoder says so as an UnsupportedModel,
-    which `--backend auto` turns into the transformers fallback with one line."""
+def test_mxfp4_dequantizes_as_transformers_does():
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from hpcinfer.models.mxfp4 import dequantize_mxfp4
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 8, 2, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(110, 135, (3, 8, 2), generator=g, dtype=torch.uint8)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)  # [experts, rows, cols]
+    assert torch.equal(dequantize_mxfp4(blocks, scales), theirs)
+
+
+def test_gpt_oss_with_mxfp4_experts_answers_as_its_dequantized_weights_do(tmp_path):
+    """gpt-oss as published (MXFP4 experts): natively, the experts expanded at load give the greedy
+    tokens transformers gives on the same weights in float."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    arch, extra = FAMILIES["gpt_oss"]
+    source = build_tiny_decoder(tmp_path / "source", arch, seed=9, max_positions=2048, **extra)
+    weights = load_file(str(source / "model.safetensors"))
+    packed, dense = dict(weights), dict(weights)
+    g = torch.Generator().manual_seed(1)
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, rows, columns = weights[name].transpose(1, 2).shape  # stored [experts, in, out]
+        blocks = torch.randint(0, 256, (experts, rows, columns // 32, 16), generator=g, dtype=torch.uint8)
+        scales = torch.randint(114, 121, (experts, rows, columns // 32), generator=g, dtype=torch.uint8)
+        del packed[name]
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+        dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    folders = {}
+    for kind, tensors in (("mxfp4", packed), ("float", dense)):
+        folders[kind] = shutil.copytree(source, tmp_path / kind)
+        save_file(tensors, str(folders[kind] / "model.safetensors"))
+    config = json.loads((folders["mxfp4"] / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (folders["mxfp4"] / "config.json").write_text(json.dumps(config))
+
+    info = inspect_decoder(folders["mxfp4"])
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(2)
+    prompts = [
+        torch.randint(1000, 29000, (n,), generator=g).tolist() for n in torch.randint(16, 301, (16,), generator=g)
+    ]
+    _, expected = transformers_greedy(folders["float"], arch, prompts, MAX_TOKENS, info.eos_token_ids)
+    engine = Engine(model, EngineConfig(max_num_seqs=8, kv_cache_memory=64 << 20), info.eos_token_ids)
+    got = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
+    assert got == expected
+    assert len({tuple(a[:6]) for a in got}) > 8
+
+
+def test_gpt_oss_quantized_otherwise_is_left_to_the_fallback():
     import transformers
 
     raw = transformers.GptOssConfig(vocab_size=100, hidden_size=64, num_attention_heads=4, head_dim=16).to_dict()
-    raw |= {"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}}
-    with pytest.raises(UnsupportedModel, match="MXFP4"):
+    raw |= {"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "bitsandbytes"}}
+    with pytest.raises(UnsupportedModel, match="bitsandbytes"):
         DecoderConfig.from_hf(raw)
-    del raw["quantization_config"]
+    raw["quantization_config"] = {"quant_method": "mxfp4"}
     assert DecoderConfig.from_hf(raw).attn_sinks
 
 
