@@ -208,7 +208,8 @@ def check_half_close_to_float32(s: Setup) -> str:
 
 def random_decoder(device: torch.device, seed: int = 0) -> Any:
     """A tiny random Llama (no checkpoint, no tokenizer), float32, on `device`."""
-    from hpcinfer.models.llama import DecoderConfig, LlamaDecoder
+    from hpcinfer.models.decoder_config import DecoderConfig
+    from hpcinfer.models.llama import LlamaDecoder
 
     cfg = DecoderConfig("LlamaForCausalLM", 512, 64, 128, 2, 4, 2, 16, 1e-6, 512)
     torch.manual_seed(seed)

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
 from hpcinfer.api import run  # noqa: E402
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig  # noqa: E402
+from hpcinfer.models.attention import DenseCausalAttention  # noqa: E402
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer  # noqa: E402
 from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
-from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
 from hpcinfer.models.registry import resolve_model_path  # noqa: E402
 
 # name -> (compute dtype, --quantize, --kv-cache-dtype); float32 shows how far rounding alone moves answers

@@ -34,9 +34,9 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
 
 from benchmarks.gpu_check.gpu_results import Deadline, add_deadline, write_json  # noqa: E402
+from hpcinfer.models.attention import DenseCausalAttention  # noqa: E402
 from hpcinfer.models.decoder_checkpoint import load_decoder  # noqa: E402
 from hpcinfer.models.decoder_inspect import inspect_decoder  # noqa: E402
-from hpcinfer.models.llama import DenseCausalAttention  # noqa: E402
 from hpcinfer.parallel.group import Collectives, Rendezvous, end_group, free_port  # noqa: E402
 from hpcinfer.parallel.shard_loader import load_shard  # noqa: E402
 from hpcinfer.parallel.tp import rss_bytes  # noqa: E402

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ..device.cuda import CaptureStream
-from ..models.llama import DecoderConfig, LlamaDecoder
+from ..models.decoder_config import DecoderConfig
+from ..models.llama import LlamaDecoder
 from .kvcache.pools import KVCache, KVLayout
 from .scheduler import Chunk
 from .staging import InFlightTokens

@@ -16,12 +16,13 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from ..errors import ConfigError, ModelError
+from .decoder_config import ARCHITECTURES
 from .decoder_inspect import DecoderInfo, open_gguf, weight_files
 from .decoder_int8 import PROBE_TEXT, int8_checked
 from .fp8 import quantize_decoder_fp8
 from .gguf_tokenizer import gguf_tokenizer
 from .int8_kernels import int8_problem
-from .llama import ARCHITECTURES, LlamaDecoder
+from .llama import LlamaDecoder
 from .meta import empty_modules
 from .mxfp4 import dequantize_mxfp4
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..errors import ModelError
 from .checkpoint import CheckpointInfo, read_model_json, sentence_transformers_info
+from .decoder_config import ARCHITECTURES, DecoderConfig
 from .gguf_checkpoint import GGUFFile, find_gguf
-from .llama import ARCHITECTURES, DecoderConfig
 
 
 @dataclass(frozen=True, slots=True)

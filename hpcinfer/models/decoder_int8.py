@@ -9,9 +9,10 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ConfigError
+from .attention import DenseCausalAttention
 from .int8_kernels import candidate_kernels, missing_int8_instructions, no_accurate_kernel, pick_kernel
 from .int8_quantize import quantize_decoder_int8
-from .llama import DenseCausalAttention, LlamaDecoder
+from .llama import LlamaDecoder
 
 INT8_ROWS = 64  # a batched decode step's rows, for timing int8 kernel libraries (models/int8_kernels.py)
 

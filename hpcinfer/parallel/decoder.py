@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..models.llama import DecoderConfig, LlamaDecoder
+from ..models.decoder_config import DecoderConfig
+from ..models.llama import LlamaDecoder
 from .group import Collectives
 
 

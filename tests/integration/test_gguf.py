@@ -16,9 +16,9 @@ import transformers
 
 from hpcinfer.config import GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ModelError
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder, is_causal_lm
-from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.registry import resolve_model_path
 from hpcinfer.tasks.generate.job import run_generate
 from tests.fixtures.tiny_gguf import CHATML, build_tiny_gguf

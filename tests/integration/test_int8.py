@@ -12,12 +12,12 @@ from hpcinfer.api import run
 from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
 from hpcinfer.errors import ConfigError, OutputError
 from hpcinfer.models import int8_kernels
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.int8 import Int8Kernel, Int8Linear
 from hpcinfer.models.int8_kernels import ROUNDING_SLACK, accurate_kernels, probe_kernels, rounding_error
 from hpcinfer.models.int8_quantize import quantize_int8, smoothing
-from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.tasks.generate.job import run_generate
 from tests.fixtures.tiny_decoder import build_tiny_decoder
 
@@ -386,6 +386,7 @@ def test_a_resumed_int8_run_goes_on_with_the_kernel_its_output_began_with(tmp_pa
 
     whole = run(config("whole.parquet", began))
     assert whole.quantize["engine"] == began and whole.config["device.int8_kernel"] == began
+
     def fail_in_the_third_window(pending) -> None:  # noqa: ANN001
         if pending.batch.window.window_id == 2:
             raise RuntimeError("injected fault")

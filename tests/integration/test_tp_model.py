@@ -11,9 +11,9 @@ import torch
 import torch.multiprocessing as mp
 
 from hpcinfer.errors import ConfigError
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.parallel.decoder import rank_config, vocab_rows
 from hpcinfer.parallel.group import free_port
 from tests.fixtures.tiny_decoder import build_tiny_decoder

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.parallel.group import Collectives, Rendezvous, end_group
 from hpcinfer.parallel.shard_loader import load_shard
 

@@ -20,8 +20,8 @@ from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError, UnsupportedModel
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
+from hpcinfer.models.decoder_config import DecoderConfig
 from hpcinfer.models.decoder_inspect import inspect_decoder
-from hpcinfer.models.llama import DecoderConfig
 from hpcinfer.parallel.decoder import rank_config
 from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
 from tests.fixtures.tiny_gguf import build_tiny_gguf, write_byte_level_tokenizer

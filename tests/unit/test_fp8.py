@@ -16,11 +16,11 @@ from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kvcache.pools import KVLayout
 from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_checkpoint import load_tokenizer as decoder_tokenizer
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from hpcinfer.models.fp8 import FP8, Fp8Linear
-from hpcinfer.models.llama import DenseCausalAttention
 from hpcinfer.models.registry import resolve_model_path
 from hpcinfer.tasks.generate.chat import ChatRenderer
 from hpcinfer.tasks.generate.job import run_generate

@@ -9,9 +9,9 @@ import torch
 import transformers
 
 from hpcinfer.errors import ModelError
+from hpcinfer.models.attention import DenseCausalAttention
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder, is_causal_lm
-from hpcinfer.models.llama import DenseCausalAttention
 from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 LLAMA3 = {

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import torch
 
-from ...models.llama import scaled_dot_product_attention
+from ...models.attention import in_window, scaled_dot_product_attention
 from ..kvcache.pools import KVCache
 
 
@@ -100,13 +100,6 @@ def causal_self_attention(
     q4, k4, v4 = _heads_first(q), _heads_first(k), _heads_first(v)
     out = scaled_dot_product_attention(q4, k4, v4, window_mask, window_mask is None, softcap, sinks)
     return out[0].transpose(0, 1)
-
-
-def in_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
-    """[len(queries), len(keys)] True where a key is causal to the query and within its window
-    (query - key < window, as transformers' sliding-window masks)."""
-    gap = queries[:, None] - keys[None, :]
-    return (gap >= 0) & (gap < window)
 
 
 class TorchPagedAttention(_BoundToStep):

@@ -17,7 +17,7 @@ import torch
 
 from ...device import accelerators
 from ...errors import ConfigError
-from ...models.llama import DecoderConfig
+from ...models.decoder_config import DecoderConfig
 
 CPU_DEFAULT_BYTES = 1 << 30  # on CPU the pool defaults to 1 GiB (pages are touched only when used)
 CUDA_DEFAULT_FRACTION = 0.85  # of the memory free after the model loads, leaving room for activations
