@@ -88,6 +88,11 @@ _GEMMA_NORMS = {
 }
 
 
+def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's gate/up, interleaved along dim 1 (gate, up, gate, ...), as MoE's gate rows then up rows."""
+    return torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1).contiguous()
+
+
 def _gpt_oss(rest: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
     """A gpt-oss layer tensor under MoE's name and layout, or None for one shared with Llama's:
     its experts are stored [experts, in, out] with gate and up interleaved column by column."""
@@ -96,10 +101,9 @@ def _gpt_oss(rest: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None
     if rest in ("mlp.router.weight", "mlp.router.bias"):
         return "moe.router" + ("_bias" if rest.endswith("bias") else ""), tensor
     if rest == "mlp.experts.gate_up_proj":
-        rows = tensor.transpose(1, 2)  # [experts, 2 x width, hidden], gate and up rows interleaved
-        return "moe.gate_up", torch.cat([rows[:, 0::2], rows[:, 1::2]], dim=1).contiguous()
+        return "moe.gate_up", _gate_then_up(tensor.transpose(1, 2))  # stored [experts, hidden, 2 x width]
     if rest == "mlp.experts.gate_up_proj_bias":
-        return "moe.gate_up_bias", torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1).contiguous()
+        return "moe.gate_up_bias", _gate_then_up(tensor)
     if rest == "mlp.experts.down_proj":
         return "moe.down", tensor.transpose(1, 2).contiguous()
     if rest == "mlp.experts.down_proj_bias":
@@ -116,7 +120,7 @@ def _gpt_oss_mxfp4(layer: str, which: str, parts: dict[str, torch.Tensor]) -> tu
     dense = dequantize_mxfp4(parts["blocks"], parts["scales"])  # [experts, rows, columns]
     if which == "down_proj":
         return f"layers.{layer}.moe.down", dense
-    return f"layers.{layer}.moe.gate_up", torch.cat([dense[:, 0::2], dense[:, 1::2]], dim=1).contiguous()
+    return f"layers.{layer}.moe.gate_up", _gate_then_up(dense)
 
 
 def native_state_dict(weights: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
