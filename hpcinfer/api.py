@@ -19,6 +19,7 @@ from .device.machine import machine_facts
 from .errors import ConfigError, Interrupted
 from .files import storage
 from .models.registry import LoadedModel
+from .models.shelf import ModelShelf
 from .obs.observed import Observed, ReportFiles
 from .obs.profile import RangeBackend
 from .obs.progress import Progress
@@ -39,6 +40,7 @@ def run(
     batch_profiler: Any = None,
     model: LoadedModel | None = None,
     stop: threading.Event | None = None,
+    shelf: ModelShelf | None = None,
 ) -> JsonReport:
     """Runs the job: one output row per valid input row, in input order; rejects to OUTPUT.rejects.jsonl.
     Returns the task's own report (embed's `RunReport`, generate's `GenerateReport`, ...).
@@ -49,7 +51,8 @@ def run(
     and dtype, saves loading it again (tune's trials share one). `ranges` gets a range per work item
     (hpcinfer profile), `batch_profiler` drives torch.profiler over a few embedding batches. Setting
     `stop` (from another thread) ends the run between work items as Ctrl-C does: what is committed
-    stays, `Interrupted` is raised, and the same run with --resume finishes it.
+    stays, `Interrupted` is raised, and the same run with --resume finishes it. `shelf` keeps the
+    models a run loads for the next run of the process to find (hpcinfer serve's batches).
     """
     config.validate()
     storage.configure(config.storage())  # NOTE: before any input is opened or output looked at
@@ -75,7 +78,7 @@ def run(
 
             report = run_on_ray(config, task.cluster(), progress=progress)
         else:
-            given = RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop)
+            given = RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop, shelf)
             report = task.run(config, given)
         if hasattr(report, "backend"):  # every built-in task's report says which models ran
             report.backend = config.backend

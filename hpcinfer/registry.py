@@ -84,6 +84,7 @@ class RunGiven:
     batch_profiler: Any = None  # torch.profiler over a few batches
     model: Any = None  # a LoadedModel already loaded for the (first) device and dtype
     stop: Any = None  # a threading.Event: set, the run stops between work items as on Ctrl-C (Interrupted)
+    shelf: Any = None  # a models.shelf.ModelShelf: models kept loaded between runs (hpcinfer serve)
 
 
 class Task(Protocol):

@@ -33,6 +33,7 @@ class RunExtras:
     trace_marks: list[Span] = field(default_factory=list)  # instants the trace shows besides the stages (breakers)
     quantize: dict[str, Any] = field(default_factory=dict)  # --quantize int8|auto: the check that chose the model
     stop: Any = None  # a threading.Event the caller may set to stop the run (api.run's `stop`)
+    shelf: Any = None  # a models.shelf.ModelShelf: models kept loaded between runs (api.run's `shelf`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ from ..job.output_checks import check_output, output_format
 from ..job.signals import signals_stop
 from ..models.checkpoint import CheckpointInfo
 from ..models.int8_kernels import resumed_int8
+from ..models.registry import load_model
+from ..models.shelf import shelved
 from ..obs.meter import COUNTER
 from ..obs.progress import Progress
 from ..place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
@@ -79,12 +81,16 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     if config.device.quantize in ("int8", "auto") and (recorded := recorded_fingerprint(config.output)) is not None:
         config = replace(config, device=resumed_int8(config.device, recorded))
     weights = "int8" if config.device.quantize == "int8" else "float"
+    device = devices[0].torch_device
+    key = ("encoder", str(info.path), str(device), str(dtype), max_length, repr(config.device))
     if extras.model is None and (weights == "int8" or (config.device.quantize == "auto" and devices[0].kind == "cpu")):
-        model, check = int8_model(config, info, devices[0].torch_device, dtype, max_length)
+        model, check = shelved(extras.shelf, key, lambda: int8_model(config, info, device, dtype, max_length))
         extras = replace(extras, model=model, quantize=check.as_dict())
         weights = check.chosen
         if weights == "int8":  # NOTE: the kernel that ran, in the fingerprint and the report's config
             config = replace(config, device=replace(config.device, int8_kernel=check.engine))
+    elif extras.model is None and extras.shelf is not None and config.device.tensor_parallel == 1:
+        extras = replace(extras, model=extras.shelf.get(key, lambda: load_model(info, device, dtype)))
     if config.device.tensor_parallel > 1 and (why := tp_refusal(config, info, devices)) is not None:
         raise ConfigError(why)
     fp = embed_fingerprint(config, info, reader, max_length, dtype, weights)

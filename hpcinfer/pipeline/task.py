@@ -113,7 +113,7 @@ class EncoderTask:
         from .job import run_embed
 
         g = given
-        extras = RunExtras(g.progress, g.hooks, g.ranges, g.batch_profiler, g.model, stop=g.stop)
+        extras = RunExtras(g.progress, g.hooks, g.ranges, g.batch_profiler, g.model, stop=g.stop, shelf=g.shelf)
         return run_embed(config, extras, device=given.device, devices=given.devices)
 
     def cluster(self) -> Any:

@@ -46,6 +46,7 @@ from ...job.windows import OpenWindow, WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...models.decoder_int8 import INT8_ROWS
 from ...models.int8_kernels import resumed_int8, settled_int8
+from ...models.shelf import ModelShelf, shelved
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
@@ -91,8 +92,10 @@ class GenerationJob:
         config: RunConfig,
         progress: Progress | None,
         step_hooks: dict[str, Callable[[], None]] | None = None,
+        shelf: ModelShelf | None = None,
     ) -> None:
         self.config = config
+        self.shelf = shelf
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = run_decoder_info(config)
@@ -110,7 +113,9 @@ class GenerationJob:
         self.step_hooks = step_hooks or {}
         if config.device.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
-        self.tokenizer = load_tokenizer(self.info)
+        self.tokenizer = shelved(
+            shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), small=True
+        )
         if config.device.threads and len(self.devices) == 1:
             set_torch_threads(config.device.threads)
         g = config.generate
@@ -292,8 +297,10 @@ class GenerationJob:
         # NOTE: made under its own CUDA device, so nothing of cuda:1's engine lands on cuda:0
         with accelerators.current(device):
             if model is None:
-                model = load_decoder(
-                    self.info, device, self.dtype, self.config.device.quantize, self.config.device.int8_kernel
+                d = self.config.device
+                key = ("decoder", str(self.info.path), str(device), str(self.dtype), d.quantize, d.int8_kernel)
+                model = shelved(
+                    self.shelf, key, lambda: load_decoder(self.info, device, self.dtype, d.quantize, d.int8_kernel)
                 )
             return Engine(
                 model,
@@ -312,10 +319,12 @@ def run_generate(
     ranges: RangeBackend | None = None,
     step_hooks: dict[str, Callable[[], None]] | None = None,
     stop: threading.Event | None = None,
+    shelf: ModelShelf | None = None,
 ) -> GenerateReport:
     """Generates an answer for every valid input row; see the module docstring and GenerationJob.
-    `stop`, set by the caller, ends the run between steps as Ctrl-C does."""
-    job = GenerationJob(config, progress, step_hooks)
+    `stop`, set by the caller, ends the run between steps as Ctrl-C does; `shelf` keeps the decoder
+    loaded for the process's next run."""
+    job = GenerationJob(config, progress, step_hooks, shelf)
     stop = stop or threading.Event()
     try:
         with claimed(job.store, config.output), signals_stop(stop) as interrupted, torch.inference_mode():

@@ -65,7 +65,7 @@ class GenerateTask:
             raise ConfigError("--torch-profile records embedding batches; profile generation with nsys")
         from .job import run_generate
 
-        return run_generate(config, progress=given.progress, ranges=given.ranges, stop=given.stop)
+        return run_generate(config, progress=given.progress, ranges=given.ranges, stop=given.stop, shelf=given.shelf)
 
     def cluster(self) -> Any:
         from .cluster import GenerateCluster
