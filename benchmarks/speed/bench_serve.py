@@ -27,11 +27,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import lscpu, timed_process  # noqa: E402
 
+KEY = "bench-serve"
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_server(cmd: list[str], port: int, key: str) -> subprocess.Popen:
+    """`hpcinfer serve` started with `key` as its API key, once it answers on `port`."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "HPCINFER_API_KEY": key})  # fmt: skip
+    for _ in range(600):
+        try:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/files",
+                                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            urllib.request.urlopen(request, timeout=2).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(proc.stderr.read().decode() if proc.stderr else "the server ended") from None
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the server did not answer in 120 s")
 
 
 def chats(n: int, max_tokens: int) -> list[dict]:
@@ -57,17 +77,9 @@ def serve_once(model: str, src: Path, workdir: Path) -> float:
     port = free_port()
     cmd = [sys.executable, "-m", "hpcinfer", "serve", "--model", model, "--port", str(port),
            "--data-dir", str(workdir / "state")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start_server(cmd, port, KEY)
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/files", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise SystemExit(proc.stderr.read().decode() if proc.stderr else "the server ended") from None
-                time.sleep(0.2)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
         start = time.perf_counter()
         file = client.files.create(file=src.open("rb"), purpose="batch")
         batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")

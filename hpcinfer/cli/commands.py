@@ -212,6 +212,14 @@ def report(report_json: str, output: str) -> None:
     show_default=True,
     help="Address to bind; one other machines can reach needs --api-key.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A Host header name taken besides the bound address (a DNS name clients use for it); repeatable. "
+    "Requests naming any other host are refused (DNS rebinding).",
+)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
     "--data-dir",
@@ -226,8 +234,15 @@ def report(report_json: str, output: str) -> None:
     envvar="HPCINFER_API_KEY",
     default=None,
     metavar="KEY",
-    help="Required as `Authorization: Bearer KEY` on every route when set; several keys separated by "
-    "commas, each seeing only the files and batches it made [env: HPCINFER_API_KEY].",
+    help="Required as `Authorization: Bearer KEY` on every route; several keys separated by commas, each "
+    "seeing only the files and batches it made [env: HPCINFER_API_KEY]. Without it the server makes a key and "
+    "keeps it in DATA_DIR/api-key, readable by you only.",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Serve without any key (loopback addresses only): every user of this machine can then read and run "
+    "every batch. For a single-user machine.",
 )
 @click.option(
     "--max-file-bytes", default=200_000_000, show_default=True, type=int, help="Largest upload accepted (413 beyond)."
@@ -240,6 +255,22 @@ def report(report_json: str, output: str) -> None:
     help="Most requests in one batch file (the batch fails validation beyond).",
 )
 @click.option(
+    "--max-key-bytes",
+    default=100_000_000_000,
+    show_default=True,
+    type=int,
+    help="What one key's files (uploads and produced outputs) may hold in all; an upload beyond is refused "
+    "(413 quota_exceeded). 0: no quota.",
+)
+@click.option(
+    "--keep-models",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Models kept loaded between batches, so a queue of small batches loads the model once; 0 loads it "
+    "for every batch (frees its memory between batches).",
+)
+@click.option(
     "--config",
     "recipe",
     default=None,
@@ -247,8 +278,9 @@ def report(report_json: str, output: str) -> None:
     help="`run` options every batch runs with (device, dtype, --max-num-seqs, ...), as a recipe file.",
 )
 @user_errors
-def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, max_file_bytes: int,
-          max_requests: int, recipe: str | None) -> None:  # fmt: skip
+def serve(model: str, host: str, allowed_hosts: tuple[str, ...], port: int, data_dir: str, api_key: str | None,
+          no_auth: bool, max_file_bytes: int, max_requests: int, max_key_bytes: int, keep_models: int,
+          recipe: str | None) -> None:  # fmt: skip
     """Serve OpenAI's Batch API (files and batches) on this machine: upload a JSONL batch file, create a
     batch, poll it, download its output and error files, with the official `openai` client. Batches run
     one at a time through the same job as `hpcinfer run` (windows committed as they finish), and a
@@ -257,13 +289,26 @@ def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, 
     \b
     Example:
       hpcinfer serve --model smollm2 --data-dir ./batches
-      python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); ..."
+      export OPENAI_API_KEY=$(cat ./batches/api-key)
+      python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1'); ..."
     """
     from pathlib import Path
 
     from ..device.threads import PROCESS
-    from ..recipes import load_recipe
+    from ..serve.command import Access, Limits
     from ..serve.command import serve as run_server
+
+    base = batch_run_config(model, recipe)
+    PROCESS.settle(base.device.threads)
+    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
+    access = Access(keys, no_auth, allowed_hosts)
+    limits = Limits(max_file_bytes, max_requests, max_key_bytes)
+    run_server(base, host, port, Path(data_dir), access, limits, keep_models)
+
+
+def batch_run_config(model: str, recipe: str | None) -> RunConfig:
+    """The `run` options every batch of a server runs with: the recipe's, on `model`, quiet."""
+    from ..recipes import load_recipe
     from .options import declared
 
     names = {o.name for o in declared("run")}
@@ -272,10 +317,7 @@ def serve(model: str, host: str, port: int, data_dir: str, api_key: str | None, 
         values.update(load_recipe(recipe, names))
     values["model"] = model
     base = build_run_config(values, "run")
-    base = replace(base, pipeline=replace(base.pipeline, progress="off"))
-    PROCESS.settle(base.device.threads)
-    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
-    run_server(base, host, port, Path(data_dir), keys, (max_file_bytes, max_requests))
+    return replace(base, pipeline=replace(base.pipeline, progress="off"))
 
 
 def task_line(config: RunConfig) -> str | None:

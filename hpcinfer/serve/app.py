@@ -2,11 +2,15 @@
 
 Routes answer in the shapes of the `openai` package's types (objects.py: `FileObject`, `FileDeleted`, `Batch`,
 their pages) and fail in OpenAI's error shape (`{"error": {"message", "type", "param", "code"}}`)
-with its status codes. With an API key set, every route needs it as a Bearer token; what a key
-uploads or creates belongs to it (another key sees 404). Ids are opaque and checked against their
-pattern before anything else: an id never becomes a path.
+with its status codes. Every route needs an API key as a Bearer token (unless the server was
+started with --no-auth); what a key uploads or creates belongs to it (another key sees 404). The
+Host header must name the host the server is bound to (a page in a browser cannot reach a loopback
+server through a DNS name of its own). Ids are opaque and checked against their pattern before
+anything else: an id never becomes a path.
 
-Each route is a module-level handler `(request, owner) -> Response`; what the server was started
+Each route is a module-level handler `(request, owner) -> Response`: async where it reads the
+body, else a plain function run in a worker thread (the state's lock and SQLite's fsyncs never
+hold the event loop, so polling stays fast while the runner writes). What the server was started
 with (its settings, its state, its batch runner) is the app's `state.served`, read by `served()`.
 """
 
@@ -14,13 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import json
 import logging
-import os
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +36,19 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ..files.atomic import fsync_dir
 from .objects import ApiError, batch_object, file_object
 from .runner import BatchRunner
 from .state import FINAL, BatchRow, FileRow, State
+from .upload import receive_upload, too_large
 
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")  # NOTE: fullmatch only: `$` would let a trailing newline through
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
-WINDOW = re.compile(r"(\d{1,6})([smhd])")
-LONGEST_WINDOW_S = 365 * 86400
+LIMIT = re.compile(r"[0-9]{1,6}")  # NOTE: not str.isdigit, which takes "²" that int() then refuses
+COMPLETION_WINDOW = "24h"  # OpenAI's only window
+COMPLETION_WINDOW_S = 24 * 3600
 MAX_JSON_BYTES = 1 << 20  # a batch's create request is a few hundred bytes
-SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MOST_FILES_LISTED = 10_000  # OpenAI's default and largest `limit` for GET /v1/files
 log = logging.getLogger("hpcinfer.serve")
 
 
@@ -50,9 +57,11 @@ class ServeSettings:
     data_dir: Path
     model: str  # as answers and batches name it
     endpoints: tuple[str, ...]  # what the model's task answers
-    api_keys: tuple[str, ...]  # none: open (loopback only); else every route needs one of them
+    api_keys: tuple[str, ...]  # none: open (--no-auth, loopback only); else every route needs one of them
     max_file_bytes: int
     max_requests: int
+    max_key_bytes: int = 0  # what one key's files may hold in all; 0: no quota
+    hosts: frozenset[str] | None = None  # the Host headers taken (None: any, a server bound to every address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,18 @@ class Served:
 
 def served(request: Request) -> Served:
     return request.app.state.served
+
+
+def check_host(request: Request) -> None:
+    """A Host header naming the bound host, or a 400: a browser page that resolves its own name to
+    127.0.0.1 (DNS rebinding) sends that name, and is refused."""
+    hosts = served(request).settings.hosts
+    if hosts is None:
+        return
+    given = request.headers.get("host", "").lower()
+    name = given[: given.find("]") + 1] if given.startswith("[") else given.rsplit(":", 1)[0]  # NOTE: [::1]:8000
+    if name not in hosts:
+        raise ApiError(400, f"Host {given[:100]!r} is not this server's; use the address it listens on", "invalid_host")
 
 
 def owner_of(request: Request) -> str:
@@ -109,54 +130,74 @@ def owned(
     return row
 
 
-def too_large(max_file_bytes: int) -> ApiError:
-    return ApiError(413, f"the file is larger than this server takes ({max_file_bytes:,} bytes)")
+def over_quota(max_key_bytes: int) -> ApiError:
+    message = f"this key's files would hold more than this server keeps per key ({max_key_bytes:,} bytes); delete some"
+    return ApiError(413, message, "quota_exceeded")
 
 
 async def upload(request: Request, owner: str) -> Response:
     server = served(request)
-    max_bytes = server.settings.max_file_bytes
+    max_bytes, quota = server.settings.max_file_bytes, server.settings.max_key_bytes
     length = request.headers.get("content-length", "")
-    if not length.isdigit():  # NOTE: a chunked body would be spooled whole before its size is known
-        raise ApiError(411, "an upload needs its Content-Length", "length_required")
+    if not (length.isascii() and length.isdigit()):
+        raise ApiError(411, "an upload needs its Content-Length", "length_required")  # NOTE: sized before it is read
     if int(length) > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
-    form = await request.form(max_files=1, max_fields=8)
-    upload_file, purpose = form.get("file"), form.get("purpose")
-    if purpose != "batch":
-        raise ApiError(400, f"purpose must be 'batch' (got {purpose!r})", "invalid_value", "purpose")
-    if upload_file is None or isinstance(upload_file, str):
-        raise ApiError(400, "a file is required (multipart field 'file')", "missing_required_parameter", "file")
+    held = await run_in_threadpool(server.state.bytes_of, owner) if quota else 0
+    if quota and held >= quota:
+        raise over_quota(quota)
     file_id = f"file-{secrets.token_hex(12)}"
     path = server.files_dir / f"{file_id}.jsonl"
-    tmp, size = path.with_suffix(".upload"), 0
-    with open(tmp, "wb") as fh:
-        while chunk := await upload_file.read(1 << 20):
-            size += len(chunk)
-            if size > max_bytes:
-                fh.close()
-                tmp.unlink()
-                raise too_large(max_bytes)
-            fh.write(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())  # NOTE: on disk before a row of the state names it
-    tmp.replace(path)
-    name = Path(upload_file.filename or "upload.jsonl").name  # NOTE: a name to show, never a path to use
-    row = FileRow(file_id, owner, name, "batch", size, int(time.time()), str(path))
-    server.state.add_file(row)
+    tmp = path.with_suffix(".upload")
+    received = await receive_upload(request, tmp, max_bytes)
+    try:
+        purpose = received.fields.get("purpose")
+        if purpose != "batch":
+            raise ApiError(400, f"purpose must be 'batch' (got {purpose!r})", "invalid_value", "purpose")
+        if quota and held + received.size > quota:
+            raise over_quota(quota)
+    except ApiError:
+        tmp.unlink(missing_ok=True)
+        raise
+    name = Path(received.filename).name or "upload.jsonl"  # NOTE: a name to show, never a path to use
+    row = FileRow(file_id, owner, name[:255], "batch", received.size, int(time.time()), "")
+    await run_in_threadpool(_keep_upload, server.state, tmp, path, row)
     return JSONResponse(file_object(row))
 
 
-async def list_files(request: Request, owner: str) -> Response:
-    rows = served(request).state.files(owner, request.query_params.get("purpose"))
-    return JSONResponse({"object": "list", "data": [file_object(r) for r in rows], "has_more": False})
+def _keep_upload(state: State, tmp: Path, path: Path, row: FileRow) -> None:
+    tmp.replace(path)
+    fsync_dir(path.parent)  # NOTE: the rename durable before a row of the state names the file
+    state.add_file(row)
 
 
-async def get_file(request: Request, owner: str) -> Response:
+def list_files(request: Request, owner: str) -> Response:
+    """OpenAI's file list: `purpose`, `limit` (1-10,000, all by default), `order` (desc: newest
+    first, or asc) and `after` (the last id of the page before)."""
+    query = request.query_params
+    limit = page_limit(query.get("limit"), MOST_FILES_LISTED, MOST_FILES_LISTED)
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "order must be 'asc' or 'desc'", "invalid_value", "order")
+    rows, more = served(request).state.files(owner, query.get("purpose"), query.get("after"), limit, order == "desc")
+    data = [file_object(r) for r in rows]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more})
+
+
+def page_limit(given: str | None, default: int, most: int) -> int:
+    if given is None:
+        return default
+    if not LIMIT.fullmatch(given) or not 1 <= int(given) <= most:
+        raise ApiError(400, f"limit must be between 1 and {most:,}", "invalid_value", "limit")
+    return int(given)
+
+
+def get_file(request: Request, owner: str) -> Response:
     return JSONResponse(file_object(own_file(request, owner)))
 
 
-async def file_content(request: Request, owner: str) -> Response:
+def file_content(request: Request, owner: str) -> Response:
     row = own_file(request, owner)
     path = served(request).files_dir / f"{row.id}.jsonl"
     if not path.is_file():
@@ -164,7 +205,7 @@ async def file_content(request: Request, owner: str) -> Response:
     return FileResponse(path, media_type="application/jsonl", filename=row.filename)
 
 
-async def delete_file(request: Request, owner: str) -> Response:
+def delete_file(request: Request, owner: str) -> Response:
     server, row = served(request), own_file(request, owner)
     waiting = [b for b in server.state.batches(owner, None, 1 << 30)[0] if b.status not in FINAL]
     if any(b.input_file_id == row.id for b in waiting):
@@ -176,7 +217,11 @@ async def delete_file(request: Request, owner: str) -> Response:
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    """A create request's body: a JSON object of at most MAX_JSON_BYTES, or a 400/413."""
+    """A create request's body: a JSON object of at most MAX_JSON_BYTES, sent as application/json
+    (a form or text/plain body is what a cross-site page can send unasked), or a 400/413/415."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, "the request body must be sent as Content-Type: application/json", "invalid_content_type")
     raw = b""
     async for chunk in request.stream():
         raw += chunk
@@ -189,16 +234,6 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
     return body
-
-
-def window_seconds(window: str) -> int:
-    """A completion window ("24h", "7d") in seconds, or a 400."""
-    matched = WINDOW.fullmatch(window)
-    seconds = int(matched.group(1)) * SECONDS[matched.group(2)] if matched is not None else 0
-    if not 0 < seconds <= LONGEST_WINDOW_S:
-        message = f"completion_window {window!r}: give a duration such as 24h (at most 365d)"
-        raise ApiError(400, message, "invalid_value")
-    return seconds
 
 
 def batch_priority(metadata: Any) -> int:
@@ -220,8 +255,12 @@ def batch_priority(metadata: Any) -> int:
 async def create_batch(request: Request, owner: str) -> Response:
     server = served(request)
     body = await json_body(request)
-    file_id = body.get("input_file_id")
-    file = server.state.file(file_id) if isinstance(file_id, str) and FILE_ID.fullmatch(file_id) else None
+    for name in ("input_file_id", "endpoint", "completion_window"):
+        if body.get(name) is None:
+            raise ApiError(400, f"Missing required parameter: '{name}'.", "missing_required_parameter", name)
+    file_id = body["input_file_id"]
+    valid = isinstance(file_id, str) and FILE_ID.fullmatch(file_id)
+    file = await run_in_threadpool(server.state.file, file_id) if valid else None
     if file is None or file.owner != owner:
         raise ApiError(404, f"No such File object: {file_id}", param="input_file_id")
     if file.purpose != "batch":
@@ -231,51 +270,54 @@ async def create_batch(request: Request, owner: str) -> Response:
         served_endpoints = ", ".join(server.settings.endpoints) or "none"
         message = f"endpoint {endpoint!r} is not served by this model (it serves {served_endpoints})"
         raise ApiError(400, message, "invalid_value", "endpoint")
-    window = str(body.get("completion_window", "24h"))
-    seconds = window_seconds(window)
+    window = body["completion_window"]
+    if window != COMPLETION_WINDOW:
+        message = f"completion_window {window!r} is not supported: the only window is {COMPLETION_WINDOW!r}"
+        raise ApiError(400, message, "invalid_value", "completion_window")
     metadata = body.get("metadata")
     priority = batch_priority(metadata)
     now = int(time.time())
     row = BatchRow(
         f"batch_{secrets.token_hex(12)}", owner, 0, file.id, endpoint, window, metadata, priority,
-        "validating", now, now + seconds,
+        "validating", now, now + COMPLETION_WINDOW_S,
     )  # fmt: skip
-    server.state.add_batch(row)
+    await run_in_threadpool(server.state.add_batch, row)
     server.runner.wake()
     return server.shown(row)
 
 
-async def get_batch(request: Request, owner: str) -> Response:
+def get_batch(request: Request, owner: str) -> Response:
     return served(request).shown(own_batch(request, owner))
 
 
-async def list_batches(request: Request, owner: str) -> Response:
+def list_batches(request: Request, owner: str) -> Response:
     server = served(request)
-    limit_text = request.query_params.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
-        raise ApiError(400, "limit must be between 1 and 100", "invalid_value", "limit")
-    rows, more = server.state.batches(owner, request.query_params.get("after"), int(limit_text))
+    limit = page_limit(request.query_params.get("limit"), 20, 100)
+    rows, more = server.state.batches(owner, request.query_params.get("after"), limit)
     data = [batch_object(r, server.settings.model, server.runner.live_completed(r.id)) for r in rows]
     first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
     return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more})
 
 
-async def cancel_batch(request: Request, owner: str) -> Response:
+def cancel_batch(request: Request, owner: str) -> Response:
     server, row = served(request), own_batch(request, owner)
     if row.status not in FINAL:
-        row = server.state.request_cancel(row.id)
-        server.runner.cancel(row.id)
-        await run_in_threadpool(server.runner.cancel_waiting, row.id)
-        row = server.state.batch(row.id) or row
+        row = server.runner.cancel(row.id) or row
     return server.shown(row)
 
 
-def route(path: str, handler: Callable[[Request, str], Awaitable[Response]], method: str) -> Route:
-    """`handler` behind the API key check, its ApiError answered in OpenAI's error shape."""
+def route(path: str, handler: Callable[[Request, str], Any], method: str) -> Route:
+    """`handler` behind the Host and API key checks, its ApiError answered in OpenAI's error shape;
+    a plain function runs in a worker thread."""
+    blocking = not inspect.iscoroutinefunction(handler)
 
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(request, owner_of(request))
+            check_host(request)
+            owner = owner_of(request)
+            if blocking:
+                return await run_in_threadpool(handler, request, owner)
+            return await handler(request, owner)
         except ApiError as exc:
             return exc.response()
 
@@ -296,6 +338,10 @@ ROUTES = [
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
+    try:
+        check_host(request)
+    except ApiError as refused:
+        return refused.response()
     status = getattr(exc, "status_code", 400)
     if status == 404:
         return ApiError(404, f"no route {request.method} {request.url.path}").response()

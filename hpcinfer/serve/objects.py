@@ -17,9 +17,10 @@ class ApiError(Exception):
         self.status, self.message, self.code, self.param = status, message, code, param
 
     def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "invalid_request_error", 413: "invalid_request_error"}
-        body = {"message": self.message, "type": kind.get(self.status, "invalid_request_error")}
-        return JSONResponse({"error": {**body, "param": self.param, "code": self.code}}, status_code=self.status)
+        # NOTE: OpenAI types a wrong key `invalid_request_error` too (code `invalid_api_key`); 5xx are `server_error`
+        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": body}, status_code=self.status)
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
@@ -41,9 +42,15 @@ def shown_model(model: str) -> str:
 
 
 def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -> dict[str, Any]:
+    """The `Batch` a client reads. Its metadata is the client's, plus what the server measured
+    (`hpcinfer_waited_s`: from created to running; `hpcinfer_model_load_s`: loading the model for it,
+    0.00 when it was kept loaded from an earlier batch)."""
     at = {f"{status}_at": row.times.get(status) for status in ("in_progress", "finalizing", "completed")}
     at |= {f"{status}_at": row.times.get(status) for status in ("failed", "expired", "cancelling", "cancelled")}
     completed = row.completed if live_completed is None else live_completed
+    metadata = row.metadata
+    if row.stats:
+        metadata = {**(metadata or {}), **{f"hpcinfer_{name}": value for name, value in row.stats.items()}}
     return {
         "id": row.id,
         "object": "batch",
@@ -59,5 +66,6 @@ def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -
         "expires_at": row.expires_at,
         **at,
         "request_counts": {"total": row.total, "completed": completed, "failed": row.failed},
-        "metadata": row.metadata,
+        "metadata": metadata,
+        "usage": row.usage,
     }

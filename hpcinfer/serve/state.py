@@ -5,6 +5,11 @@ from their threads through one connection behind a lock (SQLite serialises write
 lock keeps a read-modify-write whole). A row is the truth: after `kill -9` the next start reads
 which batches were running and resumes them. The API key is never stored: a file or batch belongs
 to the SHA-256 of the key that made it.
+
+A batch's status changes only by `move`: from the statuses it names to the next one, in one
+transaction, or not at all (it says which). Two threads that race for a batch (a cancel against the
+runner's next step) therefore cannot both move it; an ended batch never moves again, and its
+produced files are registered in the same transaction that ends it.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ CREATE TABLE IF NOT EXISTS batches (
     errors TEXT,
     total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0
+    failed INTEGER NOT NULL DEFAULT 0,
+    usage TEXT,
+    stats TEXT,
+    started INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status, priority, seq);
 """
@@ -88,6 +96,18 @@ class BatchRow:
     total: int = 0
     completed: int = 0
     failed: int = 0
+    usage: dict[str, Any] | None = None  # tokens, as OpenAI's Batch.usage counts them (set when it ends)
+    stats: dict[str, str] = field(default_factory=dict)  # what the server measured: waited, model load
+    started: int = 0  # the order in which batches began running (1, 2, ...): keys take turns by it
+
+
+COLUMNS = tuple(BatchRow.__dataclass_fields__)
+JSON_COLUMNS = ("metadata", "times", "errors", "usage", "stats")
+ADDED_COLUMNS = {
+    "usage": "TEXT",
+    "stats": "TEXT",
+    "started": "INTEGER NOT NULL DEFAULT 0",
+}  # NOTE: a state written by an older server gains them
 
 
 class State:
@@ -102,6 +122,10 @@ class State:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # NOTE: a status written is a status kept, even on power loss
             self._db.executescript(SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(batches)")}
+            for name, kind in ADDED_COLUMNS.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE batches ADD COLUMN {name} {kind}")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -129,13 +153,33 @@ class State:
             found = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
         return FileRow(**dict(found)) if found is not None else None
 
-    def files(self, owner: str, purpose: str | None = None) -> list[FileRow]:
+    def files(
+        self, owner: str, purpose: str | None = None, after: str | None = None, limit: int = 10_000, newest: bool = True
+    ) -> tuple[list[FileRow], bool]:
+        """The owner's files in upload order (`newest` first, or oldest), after the file `after`
+        (pagination); and whether more follow."""
         query, args = "SELECT * FROM files WHERE owner = ?", [owner]
         if purpose is not None:
             query, args = query + " AND purpose = ?", [*args, purpose]
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY created_at DESC, id DESC", args).fetchall()
-        return [FileRow(**dict(r)) for r in rows]
+            if after is not None:
+                mark = self._db.execute("SELECT rowid FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+                if mark is not None:
+                    query, args = query + (" AND rowid < ?" if newest else " AND rowid > ?"), [*args, mark[0]]
+            order = "DESC" if newest else "ASC"
+            rows = self._db.execute(f"{query} ORDER BY rowid {order} LIMIT ?", [*args, limit + 1]).fetchall()
+        return [FileRow(**dict(r)) for r in rows[:limit]], len(rows) > limit
+
+    def bytes_of(self, owner: str) -> int:
+        """What the owner's files hold on disk, in bytes (its quota counts them)."""
+        with self._lock:
+            return int(
+                self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?", (owner,)).fetchone()[0]
+            )
+
+    def file_ids(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT id FROM files")}
 
     def delete_file(self, file_id: str) -> None:
         with self._tx() as db:
@@ -146,7 +190,8 @@ class State:
     def add_batch(self, row: BatchRow) -> BatchRow:
         with self._tx() as db:
             row.seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM batches").fetchone()[0])
-            db.execute(f"INSERT INTO batches VALUES ({', '.join('?' * 18)})", _batch_values(row))
+            db.execute(f"INSERT INTO batches ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                       _batch_values(row))  # fmt: skip
         return row
 
     def batch(self, batch_id: str) -> BatchRow | None:
@@ -167,45 +212,69 @@ class State:
             rows = self._db.execute(query + " ORDER BY seq DESC LIMIT ?", [*args, limit + 1]).fetchall()
         return [_batch(r) for r in rows[:limit]], len(rows) > limit
 
-    def next_batch(self) -> BatchRow | None:
-        """The batch the runner takes next: one left running (or stopping) first, then by priority, oldest first."""
+    def next_batch(self, skip: frozenset[str] = frozenset()) -> BatchRow | None:
+        """The batch the runner takes next (not one of `skip`, which another thread is moving): one left
+        running or stopping first; then a waiting one, of the key whose last batch started longest ago
+        (a key's priorities order its own batches, never another key's), by priority, oldest first."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT * FROM batches WHERE status IN ('in_progress', 'finalizing', 'cancelling') ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None:
-                row = self._db.execute(
-                    "SELECT * FROM batches WHERE status = 'validating' ORDER BY priority DESC, seq LIMIT 1"
-                ).fetchone()
-        return _batch(row) if row is not None else None
+            for row in self._db.execute(
+                "SELECT * FROM batches WHERE status IN ('in_progress', 'finalizing', 'cancelling') ORDER BY seq"
+            ).fetchall():
+                if row["id"] not in skip:
+                    return _batch(row)
+            waiting = self._db.execute("SELECT id, owner, priority, seq FROM batches WHERE status = 'validating'")
+            waiting = [r for r in waiting.fetchall() if r["id"] not in skip]
+            if not waiting:
+                return None
+            last_start = dict(self._db.execute("SELECT owner, MAX(started) FROM batches GROUP BY owner").fetchall())
+            oldest: dict[str, int] = {}
+            for r in waiting:
+                oldest[r["owner"]] = min(oldest.get(r["owner"], r["seq"]), r["seq"])
+            owner = min(oldest, key=lambda o: (last_start.get(o) or 0, oldest[o]))
+            pick = min((r for r in waiting if r["owner"] == owner), key=lambda r: (-r["priority"], r["seq"]))
+            found = self._db.execute("SELECT * FROM batches WHERE id = ?", (pick["id"],)).fetchone()
+        return _batch(found)
 
-    def update(self, batch_id: str, *, when: str | None = None, **values: Any) -> BatchRow:
-        """Sets the named columns of a batch; `when`: a status entered now (its `<status>_at` time)."""
+    def move(
+        self, batch_id: str, sources: tuple[str, ...], status: str, files: tuple[FileRow, ...] = (), **values: Any
+    ) -> BatchRow | None:
+        """The batch moved from one of `sources` to `status` (stamped `<status>_at` now), with the
+        named columns set and `files` registered, all in one transaction; None when the batch is not
+        in one of `sources` any more (another thread moved it first): then nothing changes."""
         with self._tx() as db:
-            row = _batch(db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone())
-            if row.status in FINAL:
-                return row  # NOTE: an ended batch stays as it ended (a finalize done twice changes nothing)
-            if row.status == "cancelling" and values.get("status") in ("in_progress", "finalizing"):
-                values.pop("status")  # NOTE: a cancel asked for meanwhile wins over the runner's next step
-                when = None
-            if when is not None:
-                row.times[when] = int(time.time())
+            found = db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if found is None or found["status"] not in sources:
+                return None
+            row = _batch(found)
+            row.status = status
+            row.times[status] = int(time.time())
+            if status == "in_progress" and not row.started:
+                row.started = int(db.execute("SELECT COALESCE(MAX(started), 0) + 1 FROM batches").fetchone()[0])
             for name, value in values.items():
                 setattr(row, name, value)
-            db.execute(f"REPLACE INTO batches VALUES ({', '.join('?' * 18)})", _batch_values(row))
+            for file in files:
+                db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", _values(file))
+            db.execute(f"REPLACE INTO batches ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                       _batch_values(row))  # fmt: skip
         return row
 
-    def request_cancel(self, batch_id: str) -> BatchRow:
-        """`cancelling` unless the batch has ended (a final status stays as it is)."""
+    def set(self, batch_id: str, **values: Any) -> None:
+        """Columns of a batch that has not ended (counts, stats); an ended batch keeps what it ended with."""
         with self._tx() as db:
-            db.execute(
-                "UPDATE batches SET status = 'cancelling', times = json_set(times, '$.cancelling', ?) "
-                "WHERE id = ? AND status IN ('validating', 'in_progress', 'finalizing')",
-                (int(time.time()), batch_id),
-            )
-        found = self.batch(batch_id)
-        assert found is not None
-        return found
+            found = db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if found is None or found["status"] in FINAL:
+                return
+            row = _batch(found)
+            for name, value in values.items():
+                setattr(row, name, value)
+            db.execute(f"REPLACE INTO batches ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                       _batch_values(row))  # fmt: skip
+
+    def request_cancel(self, batch_id: str) -> BatchRow | None:
+        """`cancelling` from `validating` or `in_progress`; a batch finalizing has every answer and
+        completes, one that has ended stays as it ended. The batch as it is now."""
+        self.move(batch_id, ("validating", "in_progress"), "cancelling")
+        return self.batch(batch_id)
 
 
 def _values(row: FileRow) -> tuple[Any, ...]:
@@ -213,31 +282,17 @@ def _values(row: FileRow) -> tuple[Any, ...]:
 
 
 def _batch_values(row: BatchRow) -> tuple[Any, ...]:
-    return (
-        row.id,
-        row.owner,
-        row.seq,
-        row.input_file_id,
-        row.endpoint,
-        row.completion_window,
-        json.dumps(row.metadata) if row.metadata is not None else None,
-        row.priority,
-        row.status,
-        row.created_at,
-        row.expires_at,
-        json.dumps(row.times),
-        row.output_file_id,
-        row.error_file_id,
-        json.dumps(row.errors) if row.errors is not None else None,
-        row.total,
-        row.completed,
-        row.failed,
-    )
+    values = []
+    for name in COLUMNS:
+        value = getattr(row, name)
+        values.append(json.dumps(value) if name in JSON_COLUMNS and value is not None else value)
+    return tuple(values)
 
 
 def _batch(found: sqlite3.Row) -> BatchRow:
-    raw = dict(found)
-    raw["metadata"] = json.loads(raw["metadata"]) if raw["metadata"] else None
-    raw["times"] = json.loads(raw["times"] or "{}")
-    raw["errors"] = json.loads(raw["errors"]) if raw["errors"] else None
+    raw = {name: found[name] for name in COLUMNS}
+    for name in JSON_COLUMNS:
+        raw[name] = json.loads(raw[name]) if raw[name] else None
+    raw["times"] = raw["times"] or {}
+    raw["stats"] = raw["stats"] or {}
     return BatchRow(**raw)

@@ -16,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 MAX_LISTED = 1000  # problems listed per batch; a file of nothing but bad lines says so in the first ones
+MOST_SHOWN = 64  # characters of a client's value (custom_id, url) quoted in a message: a batch stays small to read
+
+
+def shown(value: object) -> str:
+    """A client's value as a message quotes it, cut to MOST_SHOWN characters."""
+    text = repr(value)
+    return text if len(text) <= MOST_SHOWN else text[: MOST_SHOWN - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -39,8 +46,13 @@ def check_batch_file(path: Path, endpoint: str, max_requests: int) -> Checked:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
+                obj = json.loads(
+                    raw.decode("utf-8")
+                )  # NOTE: not json.loads(bytes), which takes UTF-16/32 the run cannot read
+            except UnicodeDecodeError:
+                problem("invalid_json_line", "this line is not UTF-8 text", line)
+                continue
+            except ValueError:
                 problem("invalid_json_line", "this line is not valid JSON", line)
                 continue
             if not isinstance(obj, dict):
@@ -50,14 +62,16 @@ def check_batch_file(path: Path, endpoint: str, max_requests: int) -> Checked:
             if not isinstance(custom_id, str) or not custom_id:
                 problem("missing_required_parameter", "custom_id is required (a non-empty string)", line, "custom_id")
             elif custom_id in seen:
-                message = f"custom_id {custom_id!r} is on line {seen[custom_id]} too; each must be unique"
+                message = f"custom_id {shown(custom_id)} is on line {seen[custom_id]} too; each must be unique"
                 problem("duplicate_custom_id", message, line, "custom_id")
             else:
                 seen[custom_id] = line
             if obj.get("method", "POST") != "POST":
                 problem("invalid_method", "method must be POST", line, "method")
             if obj.get("url") != endpoint:
-                problem("invalid_url", f"url {obj.get('url')!r} is not the batch's endpoint {endpoint}", line, "url")
+                problem(
+                    "invalid_url", f"url {shown(obj.get('url'))} is not the batch's endpoint {endpoint}", line, "url"
+                )
             if not isinstance(obj.get("body"), dict):
                 problem("missing_required_parameter", "body is required (a JSON object)", line, "body")
             checked.requests += 1

@@ -10,9 +10,11 @@ import os
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from hpcinfer.serve.state import BatchRow, State
 from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 KEY = "sk-test-serve"
+CRASH_SERVE = Path(__file__).with_name("crash_serve.py")
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +44,25 @@ def free_port() -> int:
 class Server:
     """`hpcinfer serve` in a process of its own, on a free loopback port."""
 
-    def __init__(self, model: Path, data_dir: Path, *extra: str, keys: str = KEY) -> None:
-        self.model, self.data_dir, self.extra, self.keys = model, data_dir, extra, keys
+    def __init__(self, model: Path, data_dir: Path, *extra: str, keys: str | None = KEY, crash: str = "") -> None:
+        """`keys`: HPCINFER_API_KEY (None: unset, the server makes its own); `crash`: a crash_serve.py point."""
+        self.model, self.data_dir, self.extra, self.keys, self.crash = model, data_dir, extra, keys, crash
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Server:
         args = ["--model", str(self.model), "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra]
-        env = {**os.environ, "HPCINFER_API_KEY": self.keys, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcinfer", "serve", *args], env=env,
+        env = {k: v for k, v in os.environ.items() if k != "HPCINFER_API_KEY"} | {"HF_HUB_OFFLINE": "1"}
+        if self.keys is not None:
+            env["HPCINFER_API_KEY"] = self.keys
+        program = [str(CRASH_SERVE), self.crash] if self.crash else ["-m", "hpcinfer"]
+        self.proc = subprocess.Popen([sys.executable, *program, "serve", *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.stdout.read().decode() if self.proc.stdout else ""
             try:
-                request = urllib.request.Request(f"{self.url}/files", headers={"Authorization": f"Bearer {KEY}"})
+                request = urllib.request.Request(f"{self.url}/files", headers={"Authorization": f"Bearer {self.key}"})
                 urllib.request.urlopen(request, timeout=2).read()
                 return self
             except OSError:
@@ -66,8 +73,18 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def client(self, key: str = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=30)
+    @property
+    def key(self) -> str:
+        """The first key given, else the one the server made (its data folder's api-key file, once written)."""
+        if self.keys is not None:
+            return self.keys.split(",")[0]
+        try:
+            return (self.data_dir / "api-key").read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key=key or self.key, max_retries=0, timeout=30)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -207,12 +224,12 @@ def test_bad_requests_are_openai_errors_and_the_server_keeps_serving(decoder, tm
         server.stop()
 
 
-def test_non_loopback_without_a_key_is_refused(decoder, tmp_path):
+def test_no_auth_is_for_loopback_only(decoder, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HPCINFER_API_KEY"}
-    args = ["serve", "--model", str(decoder), "--host", "0.0.0.0", "--data-dir", str(tmp_path / "s")]
+    args = ["serve", "--model", str(decoder), "--host", "0.0.0.0", "--no-auth", "--data-dir", str(tmp_path / "s")]
     done = subprocess.run([sys.executable, "-m", "hpcinfer", *args], env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
-    assert done.returncode == 2 and "--api-key" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "--no-auth" in done.stderr and "Traceback" not in done.stderr
 
 
 def committed_windows(parts: Path, timeout: float = 180) -> int:
@@ -366,13 +383,29 @@ def test_the_queue_takes_a_running_batch_first_then_priority_then_age(tmp_path):
         state.add_batch(BatchRow(f"batch_{name}", "", 0, "file-x", "/v1/embeddings", "24h", None, priority, status,
                                  0, 0))  # fmt: skip
     assert state.next_batch().id == "batch_urgent"
-    state.update("batch_young", status="in_progress")
+    assert state.move("batch_young", ("validating",), "in_progress") is not None
     assert state.next_batch().id == "batch_young"  # one left running by a killed server comes first
-    state.update("batch_young", status="completed")
-    state.update("batch_urgent", status="failed")
+    assert state.next_batch(skip=frozenset({"batch_young"})).id == "batch_urgent"  # one another thread moves
+    state.move("batch_young", ("in_progress",), "completed")
+    state.move("batch_urgent", ("validating",), "failed")
     assert state.next_batch().id == "batch_old"
-    state.request_cancel("batch_old")
-    assert state.update("batch_old", status="in_progress").status == "cancelling"  # a cancel asked for wins
+    assert state.request_cancel("batch_old").status == "cancelling"
+    assert state.move("batch_old", ("validating",), "in_progress") is None  # a cancel asked for wins
+    assert state.move("batch_young", ("in_progress", "finalizing"), "cancelled") is None  # an ended batch stays
+
+
+def test_one_key_priorities_do_not_starve_another(tmp_path):
+    state = State(tmp_path)
+    batches = [("a1", "alice", 9), ("a2", "alice", 9), ("a3", "alice", 9), ("b1", "bob", 0), ("b2", "bob", 0)]
+    for name, owner, priority in batches:
+        state.add_batch(BatchRow(f"batch_{name}", owner, 0, "file-x", "/v1/embeddings", "24h", None, priority,
+                                 "validating", 0, 0))  # fmt: skip
+    order = []
+    while (batch := state.next_batch()) is not None:
+        order.append(batch.id.removeprefix("batch_"))
+        state.move(batch.id, ("validating",), "in_progress")
+        state.move(batch.id, ("in_progress",), "completed")
+    assert order == ["a1", "b1", "a2", "b2", "a3"]  # keys take turns; alice's priority orders alice's batches
 
 
 def test_a_second_server_on_one_data_dir_is_refused(server, decoder):
@@ -381,3 +414,54 @@ def test_a_second_server_on_one_data_dir_is_refused(server, decoder):
                           env={**os.environ, "HPCINFER_API_KEY": KEY})  # fmt: skip
     assert done.returncode == 2 and "one server per --data-dir" in done.stderr and "Traceback" not in done.stderr
     assert server.client().files.list().data == []  # the first one still serves
+
+
+def test_without_a_key_the_server_makes_one_only_its_user_can_read(decoder, tmp_path):
+    state = tmp_path / "state"
+    server = Server(decoder, state, keys=None).start()
+    try:
+        key_file = state / "api-key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text(encoding="utf-8").strip()
+        assert len(key) >= 32
+        with pytest.raises(openai.AuthenticationError):
+            server.client("-").files.list()  # NOTE: what an open server took before: any key at all
+        request = urllib.request.Request(f"{server.url}/files")
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=10)
+        assert raised.value.code == 401
+        assert server.client(key).files.list().data == []
+    finally:
+        server.stop()
+    output = server.proc.stdout.read().decode() if server.proc and server.proc.stdout else ""
+    assert str(key_file) in output and key not in output  # how to use it is said; the key is never printed
+    again = Server(decoder, state, keys=None).start()  # NOTE: a restart keeps the key its clients hold
+    try:
+        assert again.client(key).files.list().data == []
+    finally:
+        again.stop()
+
+
+@pytest.mark.parametrize("point", ["validating", "job_done", "files_renamed", "ending"])
+def test_kill_9_at_each_state_then_a_restart_ends_the_batch_once(decoder, tmp_path, point):
+    state = tmp_path / "state"
+    crashing = Server(decoder, state, crash=point).start()
+    client = crashing.client()
+    lines = [chat_line(i, max_tokens=4) for i in range(20)]
+    file = client.files.create(file=write_lines(tmp_path / "in.jsonl", lines).open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert crashing.proc.wait(timeout=120) == -signal.SIGKILL  # killed itself at the point
+    restarted = Server(decoder, state).start()
+    try:
+        client = restarted.client()
+        done = wait_for(client, batch.id, ("completed", "failed", "cancelled", "expired"))
+        assert done.status == "completed" and done.request_counts.completed == 20
+        answers = lines_of(client, done.output_file_id)
+        assert sorted(a["custom_id"] for a in answers) == sorted(x["custom_id"] for x in lines)  # each once
+        assert client.files.retrieve(done.output_file_id).bytes == len(
+            client.files.content(done.output_file_id).content
+        )
+        listed = {f"{f.id}.jsonl" for f in client.files.list().data}
+        assert {p.name for p in (state / "files").iterdir()} == listed  # nothing half-written left behind
+    finally:
+        restarted.stop()
