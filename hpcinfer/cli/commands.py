@@ -202,8 +202,8 @@ def report(report_json: str, output: str) -> None:
     default="default",
     show_default=True,
     metavar="default|smollm2|DIR|FILE.gguf",
-    help="The model every batch runs (its task decides the endpoints served: /v1/chat/completions and "
-    "/v1/completions for a causal LM, /v1/embeddings for an embedder, /v1/score and /v1/rerank for a "
+    help="The model every batch runs (its task decides the endpoints served: /v1/chat/completions, "
+    "/v1/completions and /v1/responses for a causal LM, /v1/embeddings for an embedder, /v1/score and /v1/rerank for a "
     "cross-encoder).",
 )
 @click.option(

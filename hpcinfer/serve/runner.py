@@ -350,9 +350,11 @@ class Tally:
             return
         self.good += 1
         usage = ((answer.get("response") or {}).get("body") or {}).get("usage") or {}
-        self.input_tokens += int(usage.get("prompt_tokens") or 0)
-        self.output_tokens += int(usage.get("completion_tokens") or 0)
-        self.cached_tokens += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        # NOTE: chat and completions count prompt_/completion_tokens; a Response input_/output_tokens
+        self.input_tokens += int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        self.output_tokens += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        self.cached_tokens += int(details.get("cached_tokens") or 0)
 
     def usage(self) -> dict[str, Any]:
         return {

@@ -130,6 +130,44 @@ def test_openai_batch_in_and_out(tmp_path, ckpt):
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+def test_responses_bodies_answer_as_the_same_chat(tmp_path, ckpt):
+    from openai.types.responses import Response
+
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox"}],
+            "max_tokens": 5}  # fmt: skip
+    lines = [
+        {"custom_id": "chat", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "text", "url": "/v1/responses",
+         "body": {"model": "mine", "instructions": "be brief", "input": "the fox", "max_output_tokens": 5,
+                  "metadata": {"team": "a"}}},
+        {"custom_id": "parts", "url": "/v1/responses",
+         "body": {"input": [{"role": "developer", "content": "be brief"},
+                            {"type": "message", "role": "user",
+                             "content": [{"type": "input_text", "text": "the fox"}]}],
+                  "max_output_tokens": 5}},
+        {"custom_id": "tools", "url": "/v1/responses",
+         "body": {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}},
+        {"custom_id": "image", "url": "/v1/responses",
+         "body": {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "file://x.png"}]}]}},
+    ]  # fmt: skip
+    src = write_jsonl(tmp_path / "batch.jsonl", [{"method": "POST", **x} for x in lines])
+    out = tmp_path / "answers.jsonl"
+    run_generate(config(src, out, ckpt))
+    got = {g["custom_id"]: g for g in map(json.loads, out.read_text().splitlines())}
+    expected = got["chat"]["response"]["body"]
+    for key in ("text", "parts"):  # NOTE: the same chat, read from a Responses body: the same greedy answer
+        response = Response.model_validate(got[key]["response"]["body"])
+        assert response.output_text == expected["choices"][0]["message"]["content"]
+        assert response.usage.input_tokens == expected["usage"]["prompt_tokens"]
+        assert response.usage.output_tokens == expected["usage"]["completion_tokens"]
+        cut = expected["choices"][0]["finish_reason"] == "length"
+        assert response.status == ("incomplete" if cut else "completed")
+    text = Response.model_validate(got["text"]["response"]["body"])
+    assert text.model == "mine" and text.instructions == "be brief" and text.metadata == {"team": "a"}
+    assert got["tools"]["error"]["code"] == got["image"]["error"]["code"] == "invalid_request"
+    assert "tools" in got["tools"]["error"]["message"] and "input_image" in got["image"]["error"]["message"]
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "hpcinfer", "run", *args]
 

@@ -425,3 +425,18 @@ def test_an_ended_batch_is_final_in_the_state(tmp_path):
         assert state.move("batch_x", ("validating", "in_progress", "finalizing", "cancelling"), status) is None
     state.set("batch_x", completed=5)
     assert state.batch("batch_x").completed == 0
+
+
+def test_a_responses_batch(local):
+    from openai.types.responses import Response
+
+    client = local.client()
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": "tiny", "input": f"say {i}", "max_output_tokens": 3}} for i in range(4)]  # fmt: skip
+    file = upload(client, lines)
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/responses", completion_window="24h")
+    done = wait_for(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 4
+    responses = [Response.model_validate(a["response"]["body"]) for a in lines_of(client, done.output_file_id)]
+    assert done.usage.input_tokens == sum(r.usage.input_tokens for r in responses) > 0
+    assert done.usage.output_tokens == sum(r.usage.output_tokens for r in responses) > 0

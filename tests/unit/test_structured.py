@@ -18,6 +18,7 @@ import pytest
 import regex
 import torch
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 from rich.console import Console
 
 from hpcinfer.engine.constrained.schema_bounds import ANY_NAME, FRACTION_DIGITS, INTEGER_DIGITS, versions
@@ -189,10 +190,16 @@ def test_openai_response_format_and_spellings(tiny: Path, tmp_path: Path, one_to
         {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
          "body": {**body, "structured_outputs": {"choice": CHOICES}}},
         {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {**body, "guided_regex": PATTERN}},
+        {"custom_id": "e", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "tiny", "input": "who?", "max_output_tokens": 160,
+                  "text": {"format": {"type": "json_schema", "name": "person", "schema": SCHEMA, "strict": True}}}},
     ]  # fmt: skip
     src = write_jsonl(tmp_path / "batch.jsonl", lines)
     run_job(generate_config(src, tmp_path / "out.jsonl", tiny))
     answers = {a["custom_id"]: a for a in read_output(tmp_path / "out.jsonl").to_pylist()}
+    response = Response.model_validate(answers.pop("e")["response"]["body"])
+    assert response.status == "completed" and response.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)  # Responses' text.format: the same grammar
     content = {}
     for key, answer in answers.items():
         completion = ChatCompletion.model_validate(answer["response"]["body"])

@@ -25,6 +25,7 @@ from ...errors import ConfigError
 from ...files.part_format import RAW_LINE, id_array
 from ...files.parts import PartStore
 from .requests import Request
+from .responses import response_body
 
 
 def schema(listed: bool = False) -> pa.Schema:
@@ -76,6 +77,29 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
         if request.listed:
             return {"id": request.id, "text": texts, "finish_reason": reasons, **usage}
         return {"id": request.id, "text": texts[0], "finish_reason": reasons[0], **usage}
+    if request.kind == "response":
+        body = response_body(request.row, created(request.source), request.model or model, answers[0][1],
+                             samples[0].finish_reason, usage, request.echo or {})  # fmt: skip
+    else:
+        body = completion_body(seq, request, answers, usage, tokenizer, model)
+    return {
+        "id": f"batch_req_{request.row}",
+        "custom_id": request.id,
+        "response": {"status_code": 200, "request_id": f"req_{request.row}", "body": body},
+        "error": None,
+    }
+
+
+def completion_body(
+    seq: Sequence,
+    request: Request,
+    answers: list[tuple[list[int], str]],
+    usage: dict[str, int],
+    tokenizer: Tokenizer,
+    model: str,
+) -> dict[str, Any]:
+    """A chat completion's or a completion's body, one choice per sample of `seq`."""
+    samples = seq.samples or [seq]
     chat = request.kind == "chat"
     prompt = vllm_prompt_logprobs(seq, tokenizer) if seq.params.prompt_logprobs is not None else None
     choices = []
@@ -92,16 +116,11 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
         "created": created(request.source),
         "model": request.model or model,  # NOTE: the request's name for it, as an API answers
         "choices": choices,
-        "usage": {**usage, "total_tokens": seq.num_prompt + completion},
+        "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
     }
     if prompt is not None and chat:
         body["prompt_logprobs"] = prompt  # NOTE: and a chat completion's body
-    return {
-        "id": f"batch_req_{request.row}",
-        "custom_id": request.id,
-        "response": {"status_code": 200, "request_id": f"req_{request.row}", "body": body},
-        "error": None,
-    }
+    return body
 
 
 @lru_cache(maxsize=64)

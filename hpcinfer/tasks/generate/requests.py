@@ -1,6 +1,7 @@
 """Generation requests: input rows -> prompt token ids + SamplingParams, or a Reject.
 
-Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/completions`) with the
+Reads JSONL, Parquet and OpenAI batch JSONL (`/v1/completions`, `/v1/chat/completions`,
+`/v1/responses`: read as the chat it is, responses.py) with the
 same path expansion as embedding (`read.expand_paths`). A row has one of `prompt` (text),
 `messages` (a chat, rendered with the checkpoint's template) or `prompt_token_ids`, and may
 override `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `stop_token_ids`,
@@ -28,6 +29,7 @@ from ...files.row_source import Segment, jsonl_chunks, parquet_batches
 from ...files.sources import expand_paths, json_objects, read_schema
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
+from .responses import RESPONSES_URL, chat_body, echoed
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured"}
@@ -42,13 +44,14 @@ class Request:
     id: Any
     tokens: list[int]
     params: SamplingParams
-    kind: str  # "text" | "chat": the shape of an OpenAI answer
+    kind: str  # "text" | "chat" | "response": the shape of an OpenAI answer
     openai: bool = False
     source: str = ""  # the input file (accounting)
     priority: int = 0
     read_s: float = 0.0  # when the job read it (perf_counter): the start of its latency
     listed: bool = False  # a run with --n > 1: a plain answer's text and finish_reason are lists
     model: str | None = None  # an OpenAI body's `model`, echoed in its answer
+    echo: dict[str, Any] | None = None  # what a /v1/responses answer repeats of its request
 
 
 def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:
@@ -207,6 +210,12 @@ class RequestReader:
                 return reject("duplicate_id", f"id {row_id!r} appeared before", row_id)
             self._seen.add(key)
             self._id_taken(row, row_id, line, path)
+        echo = None
+        if openai and obj.get("url") == RESPONSES_URL:
+            try:
+                echo, body = echoed(body), chat_body(body)
+            except (ValueError, TypeError, AttributeError) as exc:
+                return reject("invalid_request", str(exc), row_id)
         try:
             structured = spec_from_body(body)
         except ValueError as exc:
@@ -247,8 +256,11 @@ class RequestReader:
             return reject("invalid_request", problem, row_id)
         if len(tokens) > self.max_prompt:
             return reject("too_long", f"prompt of {len(tokens)} tokens; the context holds {self.max_prompt}", row_id)
-        model = body.get("model") if openai and isinstance(body.get("model"), str) else None
-        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model)
+        named = (obj["body"] if openai else body).get("model")
+        model = named if openai and isinstance(named, str) else None
+        if echo is not None:
+            kind = "response"
+        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model, echo=echo)
 
     def _grammar_problem(self, params: SamplingParams) -> str | None:
         assert params.structured is not None

@@ -15,7 +15,7 @@ _ROWS = "its rows give prompt, messages or prompt_token_ids (an OpenAI batch lin
 
 class GenerateTask:
     name = "generate"
-    endpoints = ("/v1/chat/completions", "/v1/completions")
+    endpoints = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
     def claims(self, checkpoint: Checkpoint) -> str | None:
         if checkpoint.causal_lm and not checkpoint.sentence_transformers:
