@@ -76,7 +76,7 @@ def run(
         if config.cluster.engine == "ray":  # NOTE: Ray is imported only when it runs
             from .ray_engine.driver import run_on_ray
 
-            report = run_on_ray(config, task.cluster(), progress=progress)
+            report = run_on_ray(config, task.cluster(), progress=progress, stop=stop)
         else:
             given = RunGiven(device, devices, progress, hooks, ranges, batch_profiler, model, stop, shelf)
             report = task.run(config, given)

@@ -22,6 +22,7 @@ committed, how the replicas' figures merge) is the task's `ClusterTask` (tasks/*
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -78,11 +79,17 @@ class ClusterTask(Protocol):
 
 
 def run_on_ray(
-    config: RunConfig, task: ClusterTask, *, progress: Progress | None = None, replica_cls: type = ReplicaActor
+    config: RunConfig,
+    task: ClusterTask,
+    *,
+    progress: Progress | None = None,
+    replica_cls: type = ReplicaActor,
+    stop: threading.Event | None = None,
 ) -> Any:
     """`api.run` on a Ray cluster (or a local Ray instance started for the run).
 
-    `replica_cls` is the actor class (tests pass one that dies on purpose).
+    `replica_cls` is the actor class (tests pass one that dies on purpose); `stop`, set from another
+    thread, ends the run between units as Ctrl-C does (`Interrupted`; the committed windows stay).
     """
     refuse_unsupported(config)
     breaker_settings(config.device)  # NOTE: a bad value is refused before Ray starts
@@ -99,7 +106,7 @@ def run_on_ray(
         config, store = task.settle(config, pool, dtype, fmt)
         with claimed(store, config.output):
             job = ClusterJob(config, task, store, pool, str(dtype).removeprefix("torch."))
-            return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress))
+            return job.run(ray, replica_cls, progress or Progress(config.pipeline.progress), stop)
     finally:
         if started:
             ray.shutdown()
@@ -127,7 +134,7 @@ class ClusterJob:
         self.written: dict[str, int] = {}
         self.results: list[Any] = []
 
-    def run(self, ray: Any, replica_cls: type, progress: Progress) -> Any:
+    def run(self, ray: Any, replica_cls: type, progress: Progress, stop: threading.Event | None = None) -> Any:
         config, store, window = self.config, self.store, self.task.window_rows(self.config)
         first_window = open_store(store, _CommittedIds(self.seen), config.output)
         if any(w["first_row"] != k * window for k, w in enumerate(store.windows)):
@@ -147,7 +154,7 @@ class ClusterJob:
             progress.breaker(t.device, t.state, f"hpcinfer: {t.device} {t.state} at {t.at_s:.1f} s: {t.reason}")
 
         replicas = start_replicas(ray, replica_cls, config, self.pool, self.task.replica, tell)
-        schedule = Scheduler(ray, replicas, units, config.device.step_timeout, progress)
+        schedule = Scheduler(ray, replicas, units, config.device.step_timeout, progress, stop)
         try:
             commit_in_order(
                 schedule.results(),

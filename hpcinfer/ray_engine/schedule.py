@@ -24,6 +24,7 @@ own, used here directly; its datasets were never used (each replica reads its ow
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -46,9 +47,17 @@ class Scheduler:
     """`results()` yields each unit's result once, in any order, whatever failed on the way."""
 
     def __init__(
-        self, ray: Any, replicas: ReplicaSet, units: list[Unit], step_timeout: float | None, progress: Progress
+        self,
+        ray: Any,
+        replicas: ReplicaSet,
+        units: list[Unit],
+        step_timeout: float | None,
+        progress: Progress,
+        stop: threading.Event | None = None,
     ) -> None:
+        """`stop`, set by the caller (a server cancelling its batch), ends `results()` as Ctrl-C does."""
         self.ray, self.replicas, self.step_timeout, self.progress = ray, replicas, step_timeout, progress
+        self.stop = stop
         self.pending: list[tuple[int, Unit]] = sorted((u.window_id, u) for u in units)
         self.failed_on: dict[int, set[int]] = {}  # window -> replicas it failed on
         self.moved: dict[str, dict[str, int]] = {}  # replica -> windows and rows moved away from it
@@ -57,6 +66,8 @@ class Scheduler:
 
     def results(self) -> Iterator[Any]:
         while self.pending or any(r.state == BUSY for r in self.replicas.all):
+            if self.stop is not None and self.stop.is_set():
+                raise KeyboardInterrupt  # NOTE: the committed windows stay; the driver says how to resume
             self.replicas.renew()
             self._dispatch()
             calls = self._calls()

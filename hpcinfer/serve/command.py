@@ -67,8 +67,6 @@ def serve(
         raise ConfigError(
             f"--task {task.name} answers no OpenAI batch endpoint; serve a model that embeds, scores or generates"
         )
-    if base.cluster.engine == "ray":
-        raise ConfigError("hpcinfer serve runs batches on this machine's devices: drop engine = ray from the recipe")
     import uvicorn  # NOTE: the serve extra: imported only here
 
     os.umask(0o077)  # NOTE: uploads, answers and the state are the keys' own: not readable by other users
@@ -98,7 +96,10 @@ def serve(
         print(f"hpcinfer serve: API key in {key_file} (yours only); clients send it as a Bearer token, e.g. "
               f"export OPENAI_API_KEY=$(cat {key_file})", file=sys.stderr)  # fmt: skip
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        # NOTE: no lifespan events are used; with them uvicorn logs a cancelled lifespan task on Ctrl-C
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+    except KeyboardInterrupt:
+        pass  # NOTE: uvicorn raises the Ctrl-C it caught again once it has stopped serving: a normal end
     finally:
         runner.close()
         state.close()

@@ -304,3 +304,24 @@ def test_ray_generation_refuses_what_it_cannot_do(tmp_path, ckpt):
     with pytest.raises(ConfigError, match="--cuda-graphs is not available for generation"):
         run(replace(cfg, device=replace(cfg.device, cuda_graphs=True)), progress=Progress("off"))
     assert not (tmp_path / "o.jsonl.parts").exists()
+
+
+def test_serve_runs_its_batches_on_ray(ckpt, ray_address, tmp_path):
+    """`hpcinfer serve` with `engine = "ray"` in its recipe: each batch is a Ray job, answered as locally."""
+    from tests.integration.test_serve_shared import Local, chat_line, create, lines_of, upload, wait_for
+
+    recipe = tmp_path / "serve.toml"
+    recipe.write_text(f'engine = "ray"\nray-address = "{ray_address}"\nwindow-rows = {WINDOW}\n', encoding="utf-8")
+    lines = [chat_line(i) for i in range(10)]
+    answers = {}
+    for name, given in (("ray", recipe), ("local", None)):
+        server = Local(ckpt, tmp_path / name, recipe=given)
+        try:
+            client = server.client()
+            done = wait_for(client, create(client, upload(client, lines).id).id, timeout=300)
+            assert done.status == "completed" and done.request_counts.completed == 10, done
+            got = lines_of(client, done.output_file_id)
+            answers[name] = {a["custom_id"]: a["response"]["body"]["choices"][0]["message"]["content"] for a in got}
+        finally:
+            server.close()
+    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 10
