@@ -18,7 +18,7 @@ thread while its forward runs, and applied to the logits before sampling.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,13 +103,24 @@ class Engine:
         decode: Callable[[list[int]], str] | None = None,
         trace_steps: bool = False,
         grammars: Grammars | None = None,
+        pools: Callable[[Hashable, Callable[[], KVCache]], KVCache] | None = None,
     ) -> None:
-        """`grammars`: the run's grammar engine, for requests with structured output."""
+        """`grammars`: the run's grammar engine, for requests with structured output. `pools(key,
+        make)`: the KV pool kept from an earlier engine of the same key, or `make()`'s (a server's
+        batches reuse one pool: its pages are already mapped, which on some machines costs more
+        than a short job's forward)."""
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
-        num_blocks = size_pool(layout, config.kv_cache_memory, device, pool_reserve(model, config))
-        self.cache = KVCache(layout, num_blocks, device)
+
+        def make() -> KVCache:
+            return KVCache(
+                layout, size_pool(layout, config.kv_cache_memory, device, pool_reserve(model, config)), device
+            )
+
+        self.cache = pools((layout, str(device), config.kv_cache_memory, config.cuda_graphs), make) if pools else make()
+        self.cache.clear_written()
+        num_blocks = self.cache.num_blocks
         scratch = None
         if config.cuda_graphs:
             if num_blocks < 2:
@@ -170,6 +181,7 @@ class Engine:
         """A block manager, scheduler and sampler with nothing in them, and no step in flight."""
         c = self.config
         self.blocks = BlockManager(usable_blocks, c.block_size, c.prefix_cache)
+        self.cache.writer = self.blocks
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill)
         self.sampler = Sampler(device, c.seed)
         self._in_flight: _Launched | None = None
@@ -181,6 +193,7 @@ class Engine:
         dropped = [*old.running, *old.waiting]
         self._start_empty(blocks.num_blocks, self.sampler.device)
         self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
+        self.blocks.high_water = blocks.high_water
         self.scheduler.preemptions, self.scheduler.cached_tokens = old.preemptions, old.cached_tokens
         return dropped
 

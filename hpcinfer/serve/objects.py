@@ -44,7 +44,7 @@ def shown_model(model: str) -> str:
 def batch_object(row: BatchRow, model: str, live_completed: int | None = None) -> dict[str, Any]:
     """The `Batch` a client reads. Its metadata is the client's, plus what the server measured
     (`hpcinfer_waited_s`: from created to running; `hpcinfer_model_load_s`: loading the model for it,
-    0.00 when it was kept loaded from an earlier batch)."""
+    0.000 when it was kept loaded from an earlier batch)."""
     at = {f"{status}_at": row.times.get(status) for status in ("in_progress", "finalizing", "completed")}
     at |= {f"{status}_at": row.times.get(status) for status in ("failed", "expired", "cancelling", "cancelled")}
     completed = row.completed if live_completed is None else live_completed

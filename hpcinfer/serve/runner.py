@@ -234,7 +234,7 @@ class BatchRunner:
             stop.set()  # NOTE: ends the watch
             watch.join()
         if self.shelf is not None:
-            stats = {**batch.stats, "model_load_s": f"{self.shelf.load_s - loaded_before:.2f}"}
+            stats = {**batch.stats, "model_load_s": f"{self.shelf.load_s - loaded_before:.3f}"}
             self.state.set(batch.id, stats=stats)
         moved = self.state.move(batch.id, ("in_progress",), "finalizing")
         if moved is not None:

@@ -326,7 +326,7 @@ def test_openai_fields_limits_and_ids(local):
     assert first.usage.output_tokens == sum(u["completion_tokens"] for u in usage) > 0
     assert first.usage.total_tokens == first.usage.input_tokens + first.usage.output_tokens
     # NOTE: the model stays loaded: the second batch spent no time loading it
-    assert float(first.metadata["hpcinfer_model_load_s"]) > 0 and second.metadata["hpcinfer_model_load_s"] == "0.00"
+    assert float(first.metadata["hpcinfer_model_load_s"]) > 0 and second.metadata["hpcinfer_model_load_s"] == "0.000"
     assert float(second.metadata["hpcinfer_waited_s"]) >= 0
 
     running = create(client, file.id)
@@ -440,3 +440,21 @@ def test_a_responses_batch(local):
     responses = [Response.model_validate(a["response"]["body"]) for a in lines_of(client, done.output_file_id)]
     assert done.usage.input_tokens == sum(r.usage.input_tokens for r in responses) > 0
     assert done.usage.output_tokens == sum(r.usage.output_tokens for r in responses) > 0
+
+
+def test_a_kept_model_and_kv_pool_answer_as_a_fresh_one(local):
+    """The second time a batch runs, the model and its KV pool come from the first batches (the pool
+    holding their K/V until cleared): its answers are the same bytes."""
+    client = local.client()
+    small = upload(client, [chat_line(i, max_tokens=6) for i in range(5)])
+    large = upload(client, [chat_line(100 + i, max_tokens=24, temperature=0.8, seed=i) for i in range(30)])
+    answers = []
+    for file in (small, large, small):
+        done = wait_for(client, create(client, file.id).id)
+        assert done.status == "completed"
+        answers.append(
+            [(a["custom_id"], a["response"]["body"]["choices"]) for a in lines_of(client, done.output_file_id)]
+        )
+    assert answers[0] == answers[2]
+    kept = local.runner.shelf.kept()
+    assert [k[0] for k in kept] == ["decoder", "tokenizer", "kv"]  # the pool the third batch reused

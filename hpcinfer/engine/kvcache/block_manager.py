@@ -65,6 +65,7 @@ class BlockManager:
         self._planned: list[tuple[bytes, int]] = []  # full blocks being written this step
         self._pending: set[bytes] = set()
         self.peak_used = 0
+        self.high_water = 0  # blocks [0, high_water) have been handed out at least once (written)
         self.evictions = 0
 
     @property
@@ -217,6 +218,8 @@ class BlockManager:
             self._key[block] = None
             self.evictions += 1
         self.ref[block] = 1
+        if block >= self.high_water:
+            self.high_water = block + 1
         return block
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,6 +162,17 @@ class KVCache:
         # Tensor parallelism (rank 0): the block copies made since the last step, which the other
         # ranks make in their own pools before that step's forward. None: not recorded.
         self.copied: list[tuple[int, int]] | None = None
+        self.writer: Any = None  # the block manager handing out this pool's blocks (its high_water)
+
+    def clear_written(self) -> None:
+        """A pool kept from an earlier engine (a server's earlier batch): the blocks that engine
+        wrote zeroed again, the rest never touched. Its K/V are finite numbers that masked reads
+        weigh 0, but a NaN among them would still poison them; and the untouched pages stay unpaged."""
+        if self.writer is not None:
+            written = self.writer.high_water
+            self.k[:, :written].zero_()
+            self.v[:, :written].zero_()
+        self.writer = None
 
     @property
     def nbytes(self) -> int:

@@ -114,7 +114,7 @@ class GenerationJob:
         if config.device.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
         self.tokenizer = shelved(
-            shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), small=True
+            shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), attached=True
         )
         if config.device.threads and len(self.devices) == 1:
             set_torch_threads(config.device.threads)
@@ -302,6 +302,8 @@ class GenerationJob:
                 model = shelved(
                     self.shelf, key, lambda: load_decoder(self.info, device, self.dtype, d.quantize, d.int8_kernel)
                 )
+            # NOTE: one engine on one device may keep its KV pool for the next run (a server's batches)
+            single = self.shelf is not None and len(self.devices) == 1 and self.tp_size == 1
             return Engine(
                 model,
                 config or self.engine_config,
@@ -309,7 +311,12 @@ class GenerationJob:
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 trace_steps=self.config.trace_path is not None,
                 grammars=self.reader.grammars,
+                pools=self._kept_pool if single else None,
             )
+
+    def _kept_pool(self, key: Any, make: Callable[[], Any]) -> Any:
+        assert self.shelf is not None
+        return self.shelf.get(("kv", str(self.info.path), *key), make, attached=True)
 
 
 def run_generate(
