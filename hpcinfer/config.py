@@ -206,6 +206,10 @@ class GenerateConfig:
     max_model_len: int | None = None  # cap the context below the checkpoint's (positions, KV pool, prompts)
     # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
     kv_cache_dtype: str = choice("auto", ("auto", "fp8"))
+    # NOTE: before the `choice` field below, which hides the function of that name
+    # how a chat answer's reasoning and tool calls are split out of its text (tasks/generate/parsers.py)
+    reasoning_parser: str = choice("none", ("none", "deepseek_r1", "qwen3", "gpt_oss"))
+    tool_call_parser: str = choice("none", ("none", "hermes", "llama3_json", "mistral"))
     # Structured output for every row that does not ask for its own (at most one of these):
     json_schema: str | None = None  # a JSON schema file
     regex: str | None = None  # a regular expression

@@ -156,6 +156,13 @@ OPTIONS: tuple[Opt, ...] = (
         "ask for their own).", multiple=True),
     opt("--grammar", "generate.grammar", "Generation", "Every answer follows this Lark or GBNF grammar (a file; "
         "rows may ask for their own).", metavar="FILE"),
+    opt("--reasoning-parser", "generate.reasoning_parser", "Generation", "How the model writes its reasoning "
+        "before a chat answer: deepseek_r1 or qwen3 (<think>...</think>), gpt_oss (harmony channels); it goes "
+        "to the message's reasoning_content, the rest stays its content."),
+    opt("--tool-call-parser", "generate.tool_call_parser", "Generation", "How the model writes tool calls: "
+        "hermes (<tool_call>{...}</tool_call>), llama3_json, mistral ([TOOL_CALLS][...]). A chat request's tools "
+        "then reach the template and its calls come back as tool_calls (finish_reason tool_calls); a call that "
+        "does not parse stays text. Without it a request with tools is a reject."),
     opt("--ignore-eos", "generate.ignore_eos", "Generation", "Keep generating past EOS (benchmarks).",
         switch=True),
     opt("--max-num-seqs", "generate.max_num_seqs", "Generation", "Sequences a step.", commands=RUNS, type=int),

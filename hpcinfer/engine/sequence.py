@@ -42,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token is in the answer
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, no other token may be chosen
+    bad_words: tuple[tuple[int, ...], ...] = ()  # vLLM's, as token ids: these sequences never end the answer
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
     n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples
@@ -90,6 +91,7 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or bool(self.logit_bias)
             or bool(self.allowed_token_ids)
+            or bool(self.bad_words)
             or self.min_tokens > 0
         )
 

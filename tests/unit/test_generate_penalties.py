@@ -1,5 +1,6 @@
-"""Penalties, logit bias and min_tokens: transformers' repetition penalty, OpenAI's presence and
-frequency penalties, the same answers a step ahead, and bad values as rejects."""
+"""Penalties, logit bias, min_tokens, allowed_token_ids and bad_words: transformers' repetition
+penalty, OpenAI's presence and frequency penalties, vLLM's token rules (property tests), the same
+answers a step ahead, bad values and fields not honoured as rejects."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sample.penalties import penalize
@@ -160,3 +163,65 @@ def test_allowed_token_ids_from_rows_and_bad_ones_as_rejects(tiny, tmp_path):
     assert [a["id"] for a in answers] == ["ok"] and report.rejects == {"invalid_request": 3}
     rejects = Path(f"{tmp_path / 'out.jsonl'}.rejects.jsonl").read_text()
     assert "allowed_token_ids must be a non-empty list" in rejects and "in the vocabulary" in rejects
+
+
+def _contains(answer: list[int], word: tuple[int, ...]) -> bool:
+    return any(tuple(answer[i : i + len(word)]) == word for i in range(len(answer) - len(word) + 1))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bad_words_never_end_an_answer(tiny, data):
+    """vLLM's bad_words on token ids, over random word sets drawn from what the model would answer
+    (so every ban bites) and random tokens: no answer holds a banned sequence, greedy or sampled,
+    with or without a step ahead (the last token then compared on the device)."""
+    _, info, model, prompts = tiny
+    prompts = prompts[:6]
+    free = [s.completion for s in Engine(model, EngineConfig(), info.eos_token_ids).generate(
+        prompts, SamplingParams(max_tokens=12))]  # fmt: skip
+    grams = sorted({tuple(a[i : i + n]) for a in free for n in (1, 2, 3) for i in range(len(a) - n + 1)})
+    words = data.draw(st.lists(st.sampled_from(grams), min_size=1, max_size=6, unique=True))
+    words += data.draw(st.lists(st.tuples(*[st.integers(4, 200)] * 2), max_size=3))
+    temperature = data.draw(st.sampled_from([0.0, 1.0]))
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=5, bad_words=tuple(words))
+    runs = []
+    for ahead in (False, True):
+        engine = Engine(model, EngineConfig(ahead=ahead, max_num_seqs=4), info.eos_token_ids)
+        runs.append([s.completion for s in engine.generate(prompts, params)])
+    assert runs[0] == runs[1]
+    for answer in runs[0]:
+        assert not any(_contains(answer, w) for w in words), (answer, words)
+    if temperature == 0:
+        assert runs[0] != free  # the bans changed greedy answers
+
+
+def test_bad_words_from_rows_and_fields_not_honoured_are_rejects(tiny, tmp_path):
+    path, info, _, prompts = tiny
+    free = run_generate(generate_config(write_jsonl(tmp_path / "free.jsonl", [
+        {"id": "a", "prompt": "the fox jumps", "max_tokens": 12}]), tmp_path / "free_out.jsonl", path))  # fmt: skip
+    assert free.rows == 1
+    said = json.loads((tmp_path / "free_out.jsonl").read_text())["text"].split()
+    banned = said[:2]  # NOTE: words the model says unbanned
+    rows = [
+        {"id": "bad", "prompt": "the fox jumps", "max_tokens": 12, "bad_words": banned},
+        {"id": "defaults", "prompt": "the fox", "max_tokens": 2, "use_beam_search": False, "skip_special_tokens": True,
+         "user": "u1", "stream": False, "n": 1, "best_of": 1},
+        {"id": "beam", "prompt": "the fox", "use_beam_search": True},
+        {"id": "echo", "prompt": "the fox", "echo": True},
+        {"id": "special", "prompt": "the fox", "skip_special_tokens": False},
+        {"id": "tools", "prompt": "the fox", "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"id": "best", "prompt": "the fox", "best_of": 3},
+        {"id": "typical", "prompt": "the fox", "typical_p": 0.5},
+        {"id": "badlist", "prompt": "the fox", "bad_words": [""]},
+    ]  # fmt: skip
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    report = run_generate(generate_config(src, tmp_path / "out.jsonl", path))
+    answers = {a["id"]: a for a in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert sorted(answers) == ["bad", "defaults"] and report.rejects == {"invalid_request": 7}
+    assert not set(banned) & set(answers["bad"]["text"].split())
+    rejects = {
+        r["id"]: r["message"]
+        for r in map(json.loads, Path(f"{tmp_path / 'out.jsonl'}.rejects.jsonl").read_text().splitlines())
+    }
+    for name in ("use_beam_search", "echo", "skip_special_tokens", "tools", "best_of", "typical_p", "bad_words"):
+        assert any(m.startswith(name) for m in rejects.values()), (name, rejects)

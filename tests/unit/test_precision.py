@@ -159,4 +159,3 @@ def test_a_calibration_of_other_dimensions_is_refused(tmp_path, tiny_model):
                        embed={"precision": "int8", "calibration": str(tmp_path / "calib.npy")})  # fmt: skip
     with pytest.raises(ConfigError, match="ranges for 7 dimensions"):
         run(cfg, progress=Progress("off"))
-

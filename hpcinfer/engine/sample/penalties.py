@@ -10,6 +10,8 @@ those rows of the logits:
   over the answer's tokens;
 - `logit_bias`: added to the named tokens' logits;
 - `allowed_token_ids`: every other token's logit is -inf;
+- `bad_words` (vLLM's rule, on token ids): a word of one token is never chosen; the last token of a
+  longer one is barred right after the answer's last tokens spelled the rest of it;
 - `min_tokens`: EOS and the request's stop token ids are barred until the answer is that long.
 A step ahead the answer's last token may still be on the device (PENDING on the host): its count
 comes from the in-flight tokens, on the device, so nothing waits for it.
@@ -57,12 +59,32 @@ def penalize(
             barred = torch.full((vocab,), -torch.inf, device=device, dtype=sub.dtype)
             barred[torch.tensor(params.allowed_token_ids, device=device)] = 0.0
             sub[k] += barred
+        if params.bad_words:
+            _bar_bad_words(sub, k, seq, ahead)
         if seq.num_completion < params.min_tokens:
             ends = (*(() if params.ignore_eos else eos), *params.stop_token_ids)
             barred = [t for t in ends if 0 <= t < vocab]
             if barred:
                 sub[k, torch.tensor(barred, device=device)] = -torch.inf
     return logits.index_copy(0, index, sub)  # NOTE: out of place: the runner's logits may be inference tensors
+
+
+def _bar_bad_words(sub: torch.Tensor, k: int, seq: Sequence, ahead: InFlightTokens | None) -> None:
+    """Row `k` of `sub`: each bad word's last token barred where choosing it would complete the word.
+    A step ahead the answer's last token may be on the device: the comparison with it runs there."""
+    vocab, answer = sub.shape[1], seq.tokens[seq.num_prompt :]
+    for word in seq.params.bad_words:
+        *head, last = word
+        if last >= vocab or len(answer) < len(head):
+            continue
+        tail = answer[len(answer) - len(head) :] if head else []
+        if tail and tail[-1] == PENDING and ahead is not None:
+            if tail[:-1] != head[:-1]:
+                continue
+            pending = ahead.tokens[ahead.index_of(seq, len(seq.tokens) - 1)]
+            sub[k, last] = torch.where(pending == head[-1], -torch.inf, sub[k, last])
+        elif tail == head:
+            sub[k, last] = -torch.inf
 
 
 def _counts(

@@ -24,6 +24,7 @@ from ...engine.sequence import Sequence
 from ...errors import ConfigError
 from ...files.part_format import RAW_LINE, id_array
 from ...files.parts import PartStore
+from .parsers import parse_answer
 from .requests import Request
 from .responses import response_body
 
@@ -90,6 +91,27 @@ def answer_row(seq: Sequence, request: Request, tokenizer: Tokenizer, model: str
     }
 
 
+def chat_message(
+    sample: Sequence, ids: list[int], text: str, request: Request, tokenizer: Tokenizer, index: int
+) -> dict[str, Any]:
+    """A chat answer's message: its text, or (--reasoning-parser, --tool-call-parser) its reasoning,
+    content and tool calls split out of the text as the model wrote it, special tokens included."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if request.parse is None or sample.stop_text_cut is not None:
+        return message  # NOTE: an answer cut by a stop string is what the client asked to see, as text
+    reasoning_parser, tool_parser, tools_given = request.parse
+    raw = tokenizer.decode(ids, skip_special_tokens=False)
+    parsed = parse_answer(raw, reasoning_parser, tool_parser, tools_given, f"{request.row}/{index}")
+    if parsed.reasoning is None and not parsed.tool_calls:
+        return message  # NOTE: nothing split out: the text as ever (without special tokens)
+    message["content"] = parsed.content
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    return message
+
+
 def completion_body(
     seq: Sequence,
     request: Request,
@@ -106,7 +128,12 @@ def completion_body(
     for index, (sample, (ids, text)) in enumerate(zip(samples, answers, strict=True)):
         logprobs = openai_logprobs(sample, ids, tokenizer, chat) if sample.params.logprobs is not None else None
         choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": logprobs}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if chat:
+            choice["message"] = chat_message(sample, ids, text, request, tokenizer, index)
+            if choice["message"].get("tool_calls"):
+                choice["finish_reason"] = "tool_calls"
+        else:
+            choice["text"] = text
         if prompt is not None and not chat:
             choice["prompt_logprobs"] = prompt  # NOTE: where vLLM puts them: a completion's choices
         choices.append(choice)

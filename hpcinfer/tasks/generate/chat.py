@@ -43,11 +43,18 @@ class ChatRenderer:
         self.template = env.from_string(template)
         self.special_tokens = dict(special_tokens)
 
-    def render(self, messages: Any, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Any, add_generation_prompt: bool = True, tools: Any = None, extra: Any = None) -> str:
+        """`tools`: a request's tools, as templates that write tool calls read them; `extra`: its
+        `chat_template_kwargs` (Qwen3's enable_thinking, gpt-oss's reasoning_effort, ...)."""
         check_messages(messages)
+        if extra is not None and (not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra)):
+            raise ChatError("chat_template_kwargs must be an object")
+        given = {k: v for k, v in (extra or {}).items() if k not in ("messages", "add_generation_prompt", "tools")}
+        if tools is not None:
+            given["tools"] = tools
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **given
             )
         except jinja2.exceptions.TemplateError as exc:
             raise ChatError(f"chat template failed: {exc}") from None

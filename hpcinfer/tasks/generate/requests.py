@@ -30,9 +30,10 @@ from ...files.sources import expand_paths, json_objects, read_schema
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 from .responses import RESPONSES_URL, chat_body, echoed
+from .unhonoured import unhonoured
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured"}
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words"}
 _ROW_BLOCK = 256  # Parquet rows decoded at a time
 
 
@@ -52,6 +53,7 @@ class Request:
     listed: bool = False  # a run with --n > 1: a plain answer's text and finish_reason are lists
     model: str | None = None  # an OpenAI body's `model`, echoed in its answer
     echo: dict[str, Any] | None = None  # what a /v1/responses answer repeats of its request
+    parse: tuple[str, str, bool] | None = None  # a chat answer's (reasoning parser, tool parser, tools given)
 
 
 def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:
@@ -127,14 +129,17 @@ class RequestReader:
         grammars: Grammars | None = None,
         max_n: int = 1 << 30,
         lacks: Callable[[SamplingParams], str | None] | None = None,
+        parsers: tuple[str, str] = ("none", "none"),
         *,
         facts: InputFacts | None = None,
     ) -> None:
         """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together);
         `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject);
+        `parsers`: how chat answers' reasoning and tool calls are split out (parsers.py);
         `facts`: the files' facts, found already (a reader of part of the input: `for_rows`)."""
         self.arguments = (paths, id_column, tokenizer, chat, defaults, max_prompt, vocab, priority_column)
-        self.arguments += (grammars, max_n, lacks)
+        self.arguments += (grammars, max_n, lacks, parsers)
+        self.parsers = parsers  # (--reasoning-parser, --tool-call-parser)
         self.files = expand_paths(paths)
         for f in self.files:
             if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
@@ -216,6 +221,8 @@ class RequestReader:
                 echo, body = echoed(body), chat_body(body)
             except (ValueError, TypeError, AttributeError) as exc:
                 return reject("invalid_request", str(exc), row_id)
+        if (refused := unhonoured(body, tools_read=self.parsers[1] != "none")) is not None:
+            return reject("invalid_request", refused, row_id)
         try:
             structured = spec_from_body(body)
         except ValueError as exc:
@@ -223,6 +230,8 @@ class RequestReader:
         try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body, self.vocab)
+            if body.get("bad_words") is not None:
+                params = replace(params, bad_words=bad_word_ids(body["bad_words"], self.tokenizer))
             if structured is not None:
                 params = replace(params, structured=structured)
             priority = obj.get(self.priority_column, body.get(self.priority_column))
@@ -260,7 +269,11 @@ class RequestReader:
         model = named if openai and isinstance(named, str) else None
         if echo is not None:
             kind = "response"
-        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model, echo=echo)
+        parse = None
+        if kind == "chat" and self.parsers != ("none", "none"):
+            parse = (*self.parsers, bool(body.get("tools")))
+        return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model, echo=echo,
+                       parse=parse)  # fmt: skip
 
     def _grammar_problem(self, params: SamplingParams) -> str | None:
         assert params.structured is not None
@@ -272,7 +285,7 @@ class RequestReader:
         if body.get("messages") is not None:
             if self.chat is None:
                 raise ChatError("the checkpoint has no chat_template")
-            text = self.chat.render(body["messages"])
+            text = self.chat.render(body["messages"], tools=body.get("tools"), extra=body.get("chat_template_kwargs"))
             return self.tokenizer.encode(text, add_special_tokens=False).ids, "chat"
         ids = body.get("prompt_token_ids")
         if ids is not None:
@@ -289,6 +302,22 @@ class RequestReader:
         if not is_unicode(prompt):
             raise ValueError("the prompt holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode")
         return self.tokenizer.encode(prompt).ids, "text"
+
+
+def bad_word_ids(words: Any, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """vLLM's `bad_words` as token id sequences: each word as written and with a leading space (the
+    two spellings a tokenizer gives a word inside a text), without special tokens."""
+    if isinstance(words, str):
+        words = [words]
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise ValueError("bad_words must be a list of non-empty strings")
+    found = set()
+    for word in words:
+        for spelling in {word, " " + word.lstrip()}:
+            ids = tuple(tokenizer.encode(spelling, add_special_tokens=False).ids)
+            if ids:
+                found.add(ids)
+    return tuple(sorted(found))
 
 
 def _has_id_column(path: str, id_column: str) -> bool:

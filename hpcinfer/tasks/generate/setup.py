@@ -130,6 +130,8 @@ def generation_fingerprint(
         options["max_model_len"] = g.max_model_len
     if g.n != 1:
         options["n"] = g.n
+    if (g.reasoning_parser, g.tool_call_parser) != ("none", "none"):
+        options["parsers"] = [g.reasoning_parser, g.tool_call_parser]
     default = GenerateConfig()
     newer = {n: getattr(g, n) for n in ROW_DEFAULTS if n not in _FINGERPRINTED and getattr(g, n) != getattr(default, n)}
     if newer:  # NOTE: every row default added since, by name, when set
@@ -164,6 +166,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         grammars,
         config.generate.max_num_seqs,
         row_problem if config.backend == "transformers" else None,
+        (config.generate.reasoning_parser, config.generate.tool_call_parser),
     )
 
 
