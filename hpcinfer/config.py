@@ -216,6 +216,7 @@ class GenerateConfig:
     choice: tuple[str, ...] = ()  # the answer is one of these strings
     grammar: str | None = None  # a Lark or GBNF grammar file
     n: int = 1  # samples per prompt; > 1 makes plain output's text and finish_reason lists
+    loras: tuple[str, ...] = ()  # NAME=PATH: PEFT LoRA adapters a request may pick (models/lora.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,10 @@ OPTIONS: tuple[Opt, ...] = (
         "ask for their own).", multiple=True),
     opt("--grammar", "generate.grammar", "Generation", "Every answer follows this Lark or GBNF grammar (a file; "
         "rows may ask for their own).", metavar="FILE"),
+    opt("--lora", "generate.loras", "Generation", "A LoRA adapter a request may pick, as NAME=PATH (a PEFT "
+        "folder: adapter_config.json + adapter_model.safetensors; repeatable). An OpenAI body picks it by its "
+        "`model`, a plain row by a `lora` column; rows of different adapters share each step, the base "
+        "weights unmerged.", multiple=True, metavar="NAME=PATH"),
     opt("--reasoning-parser", "generate.reasoning_parser", "Generation", "How the model writes its reasoning "
         "before a chat answer: deepseek_r1 or qwen3 (<think>...</think>), gpt_oss (harmony channels); it goes "
         "to the message's reasoning_content, the rest stays its content."),

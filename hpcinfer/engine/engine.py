@@ -104,11 +104,13 @@ class Engine:
         trace_steps: bool = False,
         grammars: Grammars | None = None,
         pools: Callable[[Hashable, Callable[[], KVCache]], KVCache] | None = None,
+        lora_rows: Any = None,
     ) -> None:
         """`grammars`: the run's grammar engine, for requests with structured output. `pools(key,
         make)`: the KV pool kept from an earlier engine of the same key, or `make()`'s (a server's
         batches reuse one pool: its pages are already mapped, which on some machines costs more
-        than a short job's forward)."""
+        than a short job's forward). `lora_rows`: the LoRA adapters attached to `model`
+        (models.lora.attach), told each step which rows each one answers."""
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
@@ -141,6 +143,9 @@ class Engine:
             scratch,
             config.attention,
         )
+        if lora_rows is not None and config.cuda_graphs:
+            raise ConfigError("--lora with --cuda-graphs: a captured decode cannot change its adapters' rows yet")
+        self.runner.lora_rows = lora_rows
         self.timer = step_timer(device)
         self.readback = readback(device, config.max_num_seqs)
         self.ahead = config.ahead if config.ahead is not None else device.type == "cuda"

@@ -15,6 +15,7 @@ import torch
 
 from ..device.cpu_shape import decode_group_bytes, matmul_slice_rows
 from ..models.llama import LlamaDecoder
+from ..models.lora import LoraRows
 from .attention.choice import choose_attention
 from .attention.paged import DecodeGroup, KernelTokens, PagedBatch, PrefillSegment, TritonPagedAttention
 from .decode_graphs import DecodeGraphs
@@ -91,6 +92,7 @@ class ModelRunner:
         self.vocab_chunk = matmul_slice_rows(row_bytes) if self.device.type == "cpu" else 0
         self.group_bytes = decode_group_bytes()
         self.graphs = None
+        self.lora_rows: LoraRows | None = None  # set: each step says which rows each LoRA adapter answers
         # Tensor parallelism (rank 0): sends each step's inputs to the other ranks before its forward.
         self.mirror: Callable[[StepInputs], None] | None = None
         if scratch_block is not None:
@@ -248,6 +250,8 @@ class ModelRunner:
         if self.mirror is not None:
             self.mirror(step)  # NOTE: tensor parallelism: the other ranks run this step's forward too
         ids, positions, batch, sample_at = self.device_inputs(step, ahead)
+        if self.lora_rows is not None:
+            self.lora_rows.set(_row_adapters(plan), self.device)
         hidden = self.model(ids, positions, self.attention.bind(batch))
         if step.logprob_rows:
             self.prompt_logprobs(plan, hidden)
@@ -284,6 +288,15 @@ class ModelRunner:
                 zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
             ):
                 seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
+
+
+def _row_adapters(plan: StepPlan) -> list[int]:
+    """Each row's LoRA adapter, in the step's row order (`host_inputs`: decodes by context width, then prefills)."""
+    decodes = sorted(plan.decodes, key=lambda c: len(c.seq.block_table))
+    rows = [c.seq.params.lora for c in decodes]
+    for chunk in plan.prefills:
+        rows += [chunk.seq.params.lora] * chunk.length
+    return rows
 
 
 def _logprob_chunks(plan: StepPlan) -> list[tuple[Chunk, int, int]]:

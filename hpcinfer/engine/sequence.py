@@ -43,6 +43,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, no other token may be chosen
     bad_words: tuple[tuple[int, ...], ...] = ()  # vLLM's, as token ids: these sequences never end the answer
+    lora: int = 0  # the LoRA adapter that answers (--lora's order, from 1); 0: the base model
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
     n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples

@@ -37,10 +37,15 @@ def block_key(parent: bytes, tokens: Iterable[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
-def prefix_keys(tokens: list[int], block_size: int, limit: int | None = None) -> list[bytes]:
-    """Keys of the full blocks of `tokens[:limit]`, chained from the root."""
+def root_of(lora: int) -> bytes:
+    """The parent key of a sequence's first block: a LoRA adapter's K/V are its own, never shared with the base's."""
+    return ROOT if not lora else b"lora:%d" % lora
+
+
+def prefix_keys(tokens: list[int], block_size: int, limit: int | None = None, root: bytes = ROOT) -> list[bytes]:
+    """Keys of the full blocks of `tokens[:limit]`, chained from `root`."""
     keys: list[bytes] = []
-    parent = ROOT
+    parent = root
     end = len(tokens) if limit is None else limit
     for start in range(0, end - block_size + 1, block_size):
         parent = block_key(parent, tokens[start : start + block_size])
@@ -94,7 +99,7 @@ class BlockManager:
         """
         if not self.prefix_cache or seq.block_table or seq.params.prompt_logprobs is not None:
             return [], False  # NOTE: prompt log-probabilities need every prompt token's logits
-        keys = prefix_keys(seq.tokens, self.block_size, seq.num_tokens - 1)
+        keys = prefix_keys(seq.tokens, self.block_size, seq.num_tokens - 1, root_of(seq.params.lora))
         hits: list[int] = []
         for key in keys:
             block = self._cached.get(key)
@@ -150,7 +155,7 @@ class BlockManager:
             tokens = seq.tokens[i * bs : (i + 1) * bs]
             if PENDING in tokens:
                 break
-            parent = seq.block_keys[-1] if seq.block_keys else ROOT
+            parent = seq.block_keys[-1] if seq.block_keys else root_of(seq.params.lora)
             key = block_key(parent, tokens)
             seq.block_keys.append(key)
             self._planned.append((key, seq.block_table[i]))

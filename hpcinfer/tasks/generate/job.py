@@ -46,6 +46,7 @@ from ...job.windows import OpenWindow, WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...models.decoder_int8 import INT8_ROWS
 from ...models.int8_kernels import resumed_int8, settled_int8
+from ...models.lora import adapter_digest, attach, load_adapter, parse_loras
 from ...models.shelf import ModelShelf, shelved
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
@@ -113,6 +114,11 @@ class GenerationJob:
         self.step_hooks = step_hooks or {}
         if config.device.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
+        self.loras = parse_loras(config.generate.loras)  # NOTE: refused with what cannot serve them
+        if self.loras and (self.tp_size > 1 or config.device.quantize != "none" or config.backend == "transformers"):
+            raise ConfigError("--lora runs on the native engine's float weights: not with --tp, --quantize or "
+                              "--backend transformers yet")  # fmt: skip
+        self.lora_digests = tuple(adapter_digest(folder) for _, folder in self.loras)
         self.tokenizer = shelved(
             shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), attached=True
         )
@@ -299,9 +305,16 @@ class GenerationJob:
             if model is None:
                 d = self.config.device
                 key = ("decoder", str(self.info.path), str(device), str(self.dtype), d.quantize, d.int8_kernel)
+                key += self.lora_digests  # NOTE: a model is kept with the adapters attached to it
                 model = shelved(
                     self.shelf, key, lambda: load_decoder(self.info, device, self.dtype, d.quantize, d.int8_kernel)
                 )
+            lora_rows = None
+            if self.loras:
+                lora_rows = getattr(model, "lora_rows", None)  # NOTE: a kept model has its adapters already
+                if lora_rows is None:
+                    adapters = [load_adapter(n, f, self.info.config, self.dtype, device) for n, f in self.loras]
+                    lora_rows = model.lora_rows = attach(model, adapters)
             # NOTE: one engine on one device may keep its KV pool for the next run (a server's batches)
             single = self.shelf is not None and len(self.devices) == 1 and self.tp_size == 1
             return Engine(
@@ -312,6 +325,7 @@ class GenerationJob:
                 trace_steps=self.config.trace_path is not None,
                 grammars=self.reader.grammars,
                 pools=self._kept_pool if single else None,
+                lora_rows=lora_rows,
             )
 
     def _kept_pool(self, key: Any, make: Callable[[], Any]) -> Any:

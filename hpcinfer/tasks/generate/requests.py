@@ -33,7 +33,7 @@ from .responses import RESPONSES_URL, chat_body, echoed
 from .unhonoured import unhonoured
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words"}
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words", "lora"}
 _ROW_BLOCK = 256  # Parquet rows decoded at a time
 
 
@@ -130,16 +130,19 @@ class RequestReader:
         max_n: int = 1 << 30,
         lacks: Callable[[SamplingParams], str | None] | None = None,
         parsers: tuple[str, str] = ("none", "none"),
+        loras: tuple[str, ...] = (),
         *,
         facts: InputFacts | None = None,
     ) -> None:
         """`max_n`: the most samples a request may ask for (--max-num-seqs: they run together);
         `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject);
-        `parsers`: how chat answers' reasoning and tool calls are split out (parsers.py);
+        `parsers`: how chat answers' reasoning and tool calls are split out (parsers.py); `loras`:
+        the adapters' names (--lora), which an OpenAI body's `model` or a `lora` column picks;
         `facts`: the files' facts, found already (a reader of part of the input: `for_rows`)."""
         self.arguments = (paths, id_column, tokenizer, chat, defaults, max_prompt, vocab, priority_column)
-        self.arguments += (grammars, max_n, lacks, parsers)
+        self.arguments += (grammars, max_n, lacks, parsers, loras)
         self.parsers = parsers  # (--reasoning-parser, --tool-call-parser)
+        self.loras = {name: k + 1 for k, name in enumerate(loras)}  # --lora's names -> adapter index
         self.files = expand_paths(paths)
         for f in self.files:
             if Path(f).suffix.lower() not in (".jsonl", ".json", ".ndjson", ".parquet", ".pq"):
@@ -230,6 +233,8 @@ class RequestReader:
         try:
             tokens, kind = self._tokens(body)
             params = _params(self.defaults, body, self.vocab)
+            if (lora := self._lora(obj, body, openai)) != 0:
+                params = replace(params, lora=lora)
             if body.get("bad_words") is not None:
                 params = replace(params, bad_words=bad_word_ids(body["bad_words"], self.tokenizer))
             if structured is not None:
@@ -274,6 +279,19 @@ class RequestReader:
             parse = (*self.parsers, bool(body.get("tools")))
         return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model, echo=echo,
                        parse=parse)  # fmt: skip
+
+    def _lora(self, obj: dict[str, Any], body: dict[str, Any], openai: bool) -> int:
+        """The adapter a request picks (0: the base): an OpenAI body by its `model` (a name not
+        among --lora's is the base's, as an API names its model freely), a plain row by `lora`."""
+        if openai:
+            return self.loras.get(body.get("model"), 0) if isinstance(body.get("model"), str) else 0
+        chosen = obj.get("lora")
+        if chosen is None:
+            return 0
+        if chosen not in self.loras:
+            given = ", ".join(self.loras) or "none (no --lora given)"
+            raise ValueError(f"lora {chosen!r} is not one of the run's adapters: {given}")
+        return self.loras[chosen]
 
     def _grammar_problem(self, params: SamplingParams) -> str | None:
         assert params.structured is not None

@@ -21,6 +21,7 @@ from ...engine.sequence import SamplingParams
 from ...errors import ConfigError
 from ...files.fingerprint import fingerprint
 from ...models.decoder_inspect import DecoderInfo, inspect_decoder
+from ...models.lora import adapter_digest, parse_loras
 from ...models.registry import resolve_model_path
 from ...place.devices import parse_devices
 from .chat import ChatRenderer
@@ -130,6 +131,8 @@ def generation_fingerprint(
         options["max_model_len"] = g.max_model_len
     if g.n != 1:
         options["n"] = g.n
+    if g.loras:  # NOTE: by name and content: another adapter under the same name is another output
+        options["loras"] = [[name, adapter_digest(folder)] for name, folder in parse_loras(g.loras)]
     if (g.reasoning_parser, g.tool_call_parser) != ("none", "none"):
         options["parsers"] = [g.reasoning_parser, g.tool_call_parser]
     default = GenerateConfig()
@@ -167,6 +170,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         config.generate.max_num_seqs,
         row_problem if config.backend == "transformers" else None,
         (config.generate.reasoning_parser, config.generate.tool_call_parser),
+        tuple(item.partition("=")[0].strip() for item in config.generate.loras),
     )
 
 

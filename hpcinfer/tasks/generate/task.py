@@ -44,6 +44,8 @@ class GenerateTask:
     def settle(self, config: RunConfig) -> RunConfig:
         if config.backend == "transformers":  # static batches: what it cannot do is refused here
             transformers_refusals(config)
+        if config.generate.loras and config.cluster.engine == "ray":
+            raise ConfigError("--lora runs on this machine's engine: not with --engine ray yet")
         return config
 
     def native_problem(self, config: RunConfig) -> str | None:
