@@ -325,3 +325,35 @@ def test_serve_runs_its_batches_on_ray(ckpt, ray_address, tmp_path):
         finally:
             server.close()
     assert answers["ray"] == answers["local"] and len(answers["ray"]) == 10
+
+
+def test_lora_rows_on_ray_answer_as_locally(ckpt, ray_address, tmp_path):
+    """--lora with --engine ray: each replica attaches the adapter; rows pick it or the base as locally."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.Qwen2ForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    torch.manual_seed(5)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
+    peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    rows = [{"id": f"r{i}", "prompt": t, "max_tokens": 4, **({"lora": "tuned"} if i % 2 else {})}
+            for i, t in enumerate(make_texts(12, seed=9))]  # fmt: skip
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    answers = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / f"{engine}.jsonl"
+        cfg = RunConfig(
+            input=InputConfig((str(src),)),
+            model=str(ckpt),
+            output=OutputConfig(str(out)),
+            pipeline=PipelineConfig(progress="off"),
+            generate=GenerateConfig(window_rows=WINDOW, loras=(f"tuned={tmp_path / 'adapter'}",)),
+            cluster=ClusterConfig(engine=engine, ray_address=ray_address if engine == "ray" else None),
+        )
+        run(cfg, progress=Progress("off"))
+        answers[engine] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 12

@@ -32,6 +32,7 @@ from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
+from ...models.lora import attach, load_adapter, parse_loras
 from ...parallel.tp import TensorParallel
 from ...parallel.tp_groups import replica_engine
 from ...place.breaker import DeviceFault
@@ -134,13 +135,14 @@ class GenerateReplica:
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
 
-        def make(model: Any, settings: EngineConfig) -> Engine:
+        def make(model: Any, settings: EngineConfig, lora_rows: Any = None) -> Engine:
             return Engine(
                 model,
                 settings,
                 self.info.eos_token_ids,
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 grammars=self.whole.grammars,
+                lora_rows=lora_rows,
             )
 
         # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one
@@ -154,7 +156,10 @@ class GenerateReplica:
                 )
             else:
                 model = load_decoder(self.info, device, dtype, config.device.quantize, config.device.int8_kernel)
-                self.engine = make(model, engine_config(config))
+                adapters = [
+                    load_adapter(n, f, self.info.config, dtype, device) for n, f in parse_loras(config.generate.loras)
+                ]
+                self.engine = make(model, engine_config(config), attach(model, adapters) if adapters else None)
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.step_hook: Callable[[], None] | None = None  # before each step: a slowed or failing device (tests)

@@ -44,8 +44,8 @@ class GenerateTask:
     def settle(self, config: RunConfig) -> RunConfig:
         if config.backend == "transformers":  # static batches: what it cannot do is refused here
             transformers_refusals(config)
-        if config.generate.loras and config.cluster.engine == "ray":
-            raise ConfigError("--lora runs on this machine's engine: not with --engine ray yet")
+        if config.generate.loras and config.cluster.engine == "ray" and config.device.tensor_parallel > 1:
+            raise ConfigError("--lora with --tp is not served yet (on Ray or locally)")
         return config
 
     def native_problem(self, config: RunConfig) -> str | None:
