@@ -207,6 +207,7 @@ class GenerateConfig:
     # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
     kv_cache_dtype: str = choice("auto", ("auto", "fp8"))
     # NOTE: before the `choice` field below, which hides the function of that name
+    speculative: str = choice("none", ("none", "ngram"))  # ngram: prompt-lookup speculation (engine/speculate.py)
     # how a chat answer's reasoning and tool calls are split out of its text (tasks/generate/parsers.py)
     reasoning_parser: str = choice("none", ("none", "deepseek_r1", "qwen3", "gpt_oss"))
     tool_call_parser: str = choice("none", ("none", "hermes", "llama3_json", "mistral"))
@@ -217,6 +218,7 @@ class GenerateConfig:
     grammar: str | None = None  # a Lark or GBNF grammar file
     n: int = 1  # samples per prompt; > 1 makes plain output's text and finish_reason lists
     loras: tuple[str, ...] = ()  # NAME=PATH: PEFT LoRA adapters a request may pick (models/lora.py)
+    num_speculative_tokens: int = at_least(4, 1)  # with speculative = ngram: the most proposals a step
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,6 +160,12 @@ OPTIONS: tuple[Opt, ...] = (
         "folder: adapter_config.json + adapter_model.safetensors; repeatable). An OpenAI body picks it by its "
         "`model`, a plain row by a `lora` column; rows of different adapters share each step, the base "
         "weights unmerged.", multiple=True, metavar="NAME=PATH"),
+    opt("--speculative", "generate.speculative", "Generation", "ngram: prompt-lookup speculative decoding. A "
+        "greedy answer proposes the tokens that followed its last few tokens earlier in its prompt or answer, "
+        "and one forward verifies them: the same answers, fewer forwards when answers copy their prompt "
+        "(extraction, rewriting). Only while at most 4 sequences run; sampled rows decode as without it."),
+    opt("--num-speculative-tokens", "generate.num_speculative_tokens", "Generation", "With --speculative "
+        "ngram: the most tokens proposed a step (fewer while few are kept).", type=int),
     opt("--reasoning-parser", "generate.reasoning_parser", "Generation", "How the model writes its reasoning "
         "before a chat answer: deepseek_r1 or qwen3 (<think>...</think>), gpt_oss (harmony channels); it goes "
         "to the message's reasoning_content, the rest stays its content."),

@@ -44,6 +44,7 @@ from .sample.sampling import Sampler
 from .sample.stopping import stop_reason
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
+from .speculate import MOST_SPECULATING, Speculation, accept, can_speculate, propose, room
 from .staging import InFlightTokens
 
 
@@ -65,6 +66,7 @@ class EngineConfig:
     ahead: bool | None = None
     attention: str = "auto"  # auto | torch | flash-attn | triton (attention.py, chosen once at start-up)
     kv_storage: torch.dtype | None = None  # the pools' dtype when not the model's: float8_e4m3fn (kv_cache.py)
+    speculative_tokens: int = 0  # > 0: prompt-lookup speculation, up to this many proposals a step (speculate.py)
 
 
 @dataclass(slots=True)
@@ -156,6 +158,7 @@ class Engine:
         self.masks: StepMasks | None = None  # made for the first request with structured output
         self._vocab = model.cfg.vocab_size
         self.stats = EngineStats(num_blocks=usable)
+        self.speculation = Speculation(config.speculative_tokens) if config.speculative_tokens > 0 else None
         self._next_id = 0
 
     def add(
@@ -209,13 +212,23 @@ class Engine:
         back: the host plans and prepares step N+1 while the device runs step N. Otherwise it
         reads this step's tokens back at once.
         """
+        self.cache.stepping += 1  # NOTE: a pool kept for a later run is not handed out while a step is in it
+        try:
+            return self._step()
+        finally:
+            self.cache.stepping -= 1
+
+    def _step(self) -> list[Sequence]:
         finished: list[Sequence] = []
         ahead = self.ahead and not self._constrained()
         if not ahead and self._in_flight is not None:  # NOTE: a grammar's next mask needs the token in flight
             previous, self._in_flight = self._in_flight, None
             finished = self._resolve(previous)
         t0 = time.perf_counter()
+        drafted = self._propose() if self.speculation is not None and not ahead else []
         plan = self.scheduler.schedule()
+        if drafted:
+            self._unscheduled_drafts(plan, drafted)
         launched = None
         if plan.chunks:
             try:
@@ -233,6 +246,35 @@ class Engine:
             return finished + self._resolve(launched)
         previous, self._in_flight = self._in_flight, launched
         return self._resolve(previous) if previous is not None else []
+
+    def _propose(self) -> list[Sequence]:
+        """Prompt-lookup proposals appended to the running greedy sequences (speculate.py), when the
+        running sequences are few and all decode (so each verifying chunk is scheduled whole, before
+        any admission)."""
+        s, spec = self.scheduler, self.speculation
+        assert spec is not None
+        if not 0 < len(s.running) <= MOST_SPECULATING or not all(q.is_decode for q in s.running):
+            return []
+        k, budget = spec.tokens_now(), s.max_num_batched_tokens - len(s.running)
+        drafted = []
+        for seq in s.running:
+            if seq.draining or seq.tokens[-1] == PENDING or not can_speculate(seq):
+                continue
+            proposals = propose(seq.tokens, min(budget, room(seq, k, self.config.block_size, self.max_model_len)))
+            if proposals:
+                seq.tokens += proposals
+                seq.draft, budget = len(proposals), budget - len(proposals)
+                drafted.append(seq)
+        return drafted
+
+    def _unscheduled_drafts(self, plan: StepPlan, drafted: list[Sequence]) -> None:
+        """Proposals of a sequence the step does not verify whole (preempted, out of budget) are dropped."""
+        whole = {id(c.seq) for c in plan.prefills if c.samples and c.seq.draft}
+        for seq in drafted:
+            if id(seq) not in whole:
+                assert not any(c.seq is seq for c in plan.chunks), "a verifying chunk was cut"
+                del seq.tokens[len(seq.tokens) - seq.draft :]
+                seq.draft = 0
 
     def _constrained(self) -> bool:
         """Whether a sequence held to a grammar is queued or running."""
@@ -308,6 +350,10 @@ class Engine:
                 continue  # it ended with a token of the step before; this one's token is void
             if row in asked:
                 seq.logprobs.append(asked[row])
+            if seq.draft:  # NOTE: never a step ahead: the PENDING token is the last
+                if self._speculated(seq, now) and (done := request_done(seq)) is not None:
+                    finished.append(done)
+                continue
             # the first PENDING token: the last, or the one before it when the next step's is pending too
             at = len(seq.tokens) - (2 if len(seq.tokens) > 1 and seq.tokens[-2] == PENDING else 1)
             seq.tokens[at] = token
@@ -323,6 +369,16 @@ class Engine:
         if self.trace_steps:
             stats.step_trace.append((step.t0, t4, plan.prefill_tokens, len(plan.decodes)))
         return finished
+
+    def _speculated(self, seq: Sequence, now: float) -> bool:
+        """A verified sequence: its kept proposals and the model's next token, each checked for a
+        stop in order (as one token a step would have been); True when it ended."""
+        assert self.speculation is not None
+        real, proposed = len(seq.tokens) - 1 - seq.draft, seq.draft
+        kept = accept(seq, real)
+        self.speculation.record(proposed, kept)
+        seq.draining = seq.num_completion >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        return any(self._check_stop(seq, at, now) for at in range(real, len(seq.tokens)))
 
     def _check_stop(self, seq: Sequence, at: int, now: float) -> bool:
         """Whether the token at `at` (just read back) ends `seq`; if so it ends there.

@@ -255,7 +255,18 @@ class ModelRunner:
         hidden = self.model(ids, positions, self.attention.bind(batch))
         if step.logprob_rows:
             self.prompt_logprobs(plan, hidden)
+        self._verify_drafts(plan, hidden)
         return self.model.logits(hidden.index_select(0, sample_at), self.vocab_chunk)
+
+    def _verify_drafts(self, plan: StepPlan, hidden: torch.Tensor) -> None:
+        """For each chunk carrying proposals (speculate.py): the model's greedy choice at each of its
+        positions, for the engine to keep the proposals it agrees with."""
+        offset = len(plan.decodes)  # prefill chunks follow the decodes in the flat batch
+        for chunk in plan.prefills:
+            if chunk.seq.draft and chunk.samples:
+                logits = self.model.logits(hidden[offset : offset + chunk.length], self.vocab_chunk)
+                chunk.seq.verify = logits.argmax(dim=-1).tolist()
+            offset += chunk.length
 
     @torch.inference_mode()
     def replay(self, step: StepInputs) -> None:

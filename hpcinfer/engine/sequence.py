@@ -138,6 +138,10 @@ class Sequence:
     sample_index: int = 0
     samples: list[Sequence] | None = None
     parent: Sequence | None = None
+    # Speculative decoding (speculate.py): proposals riding at the end of `tokens` for one step, and
+    # the model's choice at each position of the chunk that verified them.
+    draft: int = 0
+    verify: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_prompt:

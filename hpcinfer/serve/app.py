@@ -23,9 +23,10 @@ import json
 import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ class Served:
     settings: ServeSettings
     state: State
     runner: BatchRunner
+    in_flight: InFlight = field(default_factory=lambda: InFlight())
 
     @property
     def files_dir(self) -> Path:
@@ -135,6 +137,25 @@ def over_quota(max_key_bytes: int) -> ApiError:
     return ApiError(413, message, "quota_exceeded")
 
 
+class InFlight:
+    """Bytes of the uploads still streaming, per key: the quota counts them, so uploads sent in
+    parallel cannot each pass a check that counts only what is stored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[str, int] = {}
+
+    def take(self, owner: str, size: int, stored: int, quota: int) -> None:
+        with self._lock:
+            if stored + self._bytes.get(owner, 0) + size > quota:
+                raise over_quota(quota)
+            self._bytes[owner] = self._bytes.get(owner, 0) + size
+
+    def give_back(self, owner: str, size: int) -> None:
+        with self._lock:
+            self._bytes[owner] -= size
+
+
 async def upload(request: Request, owner: str) -> Response:
     server = served(request)
     max_bytes, quota = server.settings.max_file_bytes, server.settings.max_key_bytes
@@ -143,22 +164,24 @@ async def upload(request: Request, owner: str) -> Response:
         raise ApiError(411, "an upload needs its Content-Length", "length_required")  # NOTE: sized before it is read
     if int(length) > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
-    held = await run_in_threadpool(server.state.bytes_of, owner) if quota else 0
-    if quota and held >= quota:
-        raise over_quota(quota)
+    if not quota:
+        return await _upload(request, owner, server, max_bytes)
+    server.in_flight.take(owner, int(length), await run_in_threadpool(server.state.bytes_of, owner), quota)
+    try:  # NOTE: the body's length reserved (a bound on the file's) until the file is stored and counted
+        return await _upload(request, owner, server, max_bytes)
+    finally:
+        server.in_flight.give_back(owner, int(length))
+
+
+async def _upload(request: Request, owner: str, server: Served, max_bytes: int) -> Response:
     file_id = f"file-{secrets.token_hex(12)}"
     path = server.files_dir / f"{file_id}.jsonl"
     tmp = path.with_suffix(".upload")
     received = await receive_upload(request, tmp, max_bytes)
-    try:
-        purpose = received.fields.get("purpose")
-        if purpose != "batch":
-            raise ApiError(400, f"purpose must be 'batch' (got {purpose!r})", "invalid_value", "purpose")
-        if quota and held + received.size > quota:
-            raise over_quota(quota)
-    except ApiError:
+    purpose = received.fields.get("purpose")
+    if purpose != "batch":
         tmp.unlink(missing_ok=True)
-        raise
+        raise ApiError(400, f"purpose must be 'batch' (got {purpose!r})", "invalid_value", "purpose")
     name = Path(received.filename).name or "upload.jsonl"  # NOTE: a name to show, never a path to use
     row = FileRow(file_id, owner, name[:255], "batch", received.size, int(time.time()), "")
     await run_in_threadpool(_keep_upload, server.state, tmp, path, row)
@@ -207,11 +230,9 @@ def file_content(request: Request, owner: str) -> Response:
 
 def delete_file(request: Request, owner: str) -> Response:
     server, row = served(request), own_file(request, owner)
-    waiting = [b for b in server.state.batches(owner, None, 1 << 30)[0] if b.status not in FINAL]
-    if any(b.input_file_id == row.id for b in waiting):
+    if not server.state.delete_file(row.id):
         # NOTE: 400, not 409: the client retries a 409
         raise ApiError(400, f"{row.id} is the input of a batch that has not ended; cancel it first", "file_in_use")
-    server.state.delete_file(row.id)
     (server.files_dir / f"{row.id}.jsonl").unlink(missing_ok=True)
     return JSONResponse({"id": row.id, "object": "file", "deleted": True})
 
@@ -281,7 +302,8 @@ async def create_batch(request: Request, owner: str) -> Response:
         f"batch_{secrets.token_hex(12)}", owner, 0, file.id, endpoint, window, metadata, priority,
         "validating", now, now + COMPLETION_WINDOW_S,
     )  # fmt: skip
-    await run_in_threadpool(server.state.add_batch, row)
+    if await run_in_threadpool(server.state.add_batch, row) is None:
+        raise ApiError(404, f"No such File object: {file_id}", param="input_file_id")  # NOTE: deleted meanwhile
     server.runner.wake()
     return server.shown(row)
 

@@ -21,12 +21,14 @@ The model stays loaded between batches (`ModelShelf`): a queue of small batches 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -149,14 +151,14 @@ class BatchRunner:
                 if now is not None:
                     self._advance(now)
             except FinalizeLater:
-                self._wake.wait(timeout=FINALIZE_RETRY_S)
+                self._closing.wait(timeout=FINALIZE_RETRY_S)  # NOTE: not _wake: a new batch must not hurry a retry
             except Exception:  # noqa: BLE001 - a batch's failure must never stop the queue
                 log.exception("batch %s failed", batch.id)  # NOTE: the details (paths) in the server's log only
                 try:
                     self._fail(batch.id, [problem("server_error")])
                 except Exception:  # noqa: BLE001 - a database that cannot be written: the next pass tries again
                     log.exception("cannot record batch %s as failed", batch.id)
-                    self._wake.wait(timeout=5.0)
+                    self._closing.wait(timeout=5.0)
             finally:
                 self._release(batch.id)
 
@@ -194,9 +196,12 @@ class BatchRunner:
     def _run(self, batch: BatchRow) -> None:
         file = self.state.file(batch.input_file_id)
         output = self._output(batch)
-        if file is None or output.exists():
+        if output.exists():
             # NOTE: the output's arrival is the job's commit point: killed after it, nothing is run again
             self.state.move(batch.id, ("in_progress",), "finalizing")
+            return
+        if file is None:
+            self._fail(batch.id, [problem("file_not_found")])
             return
         resume = has_commits(str(output))
         config = replace(
@@ -293,15 +298,32 @@ class BatchRunner:
                                          int(time.time()), ""))  # fmt: skip
             fsync_dir(output_path.parent)  # NOTE: the renames durable before the state says they happened
         except OSError as exc:
-            log.error("batch %s: cannot write its output files (%s); finalized again later", batch.id, exc)
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise  # NOTE: not a full disk: waiting would not help; the batch fails (the loop says so)
+            log.error("batch %s: cannot write its output files (%s); finalized again later", batch.id, exc)
             raise FinalizeLater from exc
         finally:
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
         by_kind = {f.filename.rsplit("_", 1)[1].removesuffix(".jsonl"): f.id for f in files}
-        moved = self.state.move(
+        try:
+            moved = self._end(batch, status, files, by_kind, tally)
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):
+                raise
+            log.error("batch %s: the state's disk is full (%s); finalized again later", batch.id, exc)
+            raise FinalizeLater from exc
+        if moved is None:  # NOTE: cannot happen to an owned batch; were it to, nothing of it is left behind
+            log.error("batch %s moved while it was finalized; its files are dropped", batch.id)
+            for file in files:
+                self.file_path(file.id).unlink(missing_ok=True)
+            return
+        self._clear_job(batch.id)
+
+    def _end(self, batch: BatchRow, status: str, files: list[FileRow], by_kind: dict[str, str], tally: Tally) -> Any:
+        return self.state.move(
             batch.id,
             SOURCES[status],
             status,
@@ -313,12 +335,6 @@ class BatchRunner:
             failed=tally.bad,
             usage=tally.usage(),
         )
-        if moved is None:  # NOTE: cannot happen to an owned batch; were it to, nothing of it is left behind
-            log.error("batch %s moved while it was finalized; its files are dropped", batch.id)
-            for file in files:
-                self.file_path(file.id).unlink(missing_ok=True)
-            return
-        self._clear_job(batch.id)
 
     def _clear_job(self, batch_id: str) -> None:
         """The batch's job folder, once the batch has ended: its answers are in the produced files."""

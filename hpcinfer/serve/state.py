@@ -181,14 +181,26 @@ class State:
         with self._lock:
             return {r[0] for r in self._db.execute("SELECT id FROM files")}
 
-    def delete_file(self, file_id: str) -> None:
+    def delete_file(self, file_id: str) -> bool:
+        """The file's row gone, unless a batch that has not ended reads it (False): one transaction,
+        so a batch created meanwhile on the file either sees it or is refused."""
         with self._tx() as db:
+            final = ", ".join(f"'{s}'" for s in FINAL)
+            used = db.execute(
+                f"SELECT 1 FROM batches WHERE input_file_id = ? AND status NOT IN ({final}) LIMIT 1", (file_id,)
+            ).fetchone()
+            if used is not None:
+                return False
             db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        return True
 
     # -- batches -------------------------------------------------------------------------------------
 
-    def add_batch(self, row: BatchRow) -> BatchRow:
+    def add_batch(self, row: BatchRow) -> BatchRow | None:
+        """The batch recorded, numbered; None when its input file was deleted meanwhile."""
         with self._tx() as db:
+            if db.execute("SELECT 1 FROM files WHERE id = ?", (row.input_file_id,)).fetchone() is None:
+                return None
             row.seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM batches").fetchone()[0])
             db.execute(f"INSERT INTO batches ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                        _batch_values(row))  # fmt: skip

@@ -23,7 +23,7 @@ import pytest
 from openai.types import Batch, Completion, CreateEmbeddingResponse, FileObject
 from openai.types.chat import ChatCompletion
 
-from hpcinfer.serve.state import BatchRow, State
+from hpcinfer.serve.state import BatchRow, FileRow, State
 from tests.fixtures.tiny_decoder import build_tiny_decoder
 
 KEY = "sk-test-serve"
@@ -379,6 +379,7 @@ def test_a_201_mb_upload_is_refused_at_once(server):
 
 def test_the_queue_takes_a_running_batch_first_then_priority_then_age(tmp_path):
     state = State(tmp_path)
+    state.add_file(FileRow("file-x", "", "x.jsonl", "batch", 1, 0, ""))
     for name, priority, status in [("old", 0, "validating"), ("urgent", 5, "validating"), ("young", 0, "validating")]:
         state.add_batch(BatchRow(f"batch_{name}", "", 0, "file-x", "/v1/embeddings", "24h", None, priority, status,
                                  0, 0))  # fmt: skip
@@ -396,6 +397,7 @@ def test_the_queue_takes_a_running_batch_first_then_priority_then_age(tmp_path):
 
 def test_one_key_priorities_do_not_starve_another(tmp_path):
     state = State(tmp_path)
+    state.add_file(FileRow("file-x", "", "x.jsonl", "batch", 1, 0, ""))
     batches = [("a1", "alice", 9), ("a2", "alice", 9), ("a3", "alice", 9), ("b1", "bob", 0), ("b2", "bob", 0)]
     for name, owner, priority in batches:
         state.add_batch(BatchRow(f"batch_{name}", owner, 0, "file-x", "/v1/embeddings", "24h", None, priority,

@@ -104,3 +104,15 @@ def test_the_template_receives_the_tools_and_template_kwargs(tiny, tmp_path):
     with_tools, without = got["with"].usage.prompt_tokens, got["without"].usage.prompt_tokens
     assert with_tools > without + 3
     assert got["kwargs"].usage.prompt_tokens == without  # NOTE: tools come from the request's own field only
+
+
+def test_odd_model_output_never_fails_the_parsers():
+    from hpcinfer.tasks.generate.parsers import parse_answer
+
+    reversed_tags = parse_answer("a</think>b<think>c", "qwen3", "none", False, "x")
+    assert reversed_tags.reasoning is None and reversed_tags.content == "a</think>b<think>c"
+    nested = parse_answer("[TOOL_CALLS]" + "[" * 100_000, "none", "mistral", True, "x")  # past JSON's depth
+    assert nested.tool_calls == [] and nested.content.startswith("[TOOL_CALLS]")
+    for parser in ("hermes", "llama3_json", "mistral"):
+        for text in ("", "{", "<tool_call></tool_call>", '[TOOL_CALLS] "x"', '{"name": 3}', "<|python_tag|>{}"):
+            assert parse_answer(text, "gpt_oss", parser, True, "x").tool_calls == []

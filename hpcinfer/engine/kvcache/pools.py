@@ -163,6 +163,7 @@ class KVCache:
         # ranks make in their own pools before that step's forward. None: not recorded.
         self.copied: list[tuple[int, int]] | None = None
         self.writer: Any = None  # the block manager handing out this pool's blocks (its high_water)
+        self.stepping = 0  # engine steps running in this pool now
 
     def clear_written(self) -> None:
         """A pool kept from an earlier engine (a server's earlier batch): the blocks that engine

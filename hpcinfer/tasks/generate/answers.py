@@ -101,7 +101,10 @@ def chat_message(
         return message  # NOTE: an answer cut by a stop string is what the client asked to see, as text
     reasoning_parser, tool_parser, tools_given = request.parse
     raw = tokenizer.decode(ids, skip_special_tokens=False)
-    parsed = parse_answer(raw, reasoning_parser, tool_parser, tools_given, f"{request.row}/{index}")
+    try:
+        parsed = parse_answer(raw, reasoning_parser, tool_parser, tools_given, f"{request.row}/{index}")
+    except Exception:  # noqa: BLE001 - whatever a model writes, its answer is kept: as text at worst
+        return message
     if parsed.reasoning is None and not parsed.tool_calls:
         return message  # NOTE: nothing split out: the text as ever (without special tokens)
     message["content"] = parsed.content

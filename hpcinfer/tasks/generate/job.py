@@ -119,6 +119,9 @@ class GenerationJob:
             raise ConfigError("--lora runs on the native engine's float weights: not with --tp, --quantize or "
                               "--backend transformers yet")  # fmt: skip
         self.lora_digests = tuple(adapter_digest(folder) for _, folder in self.loras)
+        if config.generate.speculative != "none" and (self.tp_size > 1 or config.backend == "transformers"):
+            raise ConfigError("--speculative runs in the native engine on one device: not with --tp or "
+                              "--backend transformers yet")  # fmt: skip
         self.tokenizer = shelved(
             shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), attached=True
         )
@@ -330,7 +333,9 @@ class GenerationJob:
 
     def _kept_pool(self, key: Any, make: Callable[[], Any]) -> Any:
         assert self.shelf is not None
-        return self.shelf.get(("kv", str(self.info.path), *key), make, attached=True)
+        pool = self.shelf.get(("kv", str(self.info.path), *key), make, attached=True)
+        # NOTE: an earlier run's engine still in a step (a hung step its run gave up on): a pool of our own
+        return make() if pool.stepping else pool
 
 
 def run_generate(

@@ -66,11 +66,12 @@ def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
         thought, answer = body.split("</think>", 1)
         return thought.strip() or None, answer.strip() or None
     if parser == "qwen3":
-        if "<think>" not in text or "</think>" not in text:
-            return None, text
-        before, rest = text.split("<think>", 1)
-        thought, answer = rest.split("</think>", 1)
-        return thought.strip() or None, (before + answer).strip() or None
+        start = text.find("<think>")
+        end = text.find("</think>", start + len("<think>")) if start >= 0 else -1
+        if end < 0:
+            return None, text  # NOTE: both tags, in order, or no reasoning
+        thought = text[start + len("<think>") : end]
+        return thought.strip() or None, (text[:start] + text[end + len("</think>") :]).strip() or None
     if parser == "gpt_oss":
         parts = HARMONY_PART.findall(text)
         if not parts:
@@ -101,8 +102,8 @@ def find_calls(text: str, parser: str) -> tuple[str, list[tuple[str, Any]]] | No
             listed = json.loads(after.strip())
             listed = listed if isinstance(listed, list) else [listed]
             return before, [_call(item) for item in listed]
-    except (ValueError, TypeError, KeyError):
-        return None  # NOTE: a malformed call stays text
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None  # NOTE: a malformed call (or one nested past JSON's depth) stays text
     return None
 
 

@@ -46,6 +46,8 @@ class GenerateReport(JsonReport):
     finish_reasons: dict[str, int] = field(default_factory=dict)
     constrained_answers: int = 0  # answers (samples) held to a grammar: structured output
     constrained_cut: int = 0  # of which cut short of their grammar: finish_reason "length" (max_tokens, the context)
+    # --speculative ngram: tokens proposed, of which the model kept (verified), and their ratio
+    speculative: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = ""
     dtype: str = ""
@@ -220,6 +222,14 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
         )
     }
     r.devices = device_summary(job.labels, engines, job.by_device, start, end)
+    specs = [e.speculation for e in engines if getattr(e, "speculation", None) is not None]
+    if specs:
+        proposed, kept = sum(x.proposed for x in specs), sum(x.accepted for x in specs)
+        r.speculative = {
+            "proposed": proposed,
+            "accepted": kept,
+            "acceptance_rate": round(kept / proposed, 4) if proposed else 0.0,
+        }
     r.config = flatten(job.config)
     if job.config.trace_path:
         spans = engine_trace(job.labels, engines, r.device_faults, job.breaker_start)

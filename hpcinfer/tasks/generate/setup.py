@@ -189,4 +189,5 @@ def engine_config(config: RunConfig) -> EngineConfig:
         cuda_graphs=config.device.cuda_graphs,
         attention=g.attention,
         kv_storage=kv_storage(g.kv_cache_dtype),
+        speculative_tokens=g.num_speculative_tokens if g.speculative == "ngram" else 0,
     )

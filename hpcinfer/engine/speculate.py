@@ -1,0 +1,97 @@
+"""Speculative decoding by prompt lookup (n-grams): a running greedy sequence proposes the tokens
+that followed the last time its latest n tokens appeared (in its prompt or its answer), and one
+forward over its last token and the proposals verifies them all.
+
+The proposals ride in the sequence's own tokens for one step (`Sequence.draft` of them): the
+scheduler then gives the sequence a chunk of 1 + k tokens, as it gives a prompt chunk (each
+position attends to the cache and to the chunk's earlier positions), and the runner keeps the
+model's choice at every position of that chunk (`Sequence.verify`). `accept` keeps the proposals
+the model would have chosen itself, in order, and the model's own token after the last of them:
+the answer is token for token the greedy answer without speculation, in fewer forwards when the
+answer copies its prompt (extraction, rewriting, summaries).
+
+Only greedy sequences speculate (a sampled, penalized, grammar-held, logprob-asking or n > 1
+request decodes one token a step, exactly as without it), one step at a time (no step ahead), and
+only while the batch is small (a large batch is compute-bound: verifying k more tokens each would
+cost more than it saves). Proposals never fill a KV block: a block is registered in the prefix
+cache only when full, so a rejected proposal never reaches the cache; its K/V are overwritten when
+the real token reaches that position.
+"""
+
+from __future__ import annotations
+
+from .sequence import Sequence
+
+MAX_NGRAM, MIN_NGRAM = 3, 1
+MOST_SPECULATING = 4  # sequences running: beyond, a step is compute-bound and speculation is off
+
+
+def propose(tokens: list[int], k: int) -> list[int]:
+    """Up to `k` tokens that followed the latest earlier occurrence of the last n tokens (n from
+    MAX_NGRAM down to MIN_NGRAM); none when they never occurred before."""
+    if k <= 0:
+        return []
+    end = len(tokens)
+    for n in range(min(MAX_NGRAM, end - 1), MIN_NGRAM - 1, -1):
+        tail = tokens[end - n :]
+        for start in range(end - n - 1, -1, -1):  # NOTE: the latest match: the answer's own recent text first
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def can_speculate(seq: Sequence) -> bool:
+    p = seq.params
+    return (
+        p.greedy
+        and not p.penalized
+        and p.structured is None
+        and p.logprobs is None
+        and p.prompt_logprobs is None
+        and p.n == 1
+        and seq.grammar is None
+    )
+
+
+def room(seq: Sequence, k: int, block_size: int, max_model_len: int) -> int:
+    """How many proposals `seq` may carry this step: at most `k`, within its max_tokens and the
+    context, and never so many that they fill the KV block its last token is in."""
+    tokens = seq.num_tokens
+    return max(0, min(
+        k,
+        seq.params.max_tokens - seq.num_completion - 1,
+        max_model_len - tokens - 1,
+        block_size - 1 - tokens % block_size,
+    ))  # fmt: skip
+
+
+def accept(seq: Sequence, real: int) -> int:
+    """After the verifying forward: `seq.tokens` back to its `real` tokens plus the proposals the
+    model chose and the model's own next token; returns how many proposals were kept. The K/V of
+    the kept ones are in the cache (`num_computed` counts them); the last token's are not yet."""
+    proposals, chosen = seq.tokens[real : real + seq.draft], seq.verify
+    kept = 0
+    while kept < len(proposals) and chosen[kept] == proposals[kept]:
+        kept += 1
+    seq.tokens[real:] = [*proposals[:kept], chosen[kept]]
+    seq.num_computed = real + kept
+    seq.draft, seq.verify = 0, []
+    return kept
+
+
+class Speculation:
+    """Per engine: proposes before a step, counts what verification kept, adapts k to the rate."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.proposed = self.accepted = 0
+        self.rate = 1.0  # recent acceptance (exponential average): low, fewer proposals
+
+    def tokens_now(self) -> int:
+        return max(1, round(self.k * min(1.0, self.rate + 0.25)))
+
+    def record(self, proposed: int, kept: int) -> None:
+        self.proposed += proposed
+        self.accepted += kept
+        if proposed:
+            self.rate = 0.8 * self.rate + 0.2 * (kept / proposed)
