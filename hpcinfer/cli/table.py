@@ -160,6 +160,11 @@ OPTIONS: tuple[Opt, ...] = (
         "folder: adapter_config.json + adapter_model.safetensors; repeatable). An OpenAI body picks it by its "
         "`model`, a plain row by a `lora` column; rows of different adapters share each step, the base "
         "weights unmerged.", multiple=True, metavar="NAME=PATH"),
+    opt("--beam-width", "generate.beam_width", "Generation", "Beam search with this many beams (> 1), as "
+        "transformers' num_beams: the best hypothesis answers. Greedy rows only (rows may set beam_width, or "
+        "vLLM's use_beam_search with best_of).", type=int),
+    opt("--length-penalty", "generate.length_penalty", "Generation", "Beam search: a hypothesis scores its "
+        "log-probability divided by its length to this power (transformers' length_penalty).", type=float),
     opt("--speculative", "generate.speculative", "Generation", "ngram: prompt-lookup speculative decoding. A "
         "greedy answer proposes the tokens that followed its last few tokens earlier in its prompt or answer, "
         "and one forward verifies them: the same answers, fewer forwards when answers copy their prompt "

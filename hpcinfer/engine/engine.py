@@ -31,6 +31,7 @@ from ..device.step_timer import step_timer
 from ..errors import ConfigError
 from ..models.llama import LlamaDecoder
 from .attention.choice import attention_kind
+from .beam import beam_search
 from .constrained.structured import Grammars, StepMasks
 from .decode_graphs import graph_peak
 from .engine_stats import EngineStats
@@ -159,6 +160,7 @@ class Engine:
         self._vocab = model.cfg.vocab_size
         self.stats = EngineStats(num_blocks=usable)
         self.speculation = Speculation(config.speculative_tokens) if config.speculative_tokens > 0 else None
+        self._beams_done: list[Sequence] = []  # beam searches ended in `add`, handed on by the next step
         self._next_id = 0
 
     def add(
@@ -170,6 +172,12 @@ class Engine:
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
+        if params.beam_width > 1:  # NOTE: its beams run together now, between the batch's steps (beam.py)
+            self._next_id += 1
+            seq.arrival_s = time.perf_counter()
+            beam_search(self, seq, self.eos)
+            self._beams_done.append(seq)
+            return seq
         if params.structured is not None:
             if self.grammars is None:
                 raise ValueError("a request with structured output reached an engine without a grammar engine")
@@ -183,7 +191,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._in_flight is not None
+        return self.scheduler.has_work or self._in_flight is not None or bool(self._beams_done)
 
     def _start_empty(self, usable_blocks: int, device: torch.device) -> None:
         """A block manager, scheduler and sampler with nothing in them, and no step in flight."""
@@ -214,7 +222,8 @@ class Engine:
         """
         self.cache.stepping += 1  # NOTE: a pool kept for a later run is not handed out while a step is in it
         try:
-            return self._step()
+            done, self._beams_done = self._beams_done, []
+            return done + self._step() if self.scheduler.has_work or self._in_flight is not None else done
         finally:
             self.cache.stepping -= 1
 

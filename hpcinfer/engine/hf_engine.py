@@ -44,6 +44,7 @@ def row_problem(params: SamplingParams) -> str | None:
         "log-probabilities": params.logprobs is not None or params.prompt_logprobs is not None,
         "structured output": params.structured is not None,
         "n > 1": params.n != 1,
+        "beam search": params.beam_width > 1,
         "penalties, logit_bias, allowed_token_ids, bad_words or min_tokens": params.penalized,
     }
     for what, asked in lacks.items():

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 PENDING = -1  # a sampled token still on its way from the device (the engine runs a step ahead)
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
 MAX_N = 128  # samples per prompt (OpenAI allows 128)
+MAX_BEAMS = 32  # beam search: beams per prompt
 
 
 class Status(enum.Enum):
@@ -44,6 +45,8 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, no other token may be chosen
     bad_words: tuple[tuple[int, ...], ...] = ()  # vLLM's, as token ids: these sequences never end the answer
     lora: int = 0  # the LoRA adapter that answers (--lora's order, from 1); 0: the base model
+    beam_width: int = 1  # > 1: beam search (engine/beam.py), the best of this many beams answers
+    length_penalty: float = 1.0  # beam search: a hypothesis scores its log-probability / length ** this
     min_tokens: int = 0  # EOS and stop_token_ids are barred until the answer has this many tokens
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives (0..20)
     n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples
@@ -77,6 +80,17 @@ class SamplingParams:
             return f"top_k must be >= 0, got {self.top_k}"
         if not 0 <= self.min_p <= 1:
             return f"min_p must be in [0, 1], got {self.min_p}"
+        if not 1 <= self.beam_width <= MAX_BEAMS:
+            return f"beam_width must be in [1, {MAX_BEAMS}], got {self.beam_width}"
+        if self.beam_width > 1 and (
+            not self.greedy or self.n > 1 or self.penalized or self.structured is not None
+            or self.logprobs is not None or self.prompt_logprobs is not None or self.stop
+        ):  # fmt: skip
+            return (
+                "beam_width > 1 (beam search ranks the model's own log-probabilities): not with temperature > 0, "
+                "n > 1, penalties, logit_bias, allowed_token_ids, bad_words, min_tokens, structured output, logprobs "
+                "or stop strings"
+            )
         return None
 
     @property

@@ -206,7 +206,7 @@ def test_bad_words_from_rows_and_fields_not_honoured_are_rejects(tiny, tmp_path)
         {"id": "bad", "prompt": "the fox jumps", "max_tokens": 12, "bad_words": banned},
         {"id": "defaults", "prompt": "the fox", "max_tokens": 2, "use_beam_search": False, "skip_special_tokens": True,
          "user": "u1", "stream": False, "n": 1, "best_of": 1},
-        {"id": "beam", "prompt": "the fox", "use_beam_search": True},
+        {"id": "beam", "prompt": "the fox", "early_stopping": True},
         {"id": "echo", "prompt": "the fox", "echo": True},
         {"id": "special", "prompt": "the fox", "skip_special_tokens": False},
         {"id": "tools", "prompt": "the fox", "tools": [{"type": "function", "function": {"name": "f"}}]},
@@ -223,5 +223,5 @@ def test_bad_words_from_rows_and_fields_not_honoured_are_rejects(tiny, tmp_path)
         r["id"]: r["message"]
         for r in map(json.loads, Path(f"{tmp_path / 'out.jsonl'}.rejects.jsonl").read_text().splitlines())
     }
-    for name in ("use_beam_search", "echo", "skip_special_tokens", "tools", "best_of", "typical_p", "bad_words"):
+    for name in ("early_stopping", "echo", "skip_special_tokens", "tools", "best_of", "typical_p", "bad_words"):
         assert any(m.startswith(name) for m in rejects.values()), (name, rejects)

@@ -25,6 +25,8 @@ CHANGED = {  # a valid value other than the default, per option
     "frequency_penalty": 0.25,
     "min_tokens": 2,
     "n": 2,
+    "beam_width": 3,
+    "length_penalty": 0.5,
 }
 
 

@@ -90,7 +90,7 @@ def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> S
             value = (value,) if isinstance(value, str | int) else tuple(value)
             if not all(isinstance(v, str if name == "stop" else int) for v in value):
                 raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
-        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n", "prompt_logprobs"):
+        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n", "prompt_logprobs", "beam_width"):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -226,6 +226,9 @@ class RequestReader:
                 return reject("invalid_request", str(exc), row_id)
         if (refused := unhonoured(body, tools_read=self.parsers[1] != "none")) is not None:
             return reject("invalid_request", refused, row_id)
+        if body.get("use_beam_search") is True and body.get("beam_width") is None:
+            # NOTE: vLLM's older spelling: use_beam_search with best_of beams (4 when it gives none)
+            body = {**body, "beam_width": body.get("best_of") or 4}
         try:
             structured = spec_from_body(body)
         except ValueError as exc:

@@ -21,9 +21,7 @@ def _not_one(value: Any) -> bool:
 
 # field -> (the values that ask for something, what is not done)
 UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "use_beam_search": (_set, "beam search is not run here"),
-    "length_penalty": (_not_one, "length_penalty scores beams, and beam search is not run here"),
-    "early_stopping": (_set, "early_stopping ends beams, and beam search is not run here"),
+    "early_stopping": (_set, "beam search here stops as transformers' default (early_stopping false)"),
     "include_stop_str_in_output": (_set, "the stop string is never kept in the answer here"),
     "skip_special_tokens": (lambda v: v is False, "answers are decoded without their special tokens here"),
     "spaces_between_special_tokens": (lambda v: v is False, "answers are decoded without their special tokens here"),
@@ -57,6 +55,8 @@ def unhonoured(body: dict[str, Any], tools_read: bool) -> str | None:
     if _set(body.get("tools")) and not tools_read:
         return "tools: tool calls are not parsed without --tool-call-parser (the answer would be plain text)"
     best_of = body.get("best_of")
-    if best_of is not None and best_of != body.get("n", 1):
-        return "best_of: several candidates with the best returned are not run here"
+    if best_of is not None and best_of != body.get("n", 1) and body.get("use_beam_search") is not True:
+        return (
+            "best_of: several sampled candidates with the best returned are not run here (beams are: use_beam_search)"
+        )
     return None
