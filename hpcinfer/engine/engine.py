@@ -45,7 +45,7 @@ from .sample.sampling import Sampler
 from .sample.stopping import stop_reason
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
-from .speculate import MOST_SPECULATING, Speculation, accept, can_speculate, propose, room
+from .speculate import MOST_SPECULATING, Speculation, accept, accept_sampled, can_speculate, propose, room
 from .staging import InFlightTokens
 
 
@@ -384,7 +384,8 @@ class Engine:
         stop in order (as one token a step would have been); True when it ended."""
         assert self.speculation is not None
         real, proposed = len(seq.tokens) - 1 - seq.draft, seq.draft
-        kept = accept(seq, real)
+        greedy = seq.params.greedy
+        kept = accept(seq, real) if greedy else accept_sampled(seq, real, self.sampler.generator_of(seq))
         self.speculation.record(proposed, kept)
         seq.draining = seq.num_completion >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
         return any(self._check_stop(seq, at, now) for at in range(real, len(seq.tokens)))

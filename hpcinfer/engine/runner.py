@@ -265,7 +265,10 @@ class ModelRunner:
         for chunk in plan.prefills:
             if chunk.seq.draft and chunk.samples:
                 logits = self.model.logits(hidden[offset : offset + chunk.length], self.vocab_chunk)
-                chunk.seq.verify = logits.argmax(dim=-1).tolist()
+                if chunk.seq.params.greedy:
+                    chunk.seq.verify = logits.argmax(dim=-1).tolist()
+                else:
+                    chunk.seq.verify_logits = logits
             offset += chunk.length
 
     @torch.inference_mode()

@@ -155,7 +155,8 @@ class Sequence:
     # Speculative decoding (speculate.py): proposals riding at the end of `tokens` for one step, and
     # the model's choice at each position of the chunk that verified them.
     draft: int = 0
-    verify: list[int] = field(default_factory=list)
+    verify: list[int] = field(default_factory=list)  # greedy: the model's choice at each position
+    verify_logits: Any = None  # sampled: the logits at each position [1 + draft, vocab]
 
     def __post_init__(self) -> None:
         if not self.num_prompt:

@@ -10,8 +10,12 @@ the model would have chosen itself, in order, and the model's own token after th
 the answer is token for token the greedy answer without speculation, in fewer forwards when the
 answer copies its prompt (extraction, rewriting, summaries).
 
-Only greedy sequences speculate (a sampled, penalized, grammar-held, logprob-asking or n > 1
-request decodes one token a step, exactly as without it), one step at a time (no step ahead), and
+A sampled sequence keeps each proposal with the probability the model gives it (after its
+temperature, top-k, top-p and min-p), and where it refuses one draws from the model's distribution
+without that token, then stops (`accept_sampled`): with a proposal that is a single token, this is
+speculative sampling's rule, so the answer's tokens are distributed exactly as without
+speculation. A penalized, grammar-held, logprob-asking or n > 1 request decodes one token a step,
+exactly as without it. Speculation runs one step at a time (no step ahead), and
 only while the batch is small (a large batch is compute-bound: verifying k more tokens each would
 cost more than it saves). Proposals never fill a KV block: a block is registered in the prefix
 cache only when full, so a rejected proposal never reaches the cache; its K/V are overwritten when
@@ -20,6 +24,9 @@ the real token reaches that position.
 
 from __future__ import annotations
 
+import torch
+
+from .sample.sampling import draw, filtered_probs
 from .sequence import Sequence
 
 MAX_NGRAM, MIN_NGRAM = 3, 1
@@ -43,8 +50,7 @@ def propose(tokens: list[int], k: int) -> list[int]:
 def can_speculate(seq: Sequence) -> bool:
     p = seq.params
     return (
-        p.greedy
-        and not p.penalized
+        not p.penalized
         and p.structured is None
         and p.logprobs is None
         and p.prompt_logprobs is None
@@ -76,6 +82,31 @@ def accept(seq: Sequence, real: int) -> int:
     seq.tokens[real:] = [*proposals[:kept], chosen[kept]]
     seq.num_computed = real + kept
     seq.draft, seq.verify = 0, []
+    return kept
+
+
+def accept_sampled(seq: Sequence, real: int, generator: torch.Generator) -> int:
+    """`accept` for a sampled sequence, from the model's distributions at the chunk's positions
+    (`seq.verify_logits` [1 + k, vocab]): proposal i is kept with probability p_i(proposal); the
+    first refused one is replaced by a draw from p_i without it; all kept, one more token is drawn
+    from the last position's p. Returns how many proposals were kept."""
+    proposals = seq.tokens[real : real + seq.draft]
+    probs = filtered_probs(seq.verify_logits, [seq.params] * seq.verify_logits.shape[0])
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    kept, chosen = 0, None
+    for i, token in enumerate(proposals):
+        if float(torch.rand((), generator=generator, device=probs.device)) < float(probs[i, token]):
+            kept += 1
+            continue
+        rest = probs[i].clone()
+        rest[token] = 0.0
+        chosen = int(draw(rest, generator))
+        break
+    if chosen is None:
+        chosen = int(draw(probs[len(proposals)], generator))
+    seq.tokens[real:] = [*proposals[:kept], chosen]
+    seq.num_computed = real + kept
+    seq.draft, seq.verify, seq.verify_logits = 0, [], None
     return kept
 
 

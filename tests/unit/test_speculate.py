@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
@@ -51,14 +52,35 @@ def test_greedy_answers_equal_one_token_a_step(tiny, seqs):
     assert again == want
 
 
-def test_sampled_rows_decode_as_without_it(tiny):
-    _, info, model, prompts = tiny
-    params = [SamplingParams(max_tokens=12, temperature=0.9, seed=i) for i in range(4)]
-    runs = []
+def test_sampled_answers_keep_their_distribution(tmp_path):
+    """Sampled rows speculate too (a proposal kept with the model's probability for it, else a draw
+    without it): the tokens of 800 seeded answers, with and without, are one distribution (a
+    chi-square test per position, on a 268-token vocabulary)."""
+    from scipy.stats import chi2_contingency
+
+    from hpcinfer.models.decoder_checkpoint import load_decoder
+    from hpcinfer.models.decoder_inspect import inspect_decoder
+    from tests.fixtures.tiny_gguf import build_tiny_gguf
+
+    info = inspect_decoder(build_tiny_gguf(tmp_path / "tiny.gguf", seed=11))
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    # NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token
+    # was seen, and the tokens after it are proposed (the prefix cache prefills the prompt once)
+    prompt = list(range(8, 260))
+    params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
+    answers = {}
     for k in (0, 4):
         engine = Engine(model, EngineConfig(max_num_seqs=4, speculative_tokens=k), info.eos_token_ids)
-        runs.append([s.completion for s in engine.generate(copying(prompts)[:4], params)])
-    assert runs[0] == runs[1]
+        answers[k] = [s.completion for s in engine.generate([prompt] * len(params), params)]
+        if k:
+            assert engine.speculation.proposed > 1000 and engine.speculation.accepted > 10  # both paths run
+    assert answers[0] != answers[4]  # NOTE: other draws; the same distribution below
+    for position in range(1, 5):
+        tokens = sorted({a[position] for k in answers for a in answers[k]})
+        table = [[sum(a[position] == t for a in answers[k]) for t in tokens] for k in (0, 4)]
+        kept = [j for j in range(len(tokens)) if table[0][j] + table[1][j] >= 10]  # NOTE: chi-square's rule
+        _, p_value, _, _ = chi2_contingency([[row[j] for j in kept] for row in table])
+        assert p_value > 0.001, (position, table)
 
 
 def test_a_job_with_speculation_writes_the_same_answers_and_its_rate(tiny, tmp_path):

@@ -22,6 +22,10 @@ class Sampler:
         self.seed = seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
 
+    def generator_of(self, seq: Sequence) -> torch.Generator:
+        """The sequence's own generator (its seed, or the run's and its id): speculation draws from it too."""
+        return self._generator(seq)
+
     def _generator(self, seq: Sequence) -> torch.Generator:
         key = (seq.seq_id, seq.sample_index)
         gen = self._generators.get(key)
