@@ -102,6 +102,10 @@ def owner_of(request: Request) -> str:
     """Who is asking: the hash of their API key ("" on an open server), or a 401."""
     api_keys = served(request).settings.api_keys
     if not api_keys:
+        if request.method != "GET" and "authorization" not in request.headers:
+            # NOTE: --no-auth: a web page can POST a form to a loopback server unasked, but cannot add
+            # this header without a CORS preflight this server never grants; every API client sends one
+            raise ApiError(401, "send an Authorization header (any value on a --no-auth server)", "invalid_api_key")
         return ""
     given = request.headers.get("authorization", "")
     token = given[7:] if given.lower().startswith("bearer ") else ""

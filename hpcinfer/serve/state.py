@@ -164,8 +164,9 @@ class State:
         with self._lock:
             if after is not None:
                 mark = self._db.execute("SELECT rowid FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
-                if mark is not None:
-                    query, args = query + (" AND rowid < ?" if newest else " AND rowid > ?"), [*args, mark[0]]
+                if mark is None:
+                    return [], False  # NOTE: a cursor that names no file of the key: nothing after it
+                query, args = query + (" AND rowid < ?" if newest else " AND rowid > ?"), [*args, mark[0]]
             order = "DESC" if newest else "ASC"
             rows = self._db.execute(f"{query} ORDER BY rowid {order} LIMIT ?", [*args, limit + 1]).fetchall()
         return [FileRow(**dict(r)) for r in rows[:limit]], len(rows) > limit
@@ -217,7 +218,9 @@ class State:
             start = None
             if after is not None:
                 row = self._db.execute("SELECT seq FROM batches WHERE id = ? AND owner = ?", (after, owner)).fetchone()
-                start = row[0] if row is not None else None
+                if row is None:
+                    return [], False  # NOTE: a cursor that names no batch of the key: nothing after it
+                start = row[0]
             query, args = "SELECT * FROM batches WHERE owner = ?", [owner]
             if start is not None:
                 query, args = query + " AND seq < ?", [*args, start]

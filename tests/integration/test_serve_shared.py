@@ -59,6 +59,7 @@ class Local:
         max_key_bytes: int = 0,
         host: str | None = None,
         recipe: Path | None = None,
+        keys: tuple[str, ...] = (KEY,),
     ) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ class Local:
         sweep(data_dir, self.state)
         endpoints = task_named(pick_task(base)).endpoints
         hosts = taken_hosts(host, ()) if host else None
-        settings = ServeSettings(data_dir, str(model), endpoints, (KEY,), 200_000_000, 50_000, max_key_bytes, hosts)
+        settings = ServeSettings(data_dir, str(model), endpoints, keys, 200_000_000, 50_000, max_key_bytes, hosts)
         self.runner = BatchRunner(self.state, data_dir, base, 50_000, ModelShelf(1), run=run)
         app = build_app(settings, self.state, self.runner)
         self.http = TestClient(app, base_url="http://testserver", raise_server_exceptions=False)
@@ -484,3 +485,17 @@ def test_uploads_in_flight_count_against_the_quota():
     book.take("other", 600, stored=0, quota=1000)  # another key's own
     book.give_back("k", 600)
     book.take("k", 600, stored=0, quota=1000)
+
+
+def test_an_open_server_still_refuses_a_cross_site_form_and_a_stale_cursor_pages_nothing(decoder, tmp_path):
+    server = Local(decoder, tmp_path / "state", keys=())  # NOTE: --no-auth
+    try:
+        form = server.http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"})
+        assert form.status_code == 401  # what a web page's form sends: no Authorization header
+        client = server.client("anything")  # NOTE: every API client sends one
+        file = upload(client, [chat_line(0)])
+        assert client.files.list().data[0].id == file.id
+        assert client.files.list(after="file-" + "0" * 24).data == []  # NOTE: not the first page again
+        assert client.batches.list(after="batch_" + "0" * 24).data == []
+    finally:
+        server.close()
