@@ -16,14 +16,11 @@ with (its settings, its state, its batch runner) is the app's `state.served`, re
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import inspect
 import json
 import logging
 import re
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,10 +35,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..files.atomic import fsync_dir
+from .access import check_host, owner_of
 from .objects import ApiError, batch_object, file_object
 from .runner import BatchRunner
 from .state import FINAL, BatchRow, FileRow, State
-from .upload import receive_upload, too_large
+from .upload import InFlight, receive_upload, too_large
 
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")  # NOTE: fullmatch only: `$` would let a trailing newline through
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
@@ -86,36 +84,6 @@ def served(request: Request) -> Served:
     return request.app.state.served
 
 
-def check_host(request: Request) -> None:
-    """A Host header naming the bound host, or a 400: a browser page that resolves its own name to
-    127.0.0.1 (DNS rebinding) sends that name, and is refused."""
-    hosts = served(request).settings.hosts
-    if hosts is None:
-        return
-    given = request.headers.get("host", "").lower()
-    name = given[: given.find("]") + 1] if given.startswith("[") else given.rsplit(":", 1)[0]  # NOTE: [::1]:8000
-    if name not in hosts:
-        raise ApiError(400, f"Host {given[:100]!r} is not this server's; use the address it listens on", "invalid_host")
-
-
-def owner_of(request: Request) -> str:
-    """Who is asking: the hash of their API key ("" on an open server), or a 401."""
-    api_keys = served(request).settings.api_keys
-    if not api_keys:
-        if request.method != "GET" and "authorization" not in request.headers:
-            # NOTE: --no-auth: a web page can POST a form to a loopback server unasked, but cannot add
-            # this header without a CORS preflight this server never grants; every API client sends one
-            raise ApiError(401, "send an Authorization header (any value on a --no-auth server)", "invalid_api_key")
-        return ""
-    given = request.headers.get("authorization", "")
-    token = given[7:] if given.lower().startswith("bearer ") else ""
-    # NOTE: every key compared, in constant time each: which one matched takes no longer to find
-    matched = [hmac.compare_digest(token.encode(), key.encode()) for key in api_keys]
-    if not any(matched):
-        raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def own_file(request: Request, owner: str) -> FileRow:
     return owned(request, owner, "file_id", FILE_ID, served(request).state.file, "File")
 
@@ -134,30 +102,6 @@ def owned(
     if row is None or row.owner != owner:
         raise ApiError(404, f"No such {kind} object: {given}", param="id")
     return row
-
-
-def over_quota(max_key_bytes: int) -> ApiError:
-    message = f"this key's files would hold more than this server keeps per key ({max_key_bytes:,} bytes); delete some"
-    return ApiError(413, message, "quota_exceeded")
-
-
-class InFlight:
-    """Bytes of the uploads still streaming, per key: the quota counts them, so uploads sent in
-    parallel cannot each pass a check that counts only what is stored."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bytes: dict[str, int] = {}
-
-    def take(self, owner: str, size: int, stored: int, quota: int) -> None:
-        with self._lock:
-            if stored + self._bytes.get(owner, 0) + size > quota:
-                raise over_quota(quota)
-            self._bytes[owner] = self._bytes.get(owner, 0) + size
-
-    def give_back(self, owner: str, size: int) -> None:
-        with self._lock:
-            self._bytes[owner] -= size
 
 
 async def upload(request: Request, owner: str) -> Response:
@@ -339,8 +283,9 @@ def route(path: str, handler: Callable[[Request, str], Any], method: str) -> Rou
 
     async def endpoint(request: Request) -> Response:
         try:
-            check_host(request)
-            owner = owner_of(request)
+            settings = served(request).settings
+            check_host(request, settings.hosts)
+            owner = owner_of(request, settings.api_keys)
             if blocking:
                 return await run_in_threadpool(handler, request, owner)
             return await handler(request, owner)
@@ -365,7 +310,7 @@ ROUTES = [
 
 async def http_error(request: Request, exc: Exception) -> Response:
     try:
-        check_host(request)
+        check_host(request, served(request).settings.hosts)
     except ApiError as refused:
         return refused.response()
     status = getattr(exc, "status_code", 400)

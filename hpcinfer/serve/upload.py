@@ -11,6 +11,7 @@ serving other clients). Whatever goes wrong (too large, a bad body, a client tha
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -46,6 +47,30 @@ class Received:
 class _FilePart:
     size: int = 0
     part: Part | None = None
+
+
+def over_quota(max_key_bytes: int) -> ApiError:
+    message = f"this key's files would hold more than this server keeps per key ({max_key_bytes:,} bytes); delete some"
+    return ApiError(413, message, "quota_exceeded")
+
+
+class InFlight:
+    """Bytes of the uploads still streaming, per key: the quota counts them, so uploads sent in
+    parallel cannot each pass a check that counts only what is stored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[str, int] = {}
+
+    def take(self, owner: str, size: int, stored: int, quota: int) -> None:
+        with self._lock:
+            if stored + self._bytes.get(owner, 0) + size > quota:
+                raise over_quota(quota)
+            self._bytes[owner] = self._bytes.get(owner, 0) + size
+
+    def give_back(self, owner: str, size: int) -> None:
+        with self._lock:
+            self._bytes[owner] -= size
 
 
 def too_large(max_file_bytes: int) -> ApiError:

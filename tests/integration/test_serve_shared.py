@@ -475,8 +475,8 @@ def test_a_finalize_that_fails_but_for_a_full_disk_fails_the_batch(local, monkey
 
 
 def test_uploads_in_flight_count_against_the_quota():
-    from hpcinfer.serve.app import InFlight
     from hpcinfer.serve.objects import ApiError
+    from hpcinfer.serve.upload import InFlight
 
     book = InFlight()
     book.take("k", 600, stored=0, quota=1000)
