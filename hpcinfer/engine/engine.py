@@ -45,7 +45,7 @@ from .sample.sampling import Sampler
 from .sample.stopping import stop_reason
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
-from .speculate import MOST_SPECULATING, Speculation, accept, accept_sampled, can_speculate, propose, room
+from .speculate import Speculation, accept, accept_sampled, drop_unverified
 from .staging import InFlightTokens
 
 
@@ -234,10 +234,11 @@ class Engine:
             previous, self._in_flight = self._in_flight, None
             finished = self._resolve(previous)
         t0 = time.perf_counter()
-        drafted = self._propose() if self.speculation is not None and not ahead else []
+        spec = self.speculation
+        drafted = spec.propose(self.scheduler, self.config.block_size, self.max_model_len) if spec and not ahead else []
         plan = self.scheduler.schedule()
         if drafted:
-            self._unscheduled_drafts(plan, drafted)
+            drop_unverified(plan, drafted)
         launched = None
         if plan.chunks:
             try:
@@ -255,35 +256,6 @@ class Engine:
             return finished + self._resolve(launched)
         previous, self._in_flight = self._in_flight, launched
         return self._resolve(previous) if previous is not None else []
-
-    def _propose(self) -> list[Sequence]:
-        """Prompt-lookup proposals appended to the running greedy sequences (speculate.py), when the
-        running sequences are few and all decode (so each verifying chunk is scheduled whole, before
-        any admission)."""
-        s, spec = self.scheduler, self.speculation
-        assert spec is not None
-        if not 0 < len(s.running) <= MOST_SPECULATING or not all(q.is_decode for q in s.running):
-            return []
-        k, budget = spec.tokens_now(), s.max_num_batched_tokens - len(s.running)
-        drafted = []
-        for seq in s.running:
-            if seq.draining or seq.tokens[-1] == PENDING or not can_speculate(seq):
-                continue
-            proposals = propose(seq.tokens, min(budget, room(seq, k, self.config.block_size, self.max_model_len)))
-            if proposals:
-                seq.tokens += proposals
-                seq.draft, budget = len(proposals), budget - len(proposals)
-                drafted.append(seq)
-        return drafted
-
-    def _unscheduled_drafts(self, plan: StepPlan, drafted: list[Sequence]) -> None:
-        """Proposals of a sequence the step does not verify whole (preempted, out of budget) are dropped."""
-        whole = {id(c.seq) for c in plan.prefills if c.samples and c.seq.draft}
-        for seq in drafted:
-            if id(seq) not in whole:
-                assert not any(c.seq is seq for c in plan.chunks), "a verifying chunk was cut"
-                del seq.tokens[len(seq.tokens) - seq.draft :]
-                seq.draft = 0
 
     def _constrained(self) -> bool:
         """Whether a sequence held to a grammar is queued or running."""

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from .sample.sampling import draw, filtered_probs
-from .sequence import Sequence
+from .scheduler import Scheduler, StepPlan
+from .sequence import PENDING, Sequence
 
 MAX_NGRAM, MIN_NGRAM = 3, 1
 MOST_SPECULATING = 4  # sequences running: beyond, a step is compute-bound and speculation is off
@@ -121,8 +122,37 @@ class Speculation:
     def tokens_now(self) -> int:
         return max(1, round(self.k * min(1.0, self.rate + 0.25)))
 
+    def propose(self, scheduler: Scheduler, block_size: int, max_model_len: int) -> list[Sequence]:
+        """Prompt-lookup proposals appended to the running sequences that may speculate, when the
+        running sequences are few and all decode (so each verifying chunk is scheduled whole, before
+        any admission); the sequences that got some."""
+        running = scheduler.running
+        if not 0 < len(running) <= MOST_SPECULATING or not all(q.is_decode for q in running):
+            return []
+        k, budget = self.tokens_now(), scheduler.max_num_batched_tokens - len(running)
+        drafted = []
+        for seq in running:
+            if seq.draining or seq.tokens[-1] == PENDING or not can_speculate(seq):
+                continue
+            proposals = propose(seq.tokens, min(budget, room(seq, k, block_size, max_model_len)))
+            if proposals:
+                seq.tokens += proposals
+                seq.draft, budget = len(proposals), budget - len(proposals)
+                drafted.append(seq)
+        return drafted
+
     def record(self, proposed: int, kept: int) -> None:
         self.proposed += proposed
         self.accepted += kept
         if proposed:
             self.rate = 0.8 * self.rate + 0.2 * (kept / proposed)
+
+
+def drop_unverified(plan: StepPlan, drafted: list[Sequence]) -> None:
+    """Proposals of a sequence the step does not verify whole (preempted, out of budget) are dropped."""
+    whole = {id(c.seq) for c in plan.prefills if c.samples and c.seq.draft}
+    for seq in drafted:
+        if id(seq) not in whole:
+            assert not any(c.seq is seq for c in plan.chunks), "a verifying chunk was cut"
+            del seq.tokens[len(seq.tokens) - seq.draft :]
+            seq.draft = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,10 @@ from ...files.sources import expand_paths, json_objects, read_schema
 from ...types import Reject
 from .chat import ChatError, ChatRenderer
 from .responses import RESPONSES_URL, chat_body, echoed
+from .row_params import bad_word_ids, row_params
 from .unhonoured import unhonoured
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words", "lora"}
 _ROW_BLOCK = 256  # Parquet rows decoded at a time
 
 
@@ -54,49 +54,6 @@ class Request:
     model: str | None = None  # an OpenAI body's `model`, echoed in its answer
     echo: dict[str, Any] | None = None  # what a /v1/responses answer repeats of its request
     parse: tuple[str, str, bool] | None = None  # a chat answer's (reasoning parser, tool parser, tools given)
-
-
-def _params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:
-    """Row overrides on the run's defaults; a malformed value raises ValueError (a reject)."""
-    over: dict[str, Any] = {}
-    for name in _PARAM_NAMES:
-        value = obj.get(name)
-        if name == "max_tokens" and value is None:
-            value = obj.get("max_completion_tokens")
-        if value is None:
-            continue
-        if name == "logprobs":  # chat: logprobs true + top_logprobs K; completions: logprobs K
-            if value is False:
-                continue
-            value = obj.get("top_logprobs") or 0 if value is True else value
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"logprobs must be true or an integer, got {value!r}")
-        elif name == "logit_bias":  # OpenAI's {"token id": bias}
-            if not isinstance(value, dict):
-                raise ValueError(f"logit_bias must be an object of token id to bias, got {value!r}")
-            try:
-                value = tuple(sorted((int(k), float(v)) for k, v in value.items()))
-            except (TypeError, ValueError):
-                raise ValueError("logit_bias keys must be token ids and values numbers") from None
-            if any(not 0 <= k < vocab_size for k, _ in value):
-                raise ValueError(f"logit_bias names a token id outside the vocabulary (0..{vocab_size - 1})")
-        elif name == "allowed_token_ids":  # vLLM's: a list of token ids, the only ones the answer may hold
-            if isinstance(value, str | bool) or not isinstance(value, list | tuple) or not value:
-                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {value!r}")
-            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in value):
-                raise ValueError(f"allowed_token_ids must be token ids in the vocabulary (0..{vocab_size - 1})")
-            value = tuple(sorted(set(value)))
-        elif name in ("stop", "stop_token_ids"):
-            value = (value,) if isinstance(value, str | int) else tuple(value)
-            if not all(isinstance(v, str if name == "stop" else int) for v in value):
-                raise ValueError(f"{name} must be {'strings' if name == 'stop' else 'integers'}")
-        elif name in ("max_tokens", "top_k", "seed", "min_tokens", "n", "prompt_logprobs", "beam_width"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-        over[name] = value
-    return replace(defaults, **over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +192,7 @@ class RequestReader:
             return reject("invalid_grammar", str(exc), row_id)
         try:
             tokens, kind = self._tokens(body)
-            params = _params(self.defaults, body, self.vocab)
+            params = row_params(self.defaults, body, self.vocab)
             if (lora := self._lora(obj, body, openai)) != 0:
                 params = replace(params, lora=lora)
             if body.get("bad_words") is not None:
@@ -323,22 +280,6 @@ class RequestReader:
         if not is_unicode(prompt):
             raise ValueError("the prompt holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode")
         return self.tokenizer.encode(prompt).ids, "text"
-
-
-def bad_word_ids(words: Any, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
-    """vLLM's `bad_words` as token id sequences: each word as written and with a leading space (the
-    two spellings a tokenizer gives a word inside a text), without special tokens."""
-    if isinstance(words, str):
-        words = [words]
-    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
-        raise ValueError("bad_words must be a list of non-empty strings")
-    found = set()
-    for word in words:
-        for spelling in {word, " " + word.lstrip()}:
-            ids = tuple(tokenizer.encode(spelling, add_special_tokens=False).ids)
-            if ids:
-                found.add(ids)
-    return tuple(sorted(found))
 
 
 def _has_id_column(path: str, id_column: str) -> bool:
