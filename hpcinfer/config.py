@@ -218,6 +218,7 @@ class GenerateConfig:
     grammar: str | None = None  # a Lark or GBNF grammar file
     n: int = 1  # samples per prompt; > 1 makes plain output's text and finish_reason lists
     loras: tuple[str, ...] = ()  # NAME=PATH: PEFT LoRA adapters a request may pick (models/lora.py)
+    max_loras: int = at_least(0, 0)  # > 0: the most adapters running together and on the device; 0: all
     beam_width: int = 1  # > 1: beam search (engine/beam.py); rows may set their own
     length_penalty: float = 1.0  # beam search: a hypothesis scores its log-probability / length ** this
     num_speculative_tokens: int = at_least(4, 1)  # with speculative = ngram: the most proposals a step

@@ -160,6 +160,9 @@ OPTIONS: tuple[Opt, ...] = (
         "folder: adapter_config.json + adapter_model.safetensors; repeatable). An OpenAI body picks it by its "
         "`model`, a plain row by a `lora` column; rows of different adapters share each step, the base "
         "weights unmerged.", multiple=True, metavar="NAME=PATH"),
+    opt("--max-loras", "generate.max_loras", "Generation", "The most --lora adapters running together and held "
+        "on the device (the others wait in host memory; rows of a running adapter go first). 0: all of them.",
+        type=int),
     opt("--beam-width", "generate.beam_width", "Generation", "Beam search with this many beams (> 1), as "
         "transformers' num_beams: the best hypothesis answers. Greedy rows only (rows may set beam_width, or "
         "vLLM's use_beam_search with best_of).", type=int),

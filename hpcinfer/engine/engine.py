@@ -67,6 +67,7 @@ class EngineConfig:
     ahead: bool | None = None
     attention: str = "auto"  # auto | torch | flash-attn | triton (attention.py, chosen once at start-up)
     kv_storage: torch.dtype | None = None  # the pools' dtype when not the model's: float8_e4m3fn (kv_cache.py)
+    max_loras: int = 0  # > 0: the most LoRA adapters among the running sequences, and on the device
     speculative_tokens: int = 0  # > 0: prompt-lookup speculation, up to this many proposals a step (speculate.py)
 
 
@@ -198,7 +199,9 @@ class Engine:
         c = self.config
         self.blocks = BlockManager(usable_blocks, c.block_size, c.prefix_cache)
         self.cache.writer = self.blocks
-        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill)
+        self.scheduler = Scheduler(
+            self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras
+        )
         self.sampler = Sampler(device, c.seed)
         self._in_flight: _Launched | None = None
 

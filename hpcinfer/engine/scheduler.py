@@ -9,6 +9,10 @@ running list and the free blocks:
    `--max-num-seqs` allows. With prefix caching a prompt starts after its cached prefix (those
    tokens cost no budget), and one whose next block another sequence writes in this very step
    waits a step for it rather than computing it twice.
+With `max_loras`, the running sequences use at most that many LoRA adapters (the base is none): a
+prompt of another adapter is passed over while the set is full, so prompts of the adapters already
+running go ahead of it; once passed over LORA_PATIENCE times, nothing is admitted behind it until an
+adapter's sequences have all ended and it fits.
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it goes back to the front of its priority's queue.
 
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 
 from .kvcache.block_manager import BlockManager
 from .sequence import PENDING, Sequence, Status
+
+LORA_PATIENCE = 32  # admissions a prompt waits for its adapter before the queue stops behind it
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +101,21 @@ class WaitQueue:
 
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool = True
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
+        max_loras: int = 0,
     ) -> None:
+        """`max_loras`: the most LoRA adapters among the running sequences (0: no bound)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
+        self.max_loras = max_loras
         self.waiting = WaitQueue()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.preemptions = 0
@@ -168,9 +181,16 @@ class Scheduler:
         # NOTE: a prompt with n samples takes n places: its forks join the running list when it
         # samples, so places are held for the forks of prompts still prefilling too
         places = len(self.running) + sum(s.forks_due for s in self.running)
+        adapters = {s.params.lora for s in self.running} - {0}
         for seq in list(self.waiting):
             if budget == 0 or places + 1 + seq.forks_due > self.max_num_seqs or id(seq) in preempted:
                 break
+            lora = seq.params.lora
+            if self.max_loras and lora and lora not in adapters and len(adapters) >= self.max_loras:
+                seq.lora_waits += 1
+                if seq.lora_waits > LORA_PATIENCE:
+                    break  # NOTE: the running adapters drain, so this one gets its turn
+                continue
             hits, pending = self.blocks.match(seq)
             if pending:
                 continue
@@ -183,6 +203,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             places += 1 + seq.forks_due
+            adapters |= {lora} - {0}
             self.blocks.admit(seq, hits, n)
             if seq.preemptions == 0:
                 seq.num_cached = cached

@@ -9,6 +9,11 @@ group, so a step mixing adapters costs the base forward plus small matmuls). The
 q/k/v and gate/up: an adapter's q, k and v (or gate and up) pairs update their slices of the fused
 output. Row 0 of the adapters is the base (no update). `LoraRows` says, before each forward, which
 rows of the step belong to which adapter (the runner sets it from the step's sequences).
+
+With --max-loras N the adapters wait in host memory (pinned, beside a CUDA device) and at most N
+are on the device: a step's adapters are brought there before its forward, the least recently used
+one that the step does not use leaving first. The scheduler keeps the running sequences' adapters
+within N, so a step never needs more.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import hashlib
 import json
 import math
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,14 +62,21 @@ class Adapter:
 
 
 class LoraRows:
-    """The step's rows of each adapter: [(adapter index, row indices or None for every row)], base excluded."""
+    """The step's rows of each adapter: [(adapter index, row indices or None for every row)], base
+    excluded; and, with `most` > 0, which adapters are on the device (least recently used first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = 0) -> None:
         self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.most = most
+        self.linears: list[LoraLinear] = []
+        self.resident: OrderedDict[int, None] = OrderedDict()
+        self.loads = 0  # adapters brought to the device (with `most`)
 
     def set(self, adapters: list[int], device: torch.device) -> None:
         """`adapters`: each row's adapter (0: the base), in the step's row order."""
         present = sorted(set(adapters) - {0})
+        if self.most:
+            self._bring(present, device)
         if not present:
             self.groups = []
         elif len(present) == 1 and 0 not in adapters:
@@ -71,6 +84,26 @@ class LoraRows:
         else:
             rows = torch.tensor(adapters)
             self.groups = [(a, (rows == a).nonzero().flatten().to(device)) for a in present]
+
+    def _bring(self, present: list[int], device: torch.device) -> None:
+        """The step's adapters on the device, within `most` where the step allows (a beam search
+        between steps may need one more than the running sequences: none of its own then leaves)."""
+        for adapter in present:
+            if adapter in self.resident:
+                self.resident.move_to_end(adapter)
+                continue
+            while len(self.resident) >= self.most:
+                old = next((a for a in self.resident if a not in present), None)
+                if old is None:
+                    break
+                del self.resident[old]
+                for linear in self.linears:
+                    linear.pairs.pop(old, None)
+            for linear in self.linears:
+                if (host := linear.host.get(adapter)) is not None:
+                    linear.pairs[adapter] = tuple(t.to(device, non_blocking=True) for t in host)  # type: ignore[assignment]
+            self.resident[adapter] = None
+            self.loads += 1
 
 
 class LoraLinear(nn.Module):
@@ -83,7 +116,7 @@ class LoraLinear(nn.Module):
     def __init__(self, base: nn.Linear, rows: LoraRows, updates: dict[int, list[LoraUpdate]]) -> None:
         super().__init__()
         self.base, self.rows = base, rows
-        self.pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.host: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # every adapter's fused pair
         for adapter, parts in updates.items():
             a = torch.cat([p.a for p in parts])
             b = a.new_zeros(base.out_features, a.shape[0])
@@ -92,7 +125,12 @@ class LoraLinear(nn.Module):
                 r = p.a.shape[0]
                 b[p.start : p.end, rank : rank + r] = p.b * p.scale
                 rank += r
-            self.pairs[adapter] = (a, b)
+            if rows.most and base.weight.device.type == "cuda":
+                a, b = a.cpu().pin_memory(), b.cpu().pin_memory()  # NOTE: copied to the device without a stall
+            self.host[adapter] = (a, b)
+        # the pairs on the device: all of them, or (with --max-loras) those `rows` brought there
+        self.pairs = {} if rows.most else self.host
+        rows.linears.append(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -179,10 +217,11 @@ def _slice(cfg: Any, linear: str, part: str) -> tuple[int, int]:
     return spans[(linear, part)]
 
 
-def attach(model: nn.Module, adapters: list[Adapter]) -> LoraRows:
+def attach(model: nn.Module, adapters: list[Adapter], most: int = 0) -> LoraRows:
     """Wraps the decoder's targeted linears (adapter k is index k + 1; 0 is the base); returns the
-    rows object the runner fills before each forward."""
-    rows = LoraRows()
+    rows object the runner fills before each forward. `most` > 0: at most that many adapters on the
+    device at once (--max-loras); fewer adapters than that are all kept there."""
+    rows = LoraRows(most if 0 < most < len(adapters) else 0)
     for index, layer in enumerate(model.layers):  # type: ignore[attr-defined]
         for linear in ("qkv", "o_proj", "gate_up", "down"):
             where = (index, linear)
@@ -194,3 +233,12 @@ def attach(model: nn.Module, adapters: list[Adapter]) -> LoraRows:
                 raise ConfigError(f"--lora: layer {index}'s {linear} is not a plain linear here (an expert layer?)")
             setattr(layer, linear, LoraLinear(base, rows, updates))
     return rows
+
+
+def attach_adapters(
+    model: nn.Module, given: list[tuple[str, Path]], cfg: Any, dtype: torch.dtype, device: torch.device, most: int = 0
+) -> LoraRows:
+    """`--lora`'s adapters loaded and attached to `model` on `device`; with `most` (--max-loras)
+    below their count they are loaded into host memory, and brought to the device as steps need them."""
+    where = torch.device("cpu") if 0 < most < len(given) else device
+    return attach(model, [load_adapter(name, folder, cfg, dtype, where) for name, folder in given], most)

@@ -137,3 +137,31 @@ def test_scheduler_and_block_manager_import_no_torch():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert "torch" not in imported and "numpy" not in imported, name
+
+
+def test_max_loras_passes_over_a_prompt_of_another_adapter_then_stops_behind_it():
+    """--max-loras 1: prompts of the running adapter go ahead of one of another adapter, until that one
+    has waited LORA_PATIENCE admissions; then nothing more is admitted until it fits."""
+    from hpcinfer.engine.scheduler import LORA_PATIENCE
+
+    sched = Scheduler(BlockManager(256, 4), 64, 128, max_loras=1)
+    adapters = (1, 2, 1, 0, 1)
+    queue = [Sequence(i, [i, 5, 6], SamplingParams(max_tokens=64, lora=a)) for i, a in enumerate(adapters)]
+    for s in queue:
+        sched.add(s)
+    plan = sched.schedule()
+    sched.update(plan, [7] * len(plan.prefills))
+    assert [c.seq.seq_id for c in plan.prefills] == [0, 2, 3, 4]  # 1 (adapter 2) passed over
+    assert queue[1].lora_waits == 1
+    for i in range(5, 5 + LORA_PATIENCE):  # adapter 1 keeps arriving; adapter 2's prompt waits
+        sched.add(Sequence(i, [i, 5, 6], SamplingParams(max_tokens=64, lora=1)))
+        plan = sched.schedule()
+        sched.update(plan, [7] * sum(c.samples for c in plan.chunks))
+        admitted = [c.seq.seq_id for c in plan.prefills]
+        assert admitted == ([i] if queue[1].lora_waits <= LORA_PATIENCE else []), i
+        assert {s.params.lora for s in sched.running} - {0} == {1}
+    assert queue[1].lora_waits > LORA_PATIENCE and queue[1].status is Status.WAITING
+    for seq in [s for s in sched.running if s.params.lora == 1]:  # adapter 1's sequences end
+        sched.finish(seq, "stop")
+    sched.add(Sequence(99, [1, 5, 6], SamplingParams(lora=1)))
+    assert [c.seq.seq_id for c in sched.schedule().prefills] == [1]  # adapter 2 now; 99 waits behind it

@@ -12,6 +12,7 @@ import torch
 
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.decoder_inspect import inspect_decoder
+from hpcinfer.models.lora import LoraRows
 from hpcinfer.models.registry import load_tokenizer
 from hpcinfer.tasks.generate.job import run_generate
 from tests.fixtures.tiny_decoder import build_tiny_decoder
@@ -80,6 +81,24 @@ def test_two_adapters_and_the_base_in_one_job_equal_merged_transformers(base, tm
         assert same == PROMPTS, f"{name}: {same}/{PROMPTS} answers equal merged transformers'"
     assert sum(got[f"alpha-{i}"] != got[f"base-{i}"] for i in range(PROMPTS)) > PROMPTS // 2  # adapters matter
 
+    # --max-loras 1: the same answers, never two adapters in one step nor on the device together
+    seen: list[tuple[int, int]] = []
+    original = LoraRows.set
+
+    def watched(self: LoraRows, adapters: list[int], device: torch.device) -> None:
+        original(self, adapters, device)
+        seen.append((len(set(adapters) - {0}), len(self.resident)))
+
+    bounded = tmp_path / "bounded.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoraRows, "set", watched)
+        config = generate_config(tmp_path / "in.jsonl", bounded, base, loras=loras, max_loras=1)
+        report = run_generate(config)
+    assert report.rows == len(rows) and report.lora["max_loras"] == 1
+    assert {r["id"]: r["text"] for r in map(json.loads, bounded.read_text().splitlines())} == got
+    assert seen and max(n for n, _ in seen) == 1 and max(r for _, r in seen) == 1
+    assert 2 <= report.lora["adapter_loads"] < len(seen)  # each adapter brought back only when needed
+
 
 def test_lora_mistakes_are_one_line_or_rejects(base, tmp_path):
     adapter = make_adapter(base, tmp_path / "a", 3)
@@ -92,5 +111,7 @@ def test_lora_mistakes_are_one_line_or_rejects(base, tmp_path):
     for bad in (("a",), (f"a={tmp_path}",), (f"a={adapter}", f"a={adapter}")):
         with pytest.raises(ConfigError):
             run_generate(generate_config(src, tmp_path / "bad.jsonl", base, loras=bad))
+    with pytest.raises(ConfigError, match="--max-loras"):
+        run_generate(generate_config(src, tmp_path / "bad.jsonl", base, max_loras=1))
     plain = run_generate(generate_config(src, tmp_path / "plain.jsonl", base))
     assert plain.rows == 0 and plain.rejects == {"invalid_request": 2}  # no --lora: a row asking for one is refused

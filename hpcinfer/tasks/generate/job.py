@@ -46,7 +46,7 @@ from ...job.windows import OpenWindow, WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...models.decoder_int8 import INT8_ROWS
 from ...models.int8_kernels import resumed_int8, settled_int8
-from ...models.lora import adapter_digest, attach, load_adapter, parse_loras
+from ...models.lora import adapter_digest, attach_adapters, parse_loras
 from ...models.shelf import ModelShelf, shelved
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
@@ -119,6 +119,8 @@ class GenerationJob:
             raise ConfigError("--lora runs on the native engine's float weights: not with --tp, --quantize or "
                               "--backend transformers yet")  # fmt: skip
         self.lora_digests = tuple(adapter_digest(folder) for _, folder in self.loras)
+        if config.generate.max_loras and not self.loras:
+            raise ConfigError("--max-loras bounds --lora's adapters: give them with --lora NAME=PATH")
         if config.generate.speculative != "none" and (self.tp_size > 1 or config.backend == "transformers"):
             raise ConfigError("--speculative runs in the native engine on one device: not with --tp or "
                               "--backend transformers yet")  # fmt: skip
@@ -308,7 +310,8 @@ class GenerationJob:
             if model is None:
                 d = self.config.device
                 key = ("decoder", str(self.info.path), str(device), str(self.dtype), d.quantize, d.int8_kernel)
-                key += self.lora_digests  # NOTE: a model is kept with the adapters attached to it
+                # NOTE: a model is kept with the adapters attached to it, on the device or in host memory
+                key += (*self.lora_digests, self.config.generate.max_loras) if self.loras else ()
                 model = shelved(
                     self.shelf, key, lambda: load_decoder(self.info, device, self.dtype, d.quantize, d.int8_kernel)
                 )
@@ -316,8 +319,9 @@ class GenerationJob:
             if self.loras:
                 lora_rows = getattr(model, "lora_rows", None)  # NOTE: a kept model has its adapters already
                 if lora_rows is None:
-                    adapters = [load_adapter(n, f, self.info.config, self.dtype, device) for n, f in self.loras]
-                    lora_rows = model.lora_rows = attach(model, adapters)
+                    lora_rows = model.lora_rows = attach_adapters(
+                        model, self.loras, self.info.config, self.dtype, device, self.config.generate.max_loras
+                    )
             # NOTE: one engine on one device may keep its KV pool for the next run (a server's batches)
             single = self.shelf is not None and len(self.devices) == 1 and self.tp_size == 1
             return Engine(

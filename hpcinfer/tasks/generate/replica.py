@@ -32,7 +32,7 @@ from ...errors import HpcinferError, InputError
 from ...files.ids import IdSet
 from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
-from ...models.lora import attach, load_adapter, parse_loras
+from ...models.lora import attach_adapters, parse_loras
 from ...parallel.tp import TensorParallel
 from ...parallel.tp_groups import replica_engine
 from ...place.breaker import DeviceFault
@@ -156,10 +156,9 @@ class GenerateReplica:
                 )
             else:
                 model = load_decoder(self.info, device, dtype, config.device.quantize, config.device.int8_kernel)
-                adapters = [
-                    load_adapter(n, f, self.info.config, dtype, device) for n, f in parse_loras(config.generate.loras)
-                ]
-                self.engine = make(model, engine_config(config), attach(model, adapters) if adapters else None)
+                loras, g = parse_loras(config.generate.loras), config.generate
+                rows = attach_adapters(model, loras, self.info.config, dtype, device, g.max_loras) if loras else None
+                self.engine = make(model, engine_config(config), rows)
         self.whole.max_prompt = min(self.whole.max_prompt, self.engine.max_model_len - 1)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.step_hook: Callable[[], None] | None = None  # before each step: a slowed or failing device (tests)

@@ -48,6 +48,8 @@ class GenerateReport(JsonReport):
     constrained_cut: int = 0  # of which cut short of their grammar: finish_reason "length" (max_tokens, the context)
     # --speculative ngram: tokens proposed, of which the model kept (verified), and their ratio
     speculative: dict[str, Any] = field(default_factory=dict)
+    # --lora: the adapters, --max-loras, and how many times an adapter was brought to a device
+    lora: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = ""
     dtype: str = ""
@@ -229,6 +231,13 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
             "proposed": proposed,
             "accepted": kept,
             "acceptance_rate": round(kept / proposed, 4) if proposed else 0.0,
+        }
+    if job.config.generate.loras:
+        rows = [e.runner.lora_rows for e in engines if getattr(getattr(e, "runner", None), "lora_rows", None)]
+        r.lora = {
+            "adapters": len(job.config.generate.loras),
+            "max_loras": job.config.generate.max_loras,
+            "adapter_loads": sum(x.loads for x in rows),
         }
     r.config = flatten(job.config)
     if job.config.trace_path:

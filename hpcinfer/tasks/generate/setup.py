@@ -189,5 +189,6 @@ def engine_config(config: RunConfig) -> EngineConfig:
         cuda_graphs=config.device.cuda_graphs,
         attention=g.attention,
         kv_storage=kv_storage(g.kv_cache_dtype),
+        max_loras=g.max_loras,
         speculative_tokens=g.num_speculative_tokens if g.speculative == "ngram" else 0,
     )
