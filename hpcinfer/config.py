@@ -207,7 +207,8 @@ class GenerateConfig:
     # auto (the run's dtype) | fp8 (float8_e4m3fn with per-layer scales)
     kv_cache_dtype: str = choice("auto", ("auto", "fp8"))
     # NOTE: before the `choice` field below, which hides the function of that name
-    speculative: str = choice("none", ("none", "ngram"))  # ngram: prompt-lookup speculation (engine/speculate.py)
+    # none | ngram (prompt lookup) | draft:MODEL (a small model of the same tokenizer): engine/speculate.py
+    speculative: str = "none"
     # how a chat answer's reasoning and tool calls are split out of its text (tasks/generate/parsers.py)
     reasoning_parser: str = choice("none", ("none", "deepseek_r1", "qwen3", "gpt_oss"))
     tool_call_parser: str = choice("none", ("none", "hermes", "llama3_json", "mistral"))
@@ -221,7 +222,7 @@ class GenerateConfig:
     max_loras: int = at_least(0, 0)  # > 0: the most adapters running together and on the device; 0: all
     beam_width: int = 1  # > 1: beam search (engine/beam.py); rows may set their own
     length_penalty: float = 1.0  # beam search: a hypothesis scores its log-probability / length ** this
-    num_speculative_tokens: int = at_least(4, 1)  # with speculative = ngram: the most proposals a step
+    num_speculative_tokens: int = at_least(4, 1)  # with --speculative: the most proposals a step
 
 
 @dataclass(frozen=True, slots=True)

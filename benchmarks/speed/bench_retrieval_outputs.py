@@ -248,8 +248,10 @@ def main() -> None:
                 "whole_s": whole,
                 "bytes_per_row": out.stat().st_size / args.rows,
                 "bottleneck": report.bottleneck,
-                "stages": {s.get("stage", s.get("name", "?")): round(s.get("busy_s", s.get("seconds", 0.0)), 2)
-                           for s in report.stages},  # fmt: skip
+                "stages": {
+                    s.get("stage", s.get("name", "?")): round(s.get("busy_s", s.get("seconds", 0.0)), 2)
+                    for s in report.stages
+                },  # fmt: skip
             }
             if kind.startswith("sparse"):
                 lengths = pq.read_table(out, columns=["indices"]).column("indices").to_pylist()

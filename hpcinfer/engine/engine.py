@@ -34,6 +34,7 @@ from .attention.choice import attention_kind
 from .beam import beam_search
 from .constrained.structured import Grammars, StepMasks
 from .decode_graphs import graph_peak
+from .draft import DraftModel
 from .engine_stats import EngineStats
 from .kvcache.block_manager import BlockManager, blocks_for
 from .kvcache.pools import KVCache, KVLayout, size_pool
@@ -45,7 +46,7 @@ from .sample.sampling import Sampler
 from .sample.stopping import stop_reason
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, SamplingParams, Sequence, Status
-from .speculate import Speculation, accept, accept_sampled, drop_unverified
+from .speculate import MOST_SPECULATING, Speculation, accept, accept_sampled, drop_unverified
 from .staging import InFlightTokens
 
 
@@ -109,12 +110,14 @@ class Engine:
         grammars: Grammars | None = None,
         pools: Callable[[Hashable, Callable[[], KVCache]], KVCache] | None = None,
         lora_rows: Any = None,
+        draft: LlamaDecoder | None = None,
     ) -> None:
         """`grammars`: the run's grammar engine, for requests with structured output. `pools(key,
         make)`: the KV pool kept from an earlier engine of the same key, or `make()`'s (a server's
         batches reuse one pool: its pages are already mapped, which on some machines costs more
         than a short job's forward). `lora_rows`: the LoRA adapters attached to `model`
-        (models.lora.attach), told each step which rows each one answers."""
+        (models.lora.attach), told each step which rows each one answers. `draft`: with
+        `speculative_tokens`, a small decoder of the same tokenizer that proposes (draft.py)."""
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
@@ -160,7 +163,15 @@ class Engine:
         self.masks: StepMasks | None = None  # made for the first request with structured output
         self._vocab = model.cfg.vocab_size
         self.stats = EngineStats(num_blocks=usable)
-        self.speculation = Speculation(config.speculative_tokens) if config.speculative_tokens > 0 else None
+        self.speculation = None
+        if config.speculative_tokens > 0:
+            drafter = None
+            if draft is not None:
+                drafter = DraftModel(
+                    draft, config.block_size, self.max_model_len, config.max_num_batched_tokens,
+                    MOST_SPECULATING, self._vocab,
+                )  # fmt: skip
+            self.speculation = Speculation(config.speculative_tokens, drafter)
         self._beams_done: list[Sequence] = []  # beam searches ended in `add`, handed on by the next step
         self._next_id = 0
 
@@ -210,6 +221,8 @@ class Engine:
         returns them. The model and the KV pool stay; the counters carry on."""
         old, blocks = self.scheduler, self.blocks
         dropped = [*old.running, *old.waiting]
+        if self.speculation is not None and self.speculation.draft is not None:
+            self.speculation.draft.reset()
         self._start_empty(blocks.num_blocks, self.sampler.device)
         self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
         self.blocks.high_water = blocks.high_water
@@ -232,13 +245,15 @@ class Engine:
 
     def _step(self) -> list[Sequence]:
         finished: list[Sequence] = []
-        ahead = self.ahead and not self._constrained()
-        if not ahead and self._in_flight is not None:  # NOTE: a grammar's next mask needs the token in flight
+        spec = self.speculation
+        proposing = spec is not None and spec.may_propose(self.scheduler)
+        # NOTE: a grammar's next mask, and proposals, need the token in flight: step by step then
+        ahead = self.ahead and not self._constrained() and not proposing
+        if not ahead and self._in_flight is not None:
             previous, self._in_flight = self._in_flight, None
             finished = self._resolve(previous)
         t0 = time.perf_counter()
-        spec = self.speculation
-        drafted = spec.propose(self.scheduler, self.config.block_size, self.max_model_len) if spec and not ahead else []
+        drafted = spec.propose(self.scheduler, self.config.block_size, self.max_model_len) if proposing else []
         plan = self.scheduler.schedule()
         if drafted:
             drop_unverified(plan, drafted)

@@ -1,6 +1,7 @@
-"""Speculative decoding by prompt lookup (n-grams): a running greedy sequence proposes the tokens
-that followed the last time its latest n tokens appeared (in its prompt or its answer), and one
-forward over its last token and the proposals verifies them all.
+"""Speculative decoding: by prompt lookup (n-grams), a running sequence proposes the tokens that
+followed the last time its latest n tokens appeared (in its prompt or its answer); with a draft
+model (draft.py), the draft's greedy guesses are the proposals. One forward over the sequence's
+last token and the proposals verifies them all.
 
 The proposals ride in the sequence's own tokens for one step (`Sequence.draft` of them): the
 scheduler then gives the sequence a chunk of 1 + k tokens, as it gives a prompt chunk (each
@@ -15,23 +16,27 @@ temperature, top-k, top-p and min-p), and where it refuses one draws from the mo
 without that token, then stops (`accept_sampled`): with a proposal that is a single token, this is
 speculative sampling's rule, so the answer's tokens are distributed exactly as without
 speculation. A penalized, grammar-held, logprob-asking or n > 1 request decodes one token a step,
-exactly as without it. Speculation runs one step at a time (no step ahead), and
-only while the batch is small (a large batch is compute-bound: verifying k more tokens each would
-cost more than it saves). Proposals never fill a KV block: a block is registered in the prefix
-cache only when full, so a rejected proposal never reaches the cache; its K/V are overwritten when
-the real token reaches that position.
+exactly as without it. A step that may carry proposals runs step by step (not a step ahead: its
+proposals follow the last token), and only while the batch is small (a large batch is
+compute-bound: verifying k more tokens each would cost more than it saves). Proposals never fill
+a KV block: a block is registered in the prefix cache only when full, so a rejected proposal
+never reaches the cache; its K/V are overwritten when the real token reaches that position.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .draft import DraftModel
 from .sample.sampling import draw, filtered_probs
 from .scheduler import Scheduler, StepPlan
 from .sequence import PENDING, Sequence
 
 MAX_NGRAM, MIN_NGRAM = 3, 1
 MOST_SPECULATING = 4  # sequences running: beyond, a step is compute-bound and speculation is off
+# While the recent acceptance is below LOW_RATE, proposing costs more than it saves (a draft model's
+# forwards, longer verifying chunks): speculation rests REST_STEPS steps, then proposes once again.
+LOW_RATE, REST_STEPS = 0.15, 16
 
 
 def propose(tokens: list[int], k: int) -> list[int]:
@@ -112,32 +117,55 @@ def accept_sampled(seq: Sequence, real: int, generator: torch.Generator) -> int:
 
 
 class Speculation:
-    """Per engine: proposes before a step, counts what verification kept, adapts k to the rate."""
+    """Per engine: proposes before a step, counts what verification kept, adapts k to the rate.
+    `draft` (draft.py): a draft model proposes; else prompt lookup does."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, draft: DraftModel | None = None) -> None:
         self.k = k
+        self.draft = draft
         self.proposed = self.accepted = 0
         self.rate = 1.0  # recent acceptance (exponential average): low, fewer proposals
+        self.resting = 0  # steps left without proposals (the rate fell below LOW_RATE)
 
     def tokens_now(self) -> int:
         return max(1, round(self.k * min(1.0, self.rate + 0.25)))
 
+    def may_propose(self, scheduler: Scheduler) -> bool:
+        """Whether this step may carry proposals (the engine then runs it step by step); once a step,
+        so a resting step counts down here."""
+        if self.resting > 0:
+            self.resting -= 1
+            return False
+        return len(scheduler.running) <= MOST_SPECULATING
+
     def propose(self, scheduler: Scheduler, block_size: int, max_model_len: int) -> list[Sequence]:
-        """Prompt-lookup proposals appended to the running sequences that may speculate, when the
-        running sequences are few and all decode (so each verifying chunk is scheduled whole, before
-        any admission); the sequences that got some."""
+        """Proposals appended to the running sequences that may speculate, when the running
+        sequences are few and all decode (so each verifying chunk is scheduled whole, before any
+        admission); the sequences that got some."""
         running = scheduler.running
         if not 0 < len(running) <= MOST_SPECULATING or not all(q.is_decode for q in running):
+            if self.draft is not None:
+                self.draft.reset()
             return []
         k, budget = self.tokens_now(), scheduler.max_num_batched_tokens - len(running)
-        drafted = []
+        seqs, rooms = [], []
         for seq in running:
             if seq.draining or seq.tokens[-1] == PENDING or not can_speculate(seq):
                 continue
-            proposals = propose(seq.tokens, min(budget, room(seq, k, block_size, max_model_len)))
+            n = min(budget, room(seq, k, block_size, max_model_len))
+            if n > 0:
+                seqs.append(seq)
+                rooms.append(n)
+                budget -= n
+        if self.draft is not None:
+            proposed = self.draft.propose(seqs, rooms)
+        else:
+            proposed = [propose(seq.tokens, n) for seq, n in zip(seqs, rooms, strict=True)]
+        drafted = []
+        for seq, proposals in zip(seqs, proposed, strict=True):
             if proposals:
                 seq.tokens += proposals
-                seq.draft, budget = len(proposals), budget - len(proposals)
+                seq.draft = len(proposals)
                 drafted.append(seq)
         return drafted
 
@@ -146,6 +174,8 @@ class Speculation:
         self.accepted += kept
         if proposed:
             self.rate = 0.8 * self.rate + 0.2 * (kept / proposed)
+            if self.rate < LOW_RATE:
+                self.resting = REST_STEPS
 
 
 def drop_unverified(plan: StepPlan, drafted: list[Sequence]) -> None:

@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
+from hpcinfer.engine import speculate
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.sequence import SamplingParams
-from hpcinfer.engine.speculate import propose
+from hpcinfer.engine.speculate import REST_STEPS, Speculation, propose
+from hpcinfer.errors import ConfigError
 from hpcinfer.tasks.generate.job import run_generate
 
 from ..conftest import generate_config, tiny_llama, write_jsonl
@@ -36,14 +38,16 @@ def copying(prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("seqs", [1, 4])
-def test_greedy_answers_equal_one_token_a_step(tiny, seqs):
+def test_greedy_answers_equal_one_token_a_step(tiny, seqs, monkeypatch):
     _, info, model, prompts = tiny
+    monkeypatch.setattr(speculate, "LOW_RATE", 0.0)  # NOTE: propose every step: a random model keeps few
     prompts = copying(prompts)
     eos = info.eos_token_ids
     params = [SamplingParams(max_tokens=7 + 5 * (i % 4), stop_token_ids=(prompts[i][3],) if i % 3 == 0 else ())
               for i in range(len(prompts))]  # fmt: skip
     plain = Engine(model, EngineConfig(max_num_seqs=seqs), eos)
-    spec = Engine(model, EngineConfig(max_num_seqs=seqs, speculative_tokens=4), eos)
+    # NOTE: four sequences a step ahead, as on CUDA: steps that may carry proposals run step by step
+    spec = Engine(model, EngineConfig(max_num_seqs=seqs, speculative_tokens=4, ahead=seqs > 1), eos)
     want = [(s.completion, s.finish_reason) for s in plain.generate(prompts, params)]
     got = [(s.completion, s.finish_reason) for s in spec.generate(prompts, params)]
     assert got == want
@@ -52,10 +56,12 @@ def test_greedy_answers_equal_one_token_a_step(tiny, seqs):
     assert again == want
 
 
-def test_sampled_answers_keep_their_distribution(tmp_path):
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_sampled_answers_keep_their_distribution(tmp_path, proposer, monkeypatch):
     """Sampled rows speculate too (a proposal kept with the model's probability for it, else a draw
     without it): the tokens of 800 seeded answers, with and without, are one distribution (a
-    chi-square test per position, on a 268-token vocabulary)."""
+    chi-square test per position, on a 268-token vocabulary); proposals by prompt lookup, or by a
+    draft model (the model itself: its greedy guess is the distribution's mode, kept or refused)."""
     from scipy.stats import chi2_contingency
 
     from hpcinfer.models.decoder_checkpoint import load_decoder
@@ -64,16 +70,19 @@ def test_sampled_answers_keep_their_distribution(tmp_path):
 
     info = inspect_decoder(build_tiny_gguf(tmp_path / "tiny.gguf", seed=11))
     model = load_decoder(info, torch.device("cpu"), torch.float32)
+    draft = model if proposer == "draft" else None
+    monkeypatch.setattr(speculate, "LOW_RATE", 0.0)  # NOTE: propose every step, however few are kept
     # NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token
     # was seen, and the tokens after it are proposed (the prefix cache prefills the prompt once)
     prompt = list(range(8, 260))
     params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
     answers = {}
     for k in (0, 4):
-        engine = Engine(model, EngineConfig(max_num_seqs=4, speculative_tokens=k), info.eos_token_ids)
+        engine = Engine(model, EngineConfig(max_num_seqs=4, speculative_tokens=k), info.eos_token_ids, draft=draft)
         answers[k] = [s.completion for s in engine.generate([prompt] * len(params), params)]
         if k:
             assert engine.speculation.proposed > 1000 and engine.speculation.accepted > 10  # both paths run
+            assert engine.speculation.accepted < 0.9 * engine.speculation.proposed
     assert answers[0] != answers[4]  # NOTE: other draws; the same distribution below
     for position in range(1, 5):
         tokens = sorted({a[position] for k in answers for a in answers[k]})
@@ -89,9 +98,73 @@ def test_a_job_with_speculation_writes_the_same_answers_and_its_rate(tiny, tmp_p
              **({"stop": ["dog dog"]} if i % 4 == 1 else {})} for i in range(8)]  # fmt: skip
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     outputs = {}
-    for mode in ("none", "ngram"):
-        out = tmp_path / f"{mode}.jsonl"
+    for mode in ("none", "ngram", f"draft:{path}"):
+        out = tmp_path / f"{mode.partition(':')[0]}.jsonl"
         report = run_generate(generate_config(src, out, path, speculative=mode, max_num_seqs=2))
         outputs[mode] = [json.loads(x) for x in out.read_text().splitlines()]
-    assert outputs["ngram"] == outputs["none"]
-    assert report.speculative["proposed"] > 0 and 0 <= report.speculative["acceptance_rate"] <= 1
+        if mode != "none":  # NOTE: the model as its own draft: its guesses are kept
+            assert report.speculative["proposed"] > 0
+            assert report.speculative["acceptance_rate"] > (0.9 if mode.startswith("draft") else 0)
+    assert outputs["ngram"] == outputs["none"] == outputs[f"draft:{path}"]
+
+
+def test_a_draft_of_another_tokenizer_or_a_mistyped_mode_is_one_line(tiny, tmp_path):
+    from tests.fixtures.tiny_gguf import build_tiny_gguf
+
+    path, _, _, _ = tiny
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "the fox", "max_tokens": 2}])
+    gguf = build_tiny_gguf(tmp_path / "other.gguf", seed=1)
+    for mode, says in ((f"draft:{gguf}", "tokenizer is not the model's"), ("draft:", "draft:MODEL"),
+                       ("eagle", "draft:MODEL"), (f"draft:{tmp_path / 'nothing'}", "draft:")):  # fmt: skip
+        with pytest.raises(ConfigError, match=says):
+            run_generate(generate_config(src, tmp_path / "out.jsonl", path, speculative=mode))
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """Another tiny Llama of the same tokenizer, other weights: a draft that guesses wrong often."""
+    return tiny_llama(tmp_path_factory.mktemp("draft"), seed=10, prompts=1, max_length=64, text_seed=3)[2]
+
+
+@pytest.mark.parametrize("seqs", [1, 4])
+@pytest.mark.parametrize("which", ["same", "other"])
+def test_draft_model_greedy_answers_equal_one_token_a_step(tiny, other, seqs, which):
+    """--speculative draft:MODEL: the draft's guesses verified as prompt lookup's are; with the model
+    itself as the draft nearly every guess is kept, with another most are refused: the same answers."""
+    _, info, model, prompts = tiny
+    eos = info.eos_token_ids
+    params = [SamplingParams(max_tokens=9 + 5 * (i % 4), stop_token_ids=(prompts[i][3],) if i % 3 == 0 else ())
+              for i in range(len(prompts))]  # fmt: skip
+    plain = Engine(model, EngineConfig(max_num_seqs=seqs), eos)
+    draft = model if which == "same" else other
+    spec = Engine(model, EngineConfig(max_num_seqs=seqs, speculative_tokens=4), eos, draft=draft)
+    want = [(s.completion, s.finish_reason) for s in plain.generate(prompts, params)]
+    assert [(s.completion, s.finish_reason) for s in spec.generate(prompts, params)] == want
+    proposed, kept = spec.speculation.proposed, spec.speculation.accepted
+    if which == "same":
+        assert kept >= 0.9 * proposed > 0 and spec.stats.steps < plain.stats.steps
+    else:
+        assert proposed > 0 and kept < 0.5 * proposed
+    assert not spec.speculation.draft.shadows or len(spec.speculation.draft.shadows) <= seqs
+    again = [(s.completion, s.finish_reason) for s in spec.generate(prompts, params)]  # shadows dropped, redone
+    assert again == want
+
+
+def test_speculation_rests_while_few_proposals_are_kept(tiny, other):
+    """A draft whose guesses are refused stops costing: below LOW_RATE speculation rests REST_STEPS
+    steps between tries, so the run takes about the forwards of one token a step, and the same answers."""
+    _, info, model, prompts = tiny
+    params = [SamplingParams(max_tokens=40, ignore_eos=True) for _ in prompts[:2]]
+    plain = Engine(model, EngineConfig(max_num_seqs=1), info.eos_token_ids)
+    spec = Engine(model, EngineConfig(max_num_seqs=1, speculative_tokens=4), info.eos_token_ids, draft=other)
+    want = [s.completion for s in plain.generate(prompts[:2], params)]
+    assert [s.completion for s in spec.generate(prompts[:2], params)] == want
+    tries = spec.speculation.proposed
+    assert spec.speculation.rate < speculate.LOW_RATE and tries < 40  # not 4 a step for 80 steps
+    s = Speculation(4)
+    s.record(10, 0)
+    s.record(10, 0)
+    assert s.resting == 0
+    for _ in range(8):
+        s.record(10, 0)
+    assert s.resting == REST_STEPS

@@ -56,6 +56,7 @@ from ...place.affinity import AffinityPlan, device_spec, pin_thread, pinned, res
 from ...place.devices import device_labels
 from ...registry import pick_task
 from .answers import GenerationStore, answer_row, answers_chunk, answers_table, held_answers, with_errors
+from .drafting import draft_info, load_draft
 from .report import GenerateReport, summarise
 from .requests import Request
 from .setup import (
@@ -127,6 +128,7 @@ class GenerationJob:
         self.tokenizer = shelved(
             shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), attached=True
         )
+        self.draft = draft_info(config, self.tokenizer)
         if config.device.threads and len(self.devices) == 1:
             set_torch_threads(config.device.threads)
         g = config.generate
@@ -333,6 +335,7 @@ class GenerationJob:
                 grammars=self.reader.grammars,
                 pools=self._kept_pool if single else None,
                 lora_rows=lora_rows,
+                draft=load_draft(self.draft, device, self.dtype, self.shelf),
             )
 
     def _kept_pool(self, key: Any, make: Callable[[], Any]) -> Any:

@@ -40,6 +40,7 @@ from ...ray_engine.beat import Beat
 from ...ray_engine.units import Unit
 from ...types import Reject
 from .answers import answer_row
+from .drafting import draft_info, load_draft
 from .requests import Request, RequestReader
 from .setup import engine_config, first_device, request_reader, run_decoder_info
 from .tally import SequenceTally
@@ -134,6 +135,7 @@ class GenerateReplica:
         device, dtype = first_device(config)
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
+        self.draft = draft_info(config, self.tokenizer)
 
         def make(model: Any, settings: EngineConfig, lora_rows: Any = None) -> Engine:
             return Engine(
@@ -143,6 +145,7 @@ class GenerateReplica:
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 grammars=self.whole.grammars,
                 lora_rows=lora_rows,
+                draft=load_draft(self.draft, model.norm.device, dtype),
             )
 
         # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one

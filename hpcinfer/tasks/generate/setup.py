@@ -190,5 +190,5 @@ def engine_config(config: RunConfig) -> EngineConfig:
         attention=g.attention,
         kv_storage=kv_storage(g.kv_cache_dtype),
         max_loras=g.max_loras,
-        speculative_tokens=g.num_speculative_tokens if g.speculative == "ngram" else 0,
+        speculative_tokens=g.num_speculative_tokens if g.speculative != "none" else 0,
     )

@@ -1,0 +1,99 @@
+"""A draft model's proposals (`--speculative draft:MODEL`): a small decoder of the same tokenizer
+guesses each speculating sequence's next k tokens, greedily, and the model verifies them in one
+forward as it verifies prompt-lookup proposals (speculate.py: the same acceptance, so greedy
+answers stay token for token the same, and a sampled answer keeps each proposal with the model's
+own probability of it, speculative sampling's rule for a proposal the draft chose outright).
+
+The draft keeps a shadow of each speculating sequence with a paged KV cache of its own (one
+sequence's longest context for each of the few sequences that may speculate at once). Before
+proposing, a shadow is cut back to what it shares with its sequence (the proposals the model
+refused are forgotten), catches up on the tokens it has not computed (a prompt's first time: the
+whole prompt, in chunks of the step's token budget), then runs one decode step per proposal for
+all the shadows together. A shadow whose sequence stops speculating is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from ..models.llama import LlamaDecoder
+from .kvcache.block_manager import BlockManager, blocks_for
+from .kvcache.pools import KVCache, KVLayout
+from .runner import ModelRunner
+from .scheduler import Chunk, StepPlan
+from .sequence import SamplingParams, Sequence
+
+
+class DraftModel:
+    """A small decoder proposing tokens for up to `most_seqs` sequences at a time."""
+
+    def __init__(
+        self, model: LlamaDecoder, block_size: int, max_model_len: int, budget: int, most_seqs: int, vocab: int
+    ) -> None:
+        """`max_model_len`: the engine's context (the draft proposes within its own, if shorter);
+        `budget`: the most tokens a draft forward takes; `vocab`: the model's vocabulary (a draft's
+        padded rows beyond it are never proposed)."""
+        device = model.norm.device
+        self.max_model_len = min(max_model_len, model.cfg.max_model_len)
+        layout = KVLayout.of(model.cfg, block_size, model.norm.dtype, None)
+        num_blocks = most_seqs * blocks_for(self.max_model_len, block_size)
+        self.cache = KVCache(layout, num_blocks, device)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_cache=False)
+        self.cache.writer = self.blocks
+        self.runner = ModelRunner(model, self.cache, budget, most_seqs, self.max_model_len)
+        self.budget, self.vocab = budget, vocab
+        self.shadows: dict[int, Sequence] = {}  # by the id of the sequence each follows
+        self.forwards = 0
+
+    def propose(self, seqs: Seq[Sequence], rooms: Seq[int]) -> list[list[int]]:
+        """Up to `rooms[i]` proposals for each of `seqs` (fewer near the draft's own context end)."""
+        self._drop_others(seqs)
+        want: dict[int, int] = {}
+        for seq, room in zip(seqs, rooms, strict=True):
+            room = min(room, self.max_model_len - seq.num_tokens - 1)
+            if room > 0:
+                want[id(seq)] = room
+                self._follow(seq)
+        got: dict[int, list[int]] = {key: [] for key in want}
+        owner = {id(self.shadows[key]): key for key in want}
+        while any(len(got[key]) < n for key, n in want.items()):
+            plan, budget = StepPlan(), self.budget
+            for key in (k for k, n in want.items() if len(got[k]) < n):
+                shadow = self.shadows[key]
+                n = min(shadow.num_tokens - shadow.num_computed, budget)
+                if n == 0:
+                    break
+                self.blocks.grow(shadow, n)
+                chunk = Chunk(shadow, shadow.num_computed, n)
+                (plan.decodes if n == 1 and shadow.num_computed > 0 else plan.prefills).append(chunk)
+                budget -= n
+            logits = self.runner.run(plan)
+            self.forwards += 1
+            chosen = iter(logits[:, : self.vocab].argmax(dim=-1).tolist())
+            for chunk in plan.chunks:
+                chunk.seq.num_computed += chunk.length
+                if chunk.samples:
+                    token = next(chosen)
+                    chunk.seq.tokens.append(token)
+                    got[owner[id(chunk.seq)]].append(token)
+        return [got.get(id(seq), []) for seq in seqs]
+
+    def _follow(self, seq: Sequence) -> None:
+        """The shadow of `seq`, holding its tokens, its K/V kept for the tokens they still share."""
+        shadow = self.shadows.get(id(seq))
+        if shadow is None:
+            shadow = self.shadows[id(seq)] = Sequence(seq.seq_id, [], SamplingParams())
+        shared, limit = 0, min(shadow.num_computed, seq.num_tokens - 1)  # NOTE: the last token runs again
+        while shared < limit and shadow.tokens[shared] == seq.tokens[shared]:
+            shared += 1
+        shadow.tokens = list(seq.tokens)
+        shadow.num_computed = shared
+
+    def _drop_others(self, seqs: Seq[Sequence]) -> None:
+        keep = {id(seq) for seq in seqs}
+        for key in [k for k in self.shadows if k not in keep]:
+            self.blocks.free(self.shadows.pop(key))
+
+    def reset(self) -> None:
+        """Forgets every shadow (the engine dropped its sequences)."""
+        self._drop_others(())
