@@ -59,6 +59,7 @@ class InputConfig:
     text_column: str = "text"
     id_column: str = "id"
     prompt_column: str | None = None  # embedding: a column whose text goes before the row's (its own prompt)
+    image_column: str | None = None  # embedding: each row's image (a path, URI or bytes), not its text
     pair_columns: tuple[str, ...] = ()  # --task score: the two text columns of a pair (query, document)
     input_format: str = choice("auto", ("auto", "jsonl", "parquet", "openai"))
     read_block_rows: int = at_least(2048, 1)  # rows per record batch handed to the tokenizer

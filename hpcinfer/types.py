@@ -64,6 +64,9 @@ REJECT_REASONS = (
     "empty_input",  # an OpenAI-style request with an empty list (`input`, `text_1`, `documents`)
     "invalid_request",  # an OpenAI-style request's other fields (url, encoding_format, top_n, pairing)
     "invalid_dimensions",  # `dimensions` below 1 or above the model's
+    "image_missing",  # --image-column: no image at the row's path, or no path
+    "image_unreadable",  # not an image, truncated, or too large to decode
+    "image_remote",  # an http(s) URL: a job reads local files and object stores, never the web
 )
 
 
@@ -79,6 +82,7 @@ class RowBlock:
     texts: list[str] | None = None
     prompts: list[str | None] | None = None  # each text's own prompt (--prompt-column), None: the run's
     token_ids: tuple[np.ndarray, np.ndarray] | None = None  # pre-tokenized: (flat int32, lengths)
+    images: list[Any] | None = None  # --image-column: each valid row's image (a path, URI or bytes)
     rejects: list[Reject] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # input row number of each valid row
     lines: list[int | None] = field(default_factory=list)  # and its JSONL line, if any

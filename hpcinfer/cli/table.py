@@ -21,6 +21,10 @@ OPTIONS: tuple[Opt, ...] = (
         "batch files."),
     opt("--text-column", "input.text_column", "Input", "Column holding the text (embedding). Without it, a "
         "list-of-int 'input_ids' column is used as is."),
+    opt("--image-column", "input.image_column", "Input", "Embed each row's image with a CLIP or SigLIP model: "
+        "a local path (relative to the input file's folder), a file:// or object-store URI, or bytes (a Parquet "
+        "binary column). A missing or unreadable image is a reject; http(s) URLs are refused (the job runs "
+        "offline)."),
     opt("--id-column", "input.id_column", "Input", "Column holding row ids; when absent, the 0-based row number "
         "is the id."),
     opt("--rate", "input.rate", "Input", "Replay the input as an online service would see it: requests arrive "

@@ -180,16 +180,23 @@ class StagingRing:
     """
 
     def __init__(
-        self, device: Device, slots: int, max_tokens: int, max_rows: int, stop: threading.Event | None = None
+        self,
+        device: Device,
+        slots: int,
+        max_tokens: int,
+        max_rows: int,
+        stop: threading.Event | None = None,
+        dtype: torch.dtype = torch.int32,
     ) -> None:
+        """`dtype`: of the ids (token ids; uint8 for an image run's pixels)."""
         self.device = device
         self.stop = stop
         self.slots = [
             StagingSlot(
                 i,
-                device.host_buffer((max_tokens,), torch.int32),
+                device.host_buffer((max_tokens,), dtype),
                 device.host_buffer((max_rows,), torch.int32),
-                device.device_buffer((max_tokens,), torch.int32),
+                device.device_buffer((max_tokens,), dtype),
                 device.device_buffer((max_rows,), torch.int32),
             )
             for i in range(slots)

@@ -32,6 +32,21 @@ def check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | Non
     return None
 
 
+def check_image(value: Any) -> tuple[str, str] | None:
+    """An image reference: a path or URI (not an http(s) URL: a job never fetches from the web), or bytes."""
+    if value is None:
+        return "image_missing", "no image"
+    if isinstance(value, bytes | bytearray):
+        return None if value else ("image_unreadable", "the image's bytes are empty")
+    if not isinstance(value, str):
+        return "wrong_type", f"an image is a path, a URI or bytes, not a {type(value).__name__}"
+    if not value.strip():
+        return "image_missing", "the image's path is empty"
+    if value[:8].lower().startswith(("http://", "https://")):
+        return "image_remote", "an http(s) URL: images are read from files and object stores (the job runs offline)"
+    return None
+
+
 def pair_payload(first: Any, second: Any, names: tuple[str, ...]) -> Any:
     """A row's text pair as [first, second], or the reject of its first bad side (named)."""
     for value, name in zip((first, second), names, strict=True):

@@ -167,6 +167,8 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         return Source(path, "openai", "text", True)
     if cfg.pair_columns:
         return _pair_source(path, fmt, cfg, objects)
+    if cfg.image_column:
+        return _image_source(path, fmt, cfg, objects)
     if fmt == "parquet":
         try:
             schema = read_schema(path)
@@ -192,6 +194,27 @@ def open_source(path: str, cfg: InputConfig) -> Source:
         return Source(path, fmt, "tokens", cfg.id_column in columns)
     shown = ", ".join(sorted(columns)[:8])
     raise InputError(f"no column '{cfg.text_column}' (nor '{TOKENS_COLUMN}'); columns are: {shown}", path=path)
+
+
+def _image_source(path: str, fmt: str, cfg: InputConfig, objects: list[dict]) -> Source:
+    """A file of image references (--image-column): paths or URIs as text, or bytes (Parquet binary)."""
+    column = cfg.image_column
+
+    def absent(names: list[str]) -> InputError:
+        return InputError(f"no column '{column}' (--image-column); columns are: {', '.join(names[:8])}", path=path)
+
+    if fmt == "parquet":
+        schema = read_schema(path)
+        if column not in schema.names:
+            raise absent(schema.names)
+        kind = schema.field(column).type
+        if not (is_text_type(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise InputError(f"column '{column}' holds {kind}, not image paths or bytes", path=path)
+        return Source(path, fmt, "image", cfg.id_column in schema.names)
+    columns = {key for obj in objects for key in obj}
+    if objects and column not in columns:
+        raise absent(sorted(columns))
+    return Source(path, fmt, "image", cfg.id_column in columns)
 
 
 def _pair_source(path: str, fmt: str, cfg: InputConfig, objects: list[dict]) -> Source:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, normalizers
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .adapter import BatchModel, PoolingHead
 from .checkpoint import (
     DECODER_TYPES,
@@ -18,6 +18,7 @@ from .checkpoint import (
     inspect_classifier,
     read_model_json,
 )
+from .clip import inspect_clip, is_clip
 from .decoder_embedder import DecoderPoolingHead
 from .decoder_inspect import inspect_decoder_embedder
 from .st_files import lowercases
@@ -61,11 +62,16 @@ class LoadedModel:
     embedder: BatchModel
 
 
-def inspect_embedder(path: Path, task: str = "embed") -> CheckpointInfo:
+def inspect_embedder(path: Path, task: str = "embed", images: bool = False) -> CheckpointInfo:
     """A pooling task's checkpoint: for `classify` a sequence classifier; for embedding a BERT-family
-    encoder, or a Llama-family decoder (by config.json's model_type)."""
+    encoder, a Llama-family decoder, or a CLIP/SigLIP model (by config.json's model_type), whose
+    images are embedded where `images` (--image-column), else its texts."""
     if task in ("classify", "score"):
         return inspect_classifier(path, score=task == "score")  # NOTE: with its ClassifierHead
+    if path.is_dir() and is_clip(path):
+        return inspect_clip(path, images)
+    if images:
+        raise ConfigError("--image-column needs an image model (CLIP or SigLIP); this checkpoint embeds text")
     config = path / "config.json"
     if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
         raw = read_model_json(config)

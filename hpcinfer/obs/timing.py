@@ -16,9 +16,9 @@ import numpy as np
 
 from .meter import COUNTER, Meter
 
-HOST_STAGES = ("read", "tokenize", "plan", "stage", "execute", "write")
+HOST_STAGES = ("read", "tokenize", "decode", "plan", "stage", "execute", "write")
 DEVICE_STAGES = ("h2d", "compute", "d2h")
-REPORT_ORDER = ("read", "tokenize", "plan", "stage", "h2d", "execute", "compute", "d2h", "write")
+REPORT_ORDER = ("read", "tokenize", "decode", "plan", "stage", "h2d", "execute", "compute", "d2h", "write")
 
 
 @dataclass(slots=True)
@@ -103,6 +103,8 @@ class Timings:
 HINTS = {
     "read": "read-bound: parsing input is the limit; convert JSONL to Parquet or read fewer columns",
     "tokenize": "tokenize-bound: raise --tokenize-threads",
+    "decode": "decode-bound: decoding and resizing images is the limit; raise --tokenize-threads (the decode "
+    "threads), or store the images smaller",
     "plan": "plan-bound: lower --sort-window",
     "stage": "stage-bound: raise --staging-buffers or --max-batch-tokens (fewer, larger copies)",
     "h2d": "copy-bound: raise --staging-buffers so copies overlap compute",

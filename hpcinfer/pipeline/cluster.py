@@ -24,6 +24,7 @@ from ..ray_engine.cluster import Pool
 from ..ray_engine.commit import Admitted, repeated_rows, with_duplicate_rejects
 from ..ray_engine.merge import cluster_figures, merge_stages, per_actor
 from ..ray_engine.units import Unit
+from .decode import image_budget
 from .job import check_lengths, embed_fingerprint
 from .options import embed_checkpoint, encoder_task
 from .read import Reader
@@ -54,6 +55,8 @@ class EmbedCluster:
     def settle(self, config: RunConfig, pool: Pool, dtype: Any, fmt: str) -> tuple[RunConfig, PartStore]:
         assert self.info is not None
         config = replace(config, plan=resolve_plan(config.plan, pool.kind, None))
+        if (spec := getattr(self.info.config, "image", None)) is not None:  # NOTE: batches of pixels (decode.py)
+            config = image_budget(config, spec, pool.kind)
         max_length = check_lengths(config, self.info)
         self.reader = Reader(config.input, config.plan.sort_window)
         weights = "int8" if config.device.quantize == "int8" else "float"

@@ -30,6 +30,7 @@ from ..obs.meter import COUNTER
 from ..obs.progress import Progress
 from ..place.affinity import device_spec, resolve_affinity, start_tokenizer_pool
 from ..place.devices import make_run_devices
+from .decode import image_budget
 from .degrade import run_degrading
 from .given import EmbedJob, RunExtras
 from .options import embed_checkpoint, encoder_task
@@ -74,6 +75,8 @@ def run_embed_job(config: RunConfig, devices: list[Device], extras: RunExtras) -
     fmt = output_format(config.output.path, config.output.output_format)
     check_output(config.output.path)
     info = embed_checkpoint(config)
+    if (spec := getattr(info.config, "image", None)) is not None:  # NOTE: batches of pixels (decode.py)
+        config = image_budget(config, spec, devices[0].kind)
     max_length = check_lengths(config, info)
     reader = Reader(config.input, config.plan.sort_window)  # input problems surface here, before any work
 
@@ -184,6 +187,8 @@ def embed_fingerprint(
     }
     # NOTE: only when set, so a run started before these options existed still resumes
     extra = {"dimensions": info.pooling.dimensions, "prompt": info.prompt, "prompt_column": config.input.prompt_column}
+    if (spec := getattr(info.config, "image", None)) is not None:  # NOTE: the images' column and how they are made
+        extra["images"] = [config.input.image_column, repr(spec)]
     if weights != "float" and weights != "float32":  # NOTE: --quantize auto enters as what it chose
         extra["quantize"] = weights
     if weights == "int8":  # NOTE: two kernels round differently: a resumed run goes on with the one that began

@@ -31,6 +31,7 @@ from ..files.row_values import (
     Rows,
     arrow_ids,
     arrow_texts,
+    check_image,
     check_prompts,
     check_text,
     check_tokens,
@@ -103,7 +104,7 @@ class Reader:
     def _parquet_columns(self, src: Source) -> list[str]:
         if src.payload == "pair":
             return [*self.cfg.pair_columns] + ([self.cfg.id_column] if src.has_ids else [])
-        payload_col = self.cfg.text_column if src.payload == "text" else TOKENS_COLUMN
+        payload_col = {"text": self.cfg.text_column, "image": self.cfg.image_column}.get(src.payload, TOKENS_COLUMN)
         columns = [payload_col] + ([self.cfg.id_column] if src.has_ids else [])
         prompt = self.cfg.prompt_column
         if prompt and src.payload == "text" and prompt not in columns and prompt in self._schema_names(src):
@@ -124,6 +125,8 @@ class Reader:
             rows.payloads = [pair_payload(a, b, self.cfg.pair_columns) for a, b in zip(first, second, strict=True)]
         elif src.payload == "text":
             rows.payloads = arrow_texts(values)
+        elif src.payload == "image":
+            rows.payloads = [v if (bad := check_image(v)) is None else bad for v in values.to_pylist()]
         else:
             rows.payloads = [v if (bad := check_tokens(v)) is None else bad for v in values.to_pylist()]
         rows.ids = arrow_ids(batch.column(self.cfg.id_column)) if src.has_ids else [None] * batch.num_rows
@@ -205,6 +208,9 @@ class Reader:
         if src.payload == "tokens":
             value = obj.get(TOKENS_COLUMN)
             return (value if (bad := check_tokens(value)) is None else bad), row_id, obj
+        if src.payload == "image":
+            value = obj.get(self.cfg.image_column)
+            return (value if (bad := check_image(value)) is None else bad), row_id, obj
         value = obj.get(self.cfg.text_column)
         return (value if (bad := check_text(value)) is None else bad), row_id, obj
 
@@ -241,6 +247,7 @@ class Reader:
         duplicate = self._duplicates(payloads, ids) if src.has_ids else None
         texts: list[str] = []
         tokens: list[list[int]] = []
+        images: list[Any] = []
         options: list[RequestPart] = []
         row_prompts = rows.prompts[start:end] if rows.prompts is not None else None
         prompts: list[str | None] = []
@@ -257,7 +264,7 @@ class Reader:
                 block.ids.append(row_id)
                 block.rows.append(row)
                 block.lines.append(lines[k])
-                (tokens if src.payload == "tokens" else texts).append(part)
+                {"tokens": tokens, "image": images}.get(src.payload, texts).append(part)
                 if row_prompts is not None:
                     prompts.append(row_prompts[k])
                 if isinstance(payload, Request):
@@ -266,6 +273,8 @@ class Reader:
             lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
             flat = np.fromiter((v for t in tokens for v in t), dtype=np.int64, count=int(lengths.sum()))
             block.token_ids = (flat, lengths)
+        elif src.payload == "image":
+            block.images = images
         else:
             block.texts = texts
             block.prompts = prompts if row_prompts is not None else None

@@ -138,7 +138,9 @@ def build_replicas(
                 preloaded if preloaded is not None and i == 0 else load_model(info, device.torch_device, dtype)
             )
         model = models[key]
-        ring = StagingRing(device, config.device.staging_buffers, plan.max_batch_tokens, plan.max_batch_size, stop)
+        pixels = getattr(info.config, "image", None) is not None  # NOTE: an image run stages uint8 pixels
+        slots = config.device.staging_buffers
+        ring = StagingRing(device, slots, plan.max_batch_tokens, plan.max_batch_size, stop, pixel_dtype(pixels))
         outputs = OutputPool(
             device,
             config.device.staging_buffers + config.device.streams,
@@ -151,6 +153,10 @@ def build_replicas(
         executor = Executor(device, model.embedder, ring, outputs, graphs, budget, profiler, replica=i)
         replicas.append(Replica(label, device, outputs, StageStep(device, ring), executor))
     return replicas
+
+
+def pixel_dtype(pixels: bool) -> torch.dtype:
+    return torch.uint8 if pixels else torch.int32
 
 
 def _graphs(config: RunConfig, device: Device, model: Any, budget: TokenBudget, max_width: int) -> Any:

@@ -22,6 +22,7 @@ from ..obs.timing import Span, Timings, bottleneck, write_trace
 from ..place.affinity import device_spec, pinned, resolve_affinity
 from ..place.devices import device_labels
 from ..place.dispatch import Dispatcher
+from .decode import DecodeStage, decode_threads
 from .given import EmbedJob
 from .held import Held, load_held
 from .overlap import Fanout, run_overlapped
@@ -76,9 +77,13 @@ class EmbedRun:
         writer = Writer(
             job.store, outputs, self.rejects, first_window, self.on_batch, self.latency, commit_every_s=every, held=held
         )
-        tokenizer = load_tokenizer(info.path, job.max_length)
-        vocab, on_long = info.config.vocab_size, config.tokenize.on_long
-        tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report, info.prompt)
+        tokenize: Any
+        if (spec := getattr(info.config, "image", None)) is not None:  # NOTE: an image run decodes instead
+            tokenize = DecodeStage(spec, decode_threads(config))
+        else:
+            tokenizer = load_tokenizer(info.path, job.max_length)
+            vocab, on_long = info.config.vocab_size, config.tokenize.on_long
+            tokenize = _CountingTokenizer(tokenizer, job.max_length, vocab, on_long, self.report, info.prompt)
         online, timeout = config.input.rate is not None, plan.batch_timeout_ms
         planner = Planner(
             plan,

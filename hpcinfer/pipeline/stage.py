@@ -26,6 +26,10 @@ def scatter_rows(
     """Writes rows of a window into dst[:n * width] as a padded [n, width] matrix, in one scatter."""
     n = len(rows)
     view = dst[: n * width]
+    if n and (lengths == width).all():  # NOTE: rows of one width (an image run's pixels): a copy each, no index
+        for i, start in enumerate(offsets[rows].tolist()):
+            view[i * width : (i + 1) * width] = flat_ids[start : start + width]
+        return
     view.fill(pad_id)
     lengths = lengths.astype(np.int64)
     row_start_packed = np.cumsum(lengths) - lengths  # where each row starts among the real tokens

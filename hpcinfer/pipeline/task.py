@@ -54,6 +54,7 @@ class EncoderTask:
             "input.text_column": "an OpenAI batch file's bodies hold their own input",
             "input.prompt_column": "an OpenAI batch file's bodies hold their own input",
             "input.pair_columns": "pairs are what --task score reads (a cross-encoder)",
+            "input.image_column": "images are embedded by --task embed (a CLIP or SigLIP model)",
             "classify": "every label's probability is what --task classify writes",
             "sparse": "a row's largest vocabulary entries are what --task sparse writes",
             "embed": "pooling, dimensions and precision are the embeddings' (--task embed)",
@@ -93,7 +94,7 @@ class EncoderTask:
             return inspect_hf(path, self.name)
         from ..models.registry import inspect_embedder
 
-        return inspect_embedder(path, self.name)
+        return inspect_embedder(path, self.name, images=config.input.image_column is not None)
 
     def store(
         self, config: RunConfig, fmt: str, info: CheckpointInfo, fp: dict[str, Any], sources: list[Source]

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ..conftest import make_texts, write_jsonl
+from ..fixtures.tiny_clip import build_tiny_clip
 from ..unit.test_ner import build_token_classifier
 from ..unit.test_sparse import build_splade
 
@@ -34,6 +35,7 @@ KINDS = {
     "int8": ("tiny", ["--task", "embed", "--precision", "int8"]),
     "binary": ("tiny", ["--task", "embed", "--precision", "binary"]),
     "ner": ("ner", ["--task", "ner"]),
+    "images": ("clip", ["--task", "embed", "--image-column", "image"]),
 }
 
 
@@ -44,6 +46,7 @@ def models(tmp_path_factory, tiny_model) -> dict[str, Path]:
         "tiny": tiny_model,
         "splade": build_splade(folder / "splade", seed=2),
         "ner": build_token_classifier(folder / "ner", seed=2),
+        "clip": build_tiny_clip(folder / "clip", "clip", seed=2),
     }
 
 
@@ -51,6 +54,19 @@ def models(tmp_path_factory, tiny_model) -> dict[str, Path]:
 def source(tmp_path_factory) -> Path:
     rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(ROWS, seed=31))]
     return write_jsonl(tmp_path_factory.mktemp("kill-input") / "in.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def image_source(tmp_path_factory) -> Path:
+    """400 small PNGs named by relative path."""
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("kill-images")
+    rows = []
+    for i in range(ROWS):
+        Image.new("RGB", (24 + i % 40, 30), ((i * 7) % 256, (i * 13) % 256, (i * 29) % 256)).save(folder / f"{i}.png")
+        rows.append({"id": f"r{i}", "image": f"{i}.png"})
+    return write_jsonl(folder / "in.jsonl", rows)
 
 
 def _command(*args: str) -> list[str]:
@@ -84,9 +100,10 @@ def _kill_after_a_window(args: list[str], out: Path) -> int:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, models, source, kind):
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, models, source, image_source, kind):
     model, options = KINDS[kind]
-    args = [str(source), "--model", str(models[model]), *options, "--sort-window", str(WINDOW),
+    rows = image_source if kind == "images" else source
+    args = [str(rows), "--model", str(models[model]), *options, "--sort-window", str(WINDOW),
             "--progress", "off", "-q"]  # fmt: skip
     reference = tmp_path / "reference.parquet"
     # NOTE: the uninterrupted run goes alongside the killed one: each process spends most of its

@@ -322,3 +322,23 @@ def test_the_local_instance_a_run_starts_runs_its_workers_at_the_runs_priority()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"worker niceness {os.nice(0)} driver {os.nice(0)}" in done.stdout
+
+
+def test_image_rows_on_ray_equal_the_local_engine(tmp_path, ray_address):
+    """--image-column with --engine ray: the replicas decode and embed as the local engine does, rejects alike."""
+    from PIL import Image
+
+    from ..fixtures.tiny_clip import build_tiny_clip
+
+    clip = build_tiny_clip(tmp_path / "clip", "clip", seed=4)
+    rows = []
+    for i in range(150):
+        Image.new("RGB", (20 + i % 50, 40), ((i * 5) % 256, (i * 11) % 256, 90)).save(tmp_path / f"{i}.png")
+        rows.append({"id": f"p{i}", "image": f"{i}.png"})
+    rows[60]["image"] = "gone.png"
+    src = write_jsonl(tmp_path / "images.jsonl", rows)
+    over = {"input": {"image_column": "image"}, "plan": {"sort_window": 40}}
+    local, _ = run_job(small_config(src, tmp_path / "local.parquet", clip, **over))
+    report, _ = run_job(_ray(small_config(src, tmp_path / "ray.parquet", clip, **over)))
+    _same_output(tmp_path / "local.parquet", tmp_path / "ray.parquet")
+    assert report.rows == local.rows == 149 and report.rejects == local.rejects == {"image_missing": 1}

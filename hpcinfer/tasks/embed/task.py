@@ -27,11 +27,16 @@ class EmbedTask(EncoderTask):
         "embed.precision",
         "embed.calibration",
         "embed.output_value",
+        "input.image_column",
     )
     endpoints = ("/v1/embeddings",)
 
     def settle(self, config: RunConfig) -> RunConfig:
         config = super().settle(config)
+        if config.input.image_column is not None:
+            from .images import settle_images
+
+            return settle_images(config)
         if config.embed.output_value == "token_embeddings":
             from .token_embeddings import settle_token_embeddings
 

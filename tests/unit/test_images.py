@@ -1,0 +1,208 @@
+"""Image embeddings (--image-column) with tiny random CLIP and SigLIP checkpoints saved by the
+installed transformers: 200 generated images of varied sizes, modes and formats (RGB, RGBA, L,
+palette, CMYK JPEG, PNG, WebP), read by relative path, as Parquet bytes, equal to transformers'
+`get_image_features` over its own image processor (min cosine >= 0.9999); missing, corrupt and
+truncated files and http(s) URLs are rejects with reasons, the rest in order. Text rows embed into
+the same space as `get_text_features` does."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hpcinfer.api import run
+from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig, TokenizeConfig
+from hpcinfer.errors import ConfigError
+from hpcinfer.obs.progress import Progress
+from tests.fixtures.tiny_clip import build_tiny_clip
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+IMAGES = 200
+KINDS = ("RGB", "RGBA", "L", "P", "CMYK")
+FORMATS = {"RGB": ("jpg", "png", "webp"), "RGBA": ("png", "webp"), "L": ("jpg", "png"), "P": ("png",), "CMYK": ("jpg",)}
+
+
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def checkpoint(request, tmp_path_factory) -> Path:
+    return build_tiny_clip(tmp_path_factory.mktemp(request.param), request.param, seed=3, image_size=64)
+
+
+def draw(rng: random.Random, width: int, height: int, mode: str):  # noqa: ANN201
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
+    pen = ImageDraw.Draw(image)
+    for _ in range(6):
+        x, y = rng.randrange(width), rng.randrange(height)
+        box = [x, y, min(width - 1, x + rng.randrange(1, width)), min(height - 1, y + rng.randrange(1, height))]
+        pen.ellipse(box, fill=tuple(rng.randrange(256) for _ in range(3)))
+    if mode == "RGBA":
+        pixels = np.array(image.convert("RGBA"))
+        pixels[..., 3] = np.linspace(0, 255, width, dtype=np.uint8)[None, :]
+        return Image.fromarray(pixels)
+    return image.convert(mode) if mode != "P" else image.convert("P", palette=Image.Palette.ADAPTIVE)
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """200 images under pictures/, and rows naming them (relative paths), with 5 bad rows among them."""
+    folder = tmp_path_factory.mktemp("pictures")
+    (folder / "pictures").mkdir()
+    rng = random.Random(5)
+    rows = []
+    for i in range(IMAGES):
+        mode = KINDS[i % len(KINDS)]
+        ext = FORMATS[mode][i % len(FORMATS[mode])]
+        size = (rng.randint(16, 420), rng.randint(16, 420)) if i % 20 else (rng.randint(900, 1300), 1000)
+        draw(rng, *size, mode).save(folder / "pictures" / f"{i}.{ext}", quality=90)
+        rows.append({"id": f"img{i}", "image": f"pictures/{i}.{ext}"})
+    (folder / "pictures" / "text.jpg").write_text("not an image")
+    whole = (folder / "pictures" / "0.jpg").read_bytes()
+    (folder / "pictures" / "cut.jpg").write_bytes(whole[: len(whole) // 3])
+    bad = [{"id": "missing", "image": "pictures/nowhere.png"}, {"id": "text", "image": "pictures/text.jpg"},
+           {"id": "cut", "image": "pictures/cut.jpg"}, {"id": "web", "image": "https://example.com/a.jpg"},
+           {"id": "none", "image": None}]  # fmt: skip
+    for k, row in enumerate(bad):
+        rows.insert(17 + 37 * k, row)
+    return folder, rows
+
+
+def expected(checkpoint: Path, folder: Path, rows: list[dict]) -> dict[str, np.ndarray]:
+    """transformers' own: the checkpoint's image processor over each image as PIL opens it (grey and
+    CMYK made RGB first, as a user hands a 3-channel model its images)."""
+    import transformers
+    from PIL import Image
+
+    model = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(str(checkpoint))
+    out = {}
+    with torch.no_grad():
+        for row in rows:
+            image = Image.open(folder / row["image"])
+            image = image.convert("RGB") if image.mode in ("L", "CMYK") else image
+            features = model.get_image_features(**processor(images=[image], return_tensors="pt"))
+            features = features if isinstance(features, torch.Tensor) else features.pooler_output
+            out[row["id"]] = features[0].numpy()
+    return out
+
+
+def embed(src: Path, out: Path, checkpoint: Path, **inputs) -> dict:  # noqa: ANN003
+    config = RunConfig(
+        input=InputConfig((str(src),), image_column="image", **inputs),
+        model=str(checkpoint),
+        output=OutputConfig(str(out)),
+        pipeline=PipelineConfig(progress="off"),
+    )
+    return run(config, progress=Progress("off"))
+
+
+def cosines(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> list[float]:
+    return [float(g @ want[k] / np.linalg.norm(g) / np.linalg.norm(want[k])) for k, g in got.items()]
+
+
+def test_images_by_path_equal_transformers_and_bad_ones_are_rejects(checkpoint, pictures, tmp_path):
+    folder, rows = pictures
+    src = folder / f"rows-{tmp_path.name}.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    report = embed(src, out, checkpoint)
+    table = pq.read_table(out).to_pylist()
+    good = [r for r in rows if r["id"].startswith("img")]
+    assert [r["id"] for r in table] == [r["id"] for r in good]  # every good row, in input order
+    want = expected(checkpoint, folder, good)
+    got = {r["id"]: np.asarray(r["embedding"], dtype=np.float32) for r in table}
+    assert min(cosines(got, want)) >= 0.9999
+    rejects = {
+        json.loads(line)["id"]: json.loads(line) for line in Path(f"{out}.rejects.jsonl").read_text().splitlines()
+    }
+    reasons = {k: v["reason"] for k, v in rejects.items()}
+    assert reasons == {"missing": "image_missing", "text": "image_unreadable", "cut": "image_unreadable",
+                       "web": "image_remote", "none": "image_missing"}  # fmt: skip
+    assert "nowhere.png" in rejects["missing"]["message"]
+    assert report.rows == IMAGES and "decode" in {s["stage"] for s in report.stages}
+
+
+def test_image_bytes_in_parquet_equal_their_files(checkpoint, pictures, tmp_path):
+    folder, rows = pictures
+    good = [r for r in rows if r["id"].startswith("img")][:40]
+    table = pa.table({"id": [r["id"] for r in good],
+                      "image": [(folder / r["image"]).read_bytes() for r in good]})  # fmt: skip
+    src = tmp_path / "bytes.parquet"
+    pq.write_table(table, src)
+    embed(src, tmp_path / "out.parquet", checkpoint)
+    got = {
+        r["id"]: np.asarray(r["embedding"], dtype=np.float32)
+        for r in pq.read_table(tmp_path / "out.parquet").to_pylist()
+    }
+    assert list(got) == [r["id"] for r in good]
+    assert min(cosines(got, expected(checkpoint, folder, good))) >= 0.9999
+
+
+def test_texts_embed_into_the_same_space_as_get_text_features(checkpoint, tmp_path):
+    import transformers
+    from tokenizers import Tokenizer
+
+    texts = ["a photo of a cat", "the red car", "a dog in the house on the tree", "sky", "blue sky of a red house"]
+    src = tmp_path / "texts.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    out = tmp_path / "texts.parquet"
+    run(RunConfig(input=InputConfig((str(src),)), model=str(checkpoint), output=OutputConfig(str(out)),
+                  pipeline=PipelineConfig(progress="off")), progress=Progress("off"))  # fmt: skip
+    got = [np.asarray(r["embedding"], dtype=np.float32) for r in pq.read_table(out).to_pylist()]
+    model = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    siglip = model.config.model_type == "siglip"
+    for text, vector in zip(texts, got, strict=True):
+        ids = tokenizer.encode(text).ids
+        if siglip:  # NOTE: as SigLIP's processor pads (padding="max_length"), and the tower pools the last place
+            ids += [0] * (model.config.text_config.max_position_embeddings - len(ids))
+        with torch.no_grad():
+            features = model.get_text_features(input_ids=torch.tensor([ids]))
+        features = features if isinstance(features, torch.Tensor) else features.pooler_output
+        want = features[0].numpy()
+        assert float(vector @ want / np.linalg.norm(vector) / np.linalg.norm(want)) >= 0.9999
+
+
+def test_image_run_mistakes_are_one_line(checkpoint, pictures, tmp_path, tiny_model):
+    folder, rows = pictures
+    src = folder / "few.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
+    with pytest.raises(ConfigError, match="image model"):
+        embed(src, tmp_path / "a.parquet", tiny_model)  # a text model
+    with pytest.raises(ConfigError, match="--max-length"):
+        run(RunConfig(input=InputConfig((str(src),), image_column="image"), model=str(checkpoint),
+                      output=OutputConfig(str(tmp_path / "b.parquet")), tokenize=TokenizeConfig(max_length=8),
+                      pipeline=PipelineConfig(progress="off")), progress=Progress("off"))  # fmt: skip
+    from hpcinfer.errors import InputError
+
+    with pytest.raises(InputError, match="no column 'picture'"):
+        run(RunConfig(input=InputConfig((str(src),), image_column="picture"), model=str(checkpoint),
+                      output=OutputConfig(str(tmp_path / "c.parquet")), pipeline=PipelineConfig(progress="off")),
+            progress=Progress("off"))  # fmt: skip
+
+
+def test_decoded_pixels_follow_the_processor(checkpoint, pictures):
+    """The decode stage's uint8 pixels, normalised, are the processor's pixel values (within a level)."""
+    import transformers
+    from PIL import Image
+
+    from hpcinfer.models.vision import model_pixels, read_image_spec
+
+    folder, rows = pictures
+    spec = read_image_spec(checkpoint)
+    processor = transformers.AutoImageProcessor.from_pretrained(str(checkpoint))
+    for row in [r for r in rows if r["id"].startswith("img")][:30]:
+        pixels = np.array(model_pixels(Image.open(folder / row["image"]), spec, exact=True))
+        ours = spec.normalise(torch.from_numpy(pixels).reshape(1, -1), torch.float32)
+        image = Image.open(folder / row["image"])
+        image = image.convert("RGB") if image.mode in ("L", "CMYK") else image
+        theirs = processor(images=[image], return_tensors="pt")["pixel_values"]
+        step = max(spec.rescale / s for s in spec.std)
+        assert (ours - theirs).abs().max() <= 1.01 * step, row["image"]
