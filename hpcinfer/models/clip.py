@@ -57,8 +57,11 @@ class ClipHead:
         return info.pooling.dimensions or info.config.hidden_size
 
     def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> BatchSteps:
-        from transformers import AutoModel
-
+        try:
+            from transformers import AutoModel
+        except ImportError:
+            kind = info.config.model_type
+            raise ModelError(f"{kind} runs on transformers' towers: pip install 'hpcinfer[images]'") from None
         model = AutoModel.from_pretrained(str(info.path), dtype=dtype).to(device).eval()
         if self.images:
             return ClipImageEmbedder(model, info.config, info.pooling, dtype)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..files import storage
 from ..models.vision import ImageSpec, model_pixels
 from ..types import Reject, RowBlock
@@ -105,6 +106,10 @@ class DecodeStage:
     name = "decode"
 
     def __init__(self, spec: ImageSpec, threads: int) -> None:
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            raise ConfigError("--image-column decodes images with Pillow: pip install 'hpcinfer[images]'") from None
         self.spec = spec
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="hpcinfer-decode")
 
