@@ -111,13 +111,15 @@ class Engine:
         pools: Callable[[Hashable, Callable[[], KVCache]], KVCache] | None = None,
         lora_rows: Any = None,
         draft: LlamaDecoder | None = None,
+        vision: Any = None,
     ) -> None:
         """`grammars`: the run's grammar engine, for requests with structured output. `pools(key,
         make)`: the KV pool kept from an earlier engine of the same key, or `make()`'s (a server's
         batches reuse one pool: its pages are already mapped, which on some machines costs more
         than a short job's forward). `lora_rows`: the LoRA adapters attached to `model`
         (models.lora.attach), told each step which rows each one answers. `draft`: with
-        `speculative_tokens`, a small decoder of the same tokenizer that proposes (draft.py)."""
+        `speculative_tokens`, a small decoder of the same tokenizer that proposes (draft.py).
+        `vision`: a vision-language model's tower (models.vlm.VisionTower), for requests with images."""
         device = model.norm.device
         self.config = config
         layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
@@ -172,6 +174,7 @@ class Engine:
                     MOST_SPECULATING, self._vocab,
                 )  # fmt: skip
             self.speculation = Speculation(config.speculative_tokens, drafter)
+        self.vision = vision
         self._beams_done: list[Sequence] = []  # beam searches ended in `add`, handed on by the next step
         self._next_id = 0
 
@@ -183,6 +186,8 @@ class Engine:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
+        if params.media is not None and params.media.vectors is None:
+            self._see(params.media)
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
         if params.beam_width > 1:  # NOTE: its beams run together now, between the batch's steps (beam.py)
             self._next_id += 1
@@ -200,6 +205,15 @@ class Engine:
         seq.arrival_s = time.perf_counter()
         self.scheduler.add(seq)
         return seq
+
+    def _see(self, media: Any) -> None:
+        """A request's images through the vision tower: one vector per image token of its prompt."""
+        if self.vision is None:
+            raise ValueError("a request with images reached an engine without a vision tower")
+        vectors = self.vision.features(media)
+        if vectors.shape[0] != len(media.positions):
+            raise ValueError(f"{len(media.positions)} image tokens in the prompt, {vectors.shape[0]} image vectors")
+        media.vectors = vectors
 
     @property
     def has_work(self) -> bool:

@@ -252,7 +252,9 @@ class ModelRunner:
         ids, positions, batch, sample_at = self.device_inputs(step, ahead)
         if self.lora_rows is not None:
             self.lora_rows.set(_row_adapters(plan), self.device)
-        hidden = self.model(ids, positions, self.attention.bind(batch))
+        embeds = _media_rows(plan, self.device)
+        extra = {"embeds": embeds} if embeds is not None else {}
+        hidden = self.model(ids, positions, self.attention.bind(batch), **extra)
         if step.logprob_rows:
             self.prompt_logprobs(plan, hidden)
         self._verify_drafts(plan, hidden)
@@ -302,6 +304,24 @@ class ModelRunner:
                 zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
             ):
                 seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
+
+
+def _media_rows(plan: StepPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The flat rows of the step's prefill chunks that are image tokens, and their images' vectors
+    (models/vlm.py): they replace those rows' token embeddings; None when the step has none."""
+    rows, vectors = [], []
+    offset = len(plan.decodes)  # prefill chunks follow the decodes in the flat batch
+    for chunk in plan.prefills:
+        media = chunk.seq.params.media
+        if media is not None:
+            lo, hi = np.searchsorted(media.positions, [chunk.start, chunk.start + chunk.length])
+            if hi > lo:
+                rows.append(media.positions[lo:hi] - chunk.start + offset)
+                vectors.append(media.vectors[lo:hi])
+        offset += chunk.length
+    if not rows:
+        return None
+    return torch.from_numpy(np.concatenate(rows)).to(device), torch.cat(vectors)
 
 
 def _row_adapters(plan: StepPlan) -> list[int]:

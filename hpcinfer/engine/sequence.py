@@ -52,6 +52,9 @@ class SamplingParams:
     n: int = 1  # answers to the prompt: prefilled once, its KV blocks shared by the n samples
     prompt_logprobs: int | None = None  # each prompt token's log-probability, and this many alternatives
     structured: GrammarSpec | None = None  # the answer must match it (structured.py)
+    # A vision-language request's images (models.vlm.Media): their vectors replace the embeddings of
+    # the prompt's image tokens; their digest keys its prefix-cache blocks
+    media: Any = field(default=None, compare=False)
 
     def problem(self) -> str | None:
         """Why these parameters are invalid (a reject reason), or None."""

@@ -25,6 +25,7 @@ from .int8_kernels import int8_problem
 from .llama import LlamaDecoder
 from .meta import empty_modules
 from .mxfp4 import dequantize_mxfp4
+from .vlm import text_weights
 
 
 def load_tokenizer(info: DecoderInfo) -> Tokenizer:
@@ -251,6 +252,8 @@ def load_decoder(
                 weights.update(load_file(str(file)))
             except Exception as exc:  # safetensors raises its own error types
                 raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+        if info.vision is not None:  # NOTE: a vision-language model: its text model's weights (models/vlm.py)
+            weights = text_weights(weights)
         family = ARCHITECTURES[info.config.architecture]
         state = {k: v.to(device=device, dtype=dtype) for k, v in native_state_dict(weights, family).items()}
     with empty_modules():

@@ -16,6 +16,7 @@ from ..errors import ModelError
 from .checkpoint import CheckpointInfo, read_model_json, sentence_transformers_info
 from .decoder_config import ARCHITECTURES, DecoderConfig
 from .gguf_checkpoint import GGUFFile, find_gguf
+from .vlm import VLM_ARCHITECTURES, is_vlm, text_config, vision_info
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class DecoderInfo:
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... for templates
     gguf: bool = False  # `path` is a GGUF file, not a HF directory
+    vision: Any = None  # a vision-language model's models.vlm.VisionInfo (its config is its text model's)
 
     @property
     def weight_files(self) -> list[Path]:
@@ -42,7 +44,7 @@ def is_causal_lm(path: Path) -> bool:
         return False
     raw = read_model_json(file)
     archs = raw.get("architectures") if isinstance(raw, dict) else None
-    return any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs or [])
+    return any(str(a).endswith(("ForCausalLM", "LMHeadModel")) or str(a) in VLM_ARCHITECTURES for a in archs or [])
 
 
 def _ids(value: Any) -> list[int]:
@@ -73,6 +75,15 @@ def inspect_decoder(path: Path, native: bool = True) -> DecoderInfo:
     if native and not weight_files(path):
         raise ModelError("model directory has no model.safetensors (nor model.safetensors.index.json)", path=str(path))
     raw = read_model_json(path / "config.json")
+    vision = None
+    if native and is_vlm(raw):  # NOTE: the engine runs its text model; the vision tower is models/vlm.py's
+        try:
+            vision = vision_info(raw)
+            outer_eos = raw.get("eos_token_id")
+            raw = text_config(raw)
+            raw["eos_token_id"] = outer_eos if outer_eos is not None else raw.get("eos_token_id")
+        except ModelError as exc:
+            raise type(exc)(str(exc), path=str(path)) from None
     config = _config(raw, path) if native else loose_config(raw, path)
     eos = _ids(raw.get("eos_token_id"))
     gen_file = path / "generation_config.json"
@@ -89,7 +100,7 @@ def inspect_decoder(path: Path, native: bool = True) -> DecoderInfo:
         for key in ("bos_token", "eos_token", "unk_token", "pad_token")
         if (text := _token_text(tok_cfg.get(key))) is not None
     }
-    return DecoderInfo(path, config, tuple(eos), template, special)
+    return DecoderInfo(path, config, tuple(eos), template, special, vision=vision)
 
 
 def _config(raw: dict[str, Any], path: Path) -> DecoderConfig:

@@ -162,9 +162,18 @@ class LlamaDecoder(nn.Module):
             self.local_cos = cos.to(device=device, dtype=dtype)
             self.local_sin = sin.to(device=device, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden] (before the final norm)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: Attention,
+        embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] (before the final norm). `embeds`:
+        (rows, vectors) that replace those rows' token embeddings (an image's, models/vlm.py)."""
         x = self.embed(input_ids)
+        if embeds is not None:
+            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)  # NOTE: rounded to the dtype first, as HF does
         cos = self.rope_cos[positions].unsqueeze(1)

@@ -22,6 +22,7 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
+from typing import Any
 
 from ..sequence import PENDING, Sequence
 
@@ -37,9 +38,12 @@ def block_key(parent: bytes, tokens: Iterable[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
-def root_of(lora: int) -> bytes:
-    """The parent key of a sequence's first block: a LoRA adapter's K/V are its own, never shared with the base's."""
-    return ROOT if not lora else b"lora:%d" % lora
+def root_of(lora: int, media: Any = None) -> bytes:
+    """The parent key of a sequence's first block: a LoRA adapter's K/V are its own, never shared
+    with the base's; a prompt with images keys by their digest (models.vlm.Media), so the same
+    image's prompts share blocks and two images never do."""
+    root = ROOT if not lora else b"lora:%d" % lora
+    return root if media is None else root + b"media:" + media.digest
 
 
 def prefix_keys(tokens: list[int], block_size: int, limit: int | None = None, root: bytes = ROOT) -> list[bytes]:
@@ -99,7 +103,7 @@ class BlockManager:
         """
         if not self.prefix_cache or seq.block_table or seq.params.prompt_logprobs is not None:
             return [], False  # NOTE: prompt log-probabilities need every prompt token's logits
-        keys = prefix_keys(seq.tokens, self.block_size, seq.num_tokens - 1, root_of(seq.params.lora))
+        keys = prefix_keys(seq.tokens, self.block_size, seq.num_tokens - 1, root_of(seq.params.lora, seq.params.media))
         hits: list[int] = []
         for key in keys:
             block = self._cached.get(key)
@@ -155,7 +159,7 @@ class BlockManager:
             tokens = seq.tokens[i * bs : (i + 1) * bs]
             if PENDING in tokens:
                 break
-            parent = seq.block_keys[-1] if seq.block_keys else root_of(seq.params.lora)
+            parent = seq.block_keys[-1] if seq.block_keys else root_of(seq.params.lora, seq.params.media)
             key = block_key(parent, tokens)
             seq.block_keys.append(key)
             self._planned.append((key, seq.block_table[i]))

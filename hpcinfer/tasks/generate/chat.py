@@ -15,6 +15,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ...files.image_urls import image_bytes
+
 
 class ChatError(ValueError):
     """A row's messages cannot be rendered (a reject, not a failed run)."""
@@ -63,11 +65,53 @@ class ChatRenderer:
 
 
 def check_messages(messages: Any) -> None:
-    """A list of {role, content} objects with string roles and string (or null) content."""
+    """A list of {role, content} objects with string roles and string (or null) content, or (an
+    image chat's, `content_parts`) a list of typed parts."""
     if not isinstance(messages, list) or not messages:
         raise ChatError("messages must be a non-empty list")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ChatError(f"message {i} needs a string 'role'")
-        if not isinstance(m.get("content"), str | None):
+        content = m.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and "type" in p for p in content):
+            continue
+        if not isinstance(content, str | None):
             raise ChatError(f"message {i}: content must be a string")
+
+
+def content_parts(messages: Any, source: str, images: bool) -> tuple[Any, list[bytes]]:
+    """OpenAI content parts made what a chat template reads: with a vision-language model (`images`)
+    an `image_url` part becomes the template's `{"type": "image"}` and its image's bytes are
+    returned in order; without one, text parts join into the message's text (and an image is
+    refused). `source`: the input file, whose folder a relative image path is in."""
+    if not isinstance(messages, list):
+        return messages, []
+    found: list[bytes] = []
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                if not images:
+                    raise ChatError(f"message {i} holds an image; this model takes text only")
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                try:
+                    found.append(image_bytes(url, source))
+                except ValueError as exc:
+                    raise ChatError(f"message {i}: {exc}") from None
+                parts.append({"type": "image"})
+            else:
+                raise ChatError(f"message {i}: a content part of type {kind!r} (text and image_url are read)")
+        if images:
+            out.append({**message, "content": parts})
+        else:
+            out.append({**message, "content": "\n".join(p["text"] for p in parts)})
+    return out, found

@@ -48,6 +48,7 @@ from ...models.decoder_int8 import INT8_ROWS
 from ...models.int8_kernels import resumed_int8, settled_int8
 from ...models.lora import adapter_digest, attach_adapters, parse_loras
 from ...models.shelf import ModelShelf, shelved
+from ...models.vlm import VisionTower
 from ...obs.profile import RangeBackend
 from ...obs.progress import Progress
 from ...parallel.tp import TensorParallel
@@ -122,6 +123,8 @@ class GenerationJob:
         self.lora_digests = tuple(adapter_digest(folder) for _, folder in self.loras)
         if config.generate.max_loras and not self.loras:
             raise ConfigError("--max-loras bounds --lora's adapters: give them with --lora NAME=PATH")
+        if self.info.vision is not None and (self.tp_size > 1 or config.device.quantize != "none"):
+            raise ConfigError("a vision-language model runs on one device in float weights: not --tp, --quantize")
         if config.generate.speculative != "none" and (self.tp_size > 1 or config.backend == "transformers"):
             raise ConfigError("--speculative runs in the native engine on one device: not with --tp or "
                               "--backend transformers yet")  # fmt: skip
@@ -336,7 +339,16 @@ class GenerationJob:
                 pools=self._kept_pool if single else None,
                 lora_rows=lora_rows,
                 draft=load_draft(self.draft, device, self.dtype, self.shelf),
+                vision=self._vision(device),
             )
+
+    def _vision(self, device: torch.device) -> VisionTower | None:
+        """A vision-language model's vision tower on `device` (kept on the shelf beside its decoder)."""
+        vision = self.info.vision
+        if vision is None:
+            return None
+        key = ("vision", str(self.info.path), str(device), str(self.dtype))
+        return shelved(self.shelf, key, lambda: VisionTower(self.info.path, vision, device, self.dtype))
 
     def _kept_pool(self, key: Any, make: Callable[[], Any]) -> Any:
         assert self.shelf is not None

@@ -27,8 +27,9 @@ from ...files.ids import IdSet, check_id, id_key, is_unicode
 from ...files.lines import CHUNK_BYTES
 from ...files.row_source import Segment, jsonl_chunks, parquet_batches
 from ...files.sources import expand_paths, json_objects, read_schema
+from ...models.vlm import ImagePrompts
 from ...types import Reject
-from .chat import ChatError, ChatRenderer
+from .chat import ChatError, ChatRenderer, content_parts
 from .responses import RESPONSES_URL, chat_body, echoed
 from .row_params import bad_word_ids, row_params
 from .unhonoured import unhonoured
@@ -88,6 +89,7 @@ class RequestReader:
         lacks: Callable[[SamplingParams], str | None] | None = None,
         parsers: tuple[str, str] = ("none", "none"),
         loras: tuple[str, ...] = (),
+        vision: tuple[str, int] | None = None,
         *,
         facts: InputFacts | None = None,
     ) -> None:
@@ -95,9 +97,11 @@ class RequestReader:
         `lacks`: what a row's sampling asks that the run's engine lacks (an invalid_request reject);
         `parsers`: how chat answers' reasoning and tool calls are split out (parsers.py); `loras`:
         the adapters' names (--lora), which an OpenAI body's `model` or a `lora` column picks;
+        `vision`: a vision-language model's (folder, image token id): its chats may hold images;
         `facts`: the files' facts, found already (a reader of part of the input: `for_rows`)."""
         self.arguments = (paths, id_column, tokenizer, chat, defaults, max_prompt, vocab, priority_column)
-        self.arguments += (grammars, max_n, lacks, parsers, loras)
+        self.arguments += (grammars, max_n, lacks, parsers, loras, vision)
+        self.images = ImagePrompts(Path(vision[0]), vision[1]) if vision is not None else None
         self.parsers = parsers  # (--reasoning-parser, --tool-call-parser)
         self.loras = {name: k + 1 for k, name in enumerate(loras)}  # --lora's names -> adapter index
         self.files = expand_paths(paths)
@@ -191,8 +195,10 @@ class RequestReader:
         except ValueError as exc:
             return reject("invalid_grammar", str(exc), row_id)
         try:
-            tokens, kind = self._tokens(body)
+            tokens, kind, media = self._tokens(body, path)
             params = row_params(self.defaults, body, self.vocab)
+            if media is not None:
+                params = replace(params, media=media)
             if (lora := self._lora(obj, body, openai)) != 0:
                 params = replace(params, lora=lora)
             if body.get("bad_words") is not None:
@@ -259,19 +265,24 @@ class RequestReader:
             return "this run has no grammar engine"
         return self.grammars.problem(params.structured)
 
-    def _tokens(self, body: dict[str, Any]) -> tuple[list[int], str]:
+    def _tokens(self, body: dict[str, Any], path: str) -> tuple[list[int], str, Any]:
+        """(prompt token ids, the answer's kind, the chat's images as models.vlm.Media or None)."""
         if body.get("messages") is not None:
             if self.chat is None:
                 raise ChatError("the checkpoint has no chat_template")
-            text = self.chat.render(body["messages"], tools=body.get("tools"), extra=body.get("chat_template_kwargs"))
-            return self.tokenizer.encode(text, add_special_tokens=False).ids, "chat"
+            messages, images = content_parts(body["messages"], path, self.images is not None)
+            text = self.chat.render(messages, tools=body.get("tools"), extra=body.get("chat_template_kwargs"))
+            if self.images is not None:
+                ids, media = self.images.encode(text, images)
+                return ids, "chat", media
+            return self.tokenizer.encode(text, add_special_tokens=False).ids, "chat", None
         ids = body.get("prompt_token_ids")
         if ids is not None:
             if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < self.vocab for i in ids):
                 raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab})")
             if not ids:
                 raise ValueError("prompt_token_ids is empty")
-            return list(ids), "text"
+            return list(ids), "text", None
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
@@ -279,7 +290,7 @@ class RequestReader:
             raise ValueError(f"a row needs one of {', '.join(PROMPT_COLUMNS)} (a non-empty prompt)")
         if not is_unicode(prompt):
             raise ValueError("the prompt holds a lone surrogate (e.g. an escaped \\ud800), not valid Unicode")
-        return self.tokenizer.encode(prompt).ids, "text"
+        return self.tokenizer.encode(prompt).ids, "text", None
 
 
 def _has_id_column(path: str, id_column: str) -> bool:

@@ -8,8 +8,9 @@ from typing import Any
 
 from ...engine.sequence import SamplingParams
 
-# NOTE: set otherwise: ignore_eos by the run, structured by spec_from_body, bad_words and lora below / by name
-_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words", "lora"}
+# NOTE: set otherwise: ignore_eos by the run, structured by spec_from_body, bad_words and lora below / by
+# name, media by an image chat's parts
+_PARAM_NAMES = {f.name for f in fields(SamplingParams)} - {"ignore_eos", "structured", "bad_words", "lora", "media"}
 
 
 def row_params(defaults: SamplingParams, obj: dict[str, Any], vocab_size: int) -> SamplingParams:

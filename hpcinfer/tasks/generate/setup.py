@@ -171,6 +171,7 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         row_problem if config.backend == "transformers" else None,
         (config.generate.reasoning_parser, config.generate.tool_call_parser),
         tuple(item.partition("=")[0].strip() for item in config.generate.loras),
+        (str(info.path), info.vision.image_token_id) if info.vision is not None else None,
     )
 
 
