@@ -399,3 +399,34 @@ def test_a_denied_write_is_a_one_line_error_before_any_work(tmp_path, tiny_model
                             env=ENV, timeout=300)  # fmt: skip
         assert ok.returncode == 0, ok.stderr
         assert pq.read_table(tmp_path / "o.parquet").num_rows == 300
+
+
+def test_images_on_s3_by_relative_path_and_by_uri_equal_the_local_run(tmp_path, s3):
+    """--image-column over a JSONL on the store naming its images relative to itself and by s3:// URI."""
+    from PIL import Image
+
+    from ..fixtures.tiny_clip import build_tiny_clip
+
+    clip = build_tiny_clip(tmp_path / "clip", "clip", seed=6)
+    s3.bucket("pics")
+    (tmp_path / "local").mkdir()
+    rows, local_rows = [], []
+    for i in range(30):
+        file = tmp_path / "local" / f"{i}.png"
+        Image.new("RGB", (20 + i, 30), (i * 8, 90, 200 - i * 5)).save(file)
+        s3.upload(file, f"s3://pics/set/img/{i}.png")
+        rows.append({"id": i, "image": f"img/{i}.png" if i % 2 else f"s3://pics/set/img/{i}.png"})
+        local_rows.append({"id": i, "image": f"{i}.png"})
+    rows[9]["image"] = "img/gone.png"
+    local_rows[9]["image"] = "gone.png"
+    s3.upload(write_jsonl(tmp_path / "rows.jsonl", rows), "s3://pics/set/rows.jsonl")
+    local_src = write_jsonl(tmp_path / "local" / "rows.jsonl", local_rows)
+    over = {"input": {"image_column": "image"}}
+    local, want = run_job(small_config(local_src, tmp_path / "local.parquet", clip, **over))
+    cfg = small_config(Path("x"), tmp_path / "remote.parquet", clip, **over)
+    cfg = replace(cfg, input=replace(cfg.input, paths=("s3://pics/set/rows.jsonl",)), storage_options=s3.options_json)
+    report = _run_in_process(cfg)
+    got = pq.read_table(tmp_path / "remote.parquet")
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    assert got.column("embedding").to_pylist() == want.column("embedding").to_pylist()
+    assert report.rows == local.rows == 29 and report.rejects == {"image_missing": 1}
