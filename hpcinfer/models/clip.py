@@ -31,6 +31,13 @@ from .checkpoint import CheckpointInfo, read_model_json, require_weights, senten
 from .vision import ImageSpec, read_image_spec
 
 CLIP_TYPES = ("clip", "siglip")
+# (model_type, images) -> transformers' tower: its embeddings are get_image_features' / get_text_features'
+TOWERS = {
+    ("clip", True): "CLIPVisionModelWithProjection",
+    ("clip", False): "CLIPTextModelWithProjection",
+    ("siglip", True): "SiglipVisionModel",
+    ("siglip", False): "SiglipTextModel",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +64,19 @@ class ClipHead:
         return info.pooling.dimensions or info.config.hidden_size
 
     def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> BatchSteps:
+        """The one tower the run uses (its weights only: an image run never loads the text tower)."""
         try:
-            from transformers import AutoModel
+            import transformers
         except ImportError:
             kind = info.config.model_type
             raise ModelError(f"{kind} runs on transformers' towers: pip install 'hpcinfer[images]'") from None
-        model = AutoModel.from_pretrained(str(info.path), dtype=dtype).to(device).eval()
+        name = TOWERS[(info.config.model_type, self.images)]
+        full = transformers.AutoConfig.from_pretrained(str(info.path))
+        sub = full.vision_config if self.images else full.text_config
+        if hasattr(full, "projection_dim"):  # NOTE: CLIP names the shared space's size once, at the top
+            sub.projection_dim = full.projection_dim
+        tower = getattr(transformers, name).from_pretrained(str(info.path), config=sub, dtype=dtype)
+        model = tower.to(device).eval()
         if self.images:
             return ClipImageEmbedder(model, info.config, info.pooling, dtype)
         return ClipTextEmbedder(model, info.config, info.pooling)
@@ -98,8 +112,12 @@ def inspect_clip(path: Path, images: bool) -> CheckpointInfo:
 
 
 def _features(output: Any) -> torch.Tensor:
-    """transformers 5 returns the tower's output with its projected `pooler_output`; 4.x a tensor."""
-    return output if isinstance(output, torch.Tensor) else output.pooler_output
+    """A tower's embeddings: CLIP's projected `image_embeds` / `text_embeds`, SigLIP's `pooler_output`
+    (its attention-pooling head's, or its text head's)."""
+    for name in ("image_embeds", "text_embeds", "pooler_output"):
+        if getattr(output, name, None) is not None:
+            return getattr(output, name)
+    raise ModelError("the tower gave no embeddings (image_embeds, text_embeds or pooler_output)")
 
 
 class ClipImageEmbedder(BatchSteps):
@@ -110,7 +128,7 @@ class ClipImageEmbedder(BatchSteps):
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
         pixels = self.spec.normalise(ids[:, : self.spec.row_bytes], self.dtype)
-        return _features(self.model.get_image_features(pixel_values=pixels))
+        return _features(self.model(pixel_values=pixels))
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         return _finish(outputs, self.pooling)  # type: ignore[arg-type]
@@ -127,9 +145,9 @@ class ClipTextEmbedder(BatchSteps):
             full = ids.new_full((ids.shape[0], self.config.max_position_embeddings), self.config.pad_token_id)
             keep = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
             full[:, : ids.shape[1]] = torch.where(keep, ids, self.config.pad_token_id)
-            return _features(self.model.get_text_features(input_ids=full))
+            return _features(self.model(input_ids=full))
         mask = (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]).long()
-        return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
+        return _features(self.model(input_ids=ids, attention_mask=mask))
 
     def postprocess(self, outputs: object) -> torch.Tensor:
         return _finish(outputs, self.pooling)  # type: ignore[arg-type]
