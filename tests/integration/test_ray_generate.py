@@ -357,3 +357,37 @@ def test_lora_rows_on_ray_answer_as_locally(ckpt, ray_address, tmp_path):
         run(cfg, progress=Progress("off"))
         answers[engine] = [json.loads(x) for x in out.read_text().splitlines()]
     assert answers["ray"] == answers["local"] and len(answers["ray"]) == 12
+
+
+def test_image_chats_on_ray_answer_as_locally(ray_address, tmp_path):
+    """A vision-language model with --engine ray: each replica's engine has the vision tower."""
+    import base64
+
+    from PIL import Image
+
+    from ..fixtures.tiny_vlm import build_tiny_vlm
+
+    vlm = build_tiny_vlm(tmp_path / "vlm", seed=4)
+    rows = []
+    for i in range(10):
+        buffer = io.BytesIO()
+        Image.new("RGB", (30 + 7 * i, 40), (20 * i, 120, 60)).save(buffer, "PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": f"what is {i}"}]
+        rows.append({"id": f"r{i}", "messages": [{"role": "user", "content": content}], "max_tokens": 5})
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    answers = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / f"{engine}.jsonl"
+        cfg = RunConfig(
+            input=InputConfig((str(src),)),
+            model=str(vlm),
+            output=OutputConfig(str(out)),
+            pipeline=PipelineConfig(progress="off"),
+            generate=GenerateConfig(window_rows=WINDOW),
+            cluster=ClusterConfig(engine=engine, ray_address=ray_address if engine == "ray" else None),
+        )
+        run(cfg, progress=Progress("off"))
+        answers[engine] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 10

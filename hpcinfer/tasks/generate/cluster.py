@@ -53,8 +53,8 @@ class GenerateCluster:
         if config.device.cuda_graphs:
             raise ConfigError("--cuda-graphs is not available for generation yet")
         self.info = run_decoder_info(config)
-        if self.info.vision is not None:
-            raise ConfigError("a vision-language model runs locally for now (not with --engine ray)")
+        if self.info.vision is not None and (config.device.tensor_parallel > 1 or config.device.quantize != "none"):
+            raise ConfigError("a vision-language model runs on one device in float weights: not --tp, --quantize")
         self.reader = request_reader(config, self.info, load_tokenizer(self.info))  # input problems surface here
         self.model = str(self.info.path)
 

@@ -33,6 +33,7 @@ from ...files.ids import IdSet
 from ...job.windows import WindowBook
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...models.lora import attach_adapters, parse_loras
+from ...models.vlm import VisionTower
 from ...parallel.tp import TensorParallel
 from ...parallel.tp_groups import replica_engine
 from ...place.breaker import DeviceFault
@@ -136,6 +137,7 @@ class GenerateReplica:
         self.tokenizer = load_tokenizer(self.info)
         self.whole = request_reader(config, self.info, self.tokenizer)
         self.draft = draft_info(config, self.tokenizer)
+        vision = self.info.vision
 
         def make(model: Any, settings: EngineConfig, lora_rows: Any = None) -> Engine:
             return Engine(
@@ -146,6 +148,7 @@ class GenerateReplica:
                 grammars=self.whole.grammars,
                 lora_rows=lora_rows,
                 draft=load_draft(self.draft, model.norm.device, dtype),
+                vision=VisionTower(self.info.path, vision, model.norm.device, dtype) if vision is not None else None,
             )
 
         # NOTE: one engine for every unit: its KV pool is sized once, and a prefix cached in one
