@@ -57,7 +57,7 @@ def pipeline_labels(path, texts):
     return [[t["entity"] for t in row] for row in found], [[t["word"] for t in row] for row in found], found
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "camembert", "distilbert", "mpnet"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "camembert", "distilbert", "mpnet", "modernbert"])
 def test_token_labels_equal_transformers_pipeline(tmp_path, family, one_torch_thread):
     path = build_token_classifier(tmp_path / family, family, seed=4)
     texts = make_texts(100, seed=21)

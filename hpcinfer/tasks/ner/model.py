@@ -27,7 +27,7 @@ from ...models.checkpoint import (
     sentence_transformers_info,
     weights_file,
 )
-from ...models.classifier import FAMILIES, ClassifierSpec, classifier_config, split_weights
+from ...models.classifier import FAMILIES, ClassificationHead, ClassifierSpec, classifier_config, split_weights
 from ...values import Ragged, RaggedField, RaggedSpec
 
 FIELDS = (RaggedField("label", "int32"), RaggedField("score", "float32"), RaggedField("token", "int32"))
@@ -40,6 +40,7 @@ class TokenHead:
     labels: tuple[str, ...]
     family: str  # bert | roberta | distilbert: how its encoder's weights are named
     max_length: int
+    spec: ClassifierSpec | None = None  # ModernBERT: its head's layers (dense, norm) before the classifier
 
     def width(self, info: CheckpointInfo) -> int:
         return 0  # no dense values: a row's are its tokens' labels (ragged)
@@ -58,12 +59,22 @@ class TokenHead:
         return TokenLabeller(encoder, linear.to(device=device, dtype=dtype), self.max_length)
 
 
-def load_token_classifier(info: CheckpointInfo, head: TokenHead) -> tuple[BertEncoder, nn.Linear]:
-    """The encoder and the `classifier` linear layer (float32, CPU); strict about missing tensors."""
+def load_token_classifier(info: CheckpointInfo, head: TokenHead) -> tuple[BertEncoder, nn.Module]:
+    """The encoder and the head over each token (float32, CPU): the `classifier` linear layer, or
+    ModernBERT's dense + GELU + norm before it; strict about missing tensors."""
     file = weights_file(info.path)
     if file is None:
         raise ModelError("no model.safetensors or pytorch_model.bin", path=str(info.path))
     weights = load_weights(file)
+    if head.spec is not None:  # NOTE: ModernBERT's head is its sequence classifier's, over every token
+        encoder_weights, head_weights = split_weights(weights, head.spec)
+        layers = ClassificationHead(head.spec, info.config.hidden_size)
+        missing = set(layers.state_dict()) - set(head_weights)
+        if missing:
+            raise ModelError(f"the token classification head's weights ({', '.join(sorted(missing))}) are missing",
+                             path=str(file))  # fmt: skip
+        layers.load_state_dict({k: v.float() for k, v in head_weights.items()})
+        return encoder_from_weights(info.config, encoder_weights, file), layers.eval().requires_grad_(False)
     found = {name: weights.pop(f"classifier.{name}", None) for name in ("weight", "bias")}
     if any(t is None for t in found.values()):
         raise ModelError(
@@ -81,7 +92,7 @@ class TokenLabeller(BatchSteps):
 
     output_dim = 0
 
-    def __init__(self, encoder: BertEncoder, linear: nn.Linear, max_length: int) -> None:
+    def __init__(self, encoder: BertEncoder, linear: nn.Module, max_length: int) -> None:
         self.encoder, self.linear, self.max_length = encoder, linear, max_length
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, padded: bool) -> object:
@@ -95,9 +106,9 @@ class TokenLabeller(BatchSteps):
         return Ragged(token_mask.sum(dim=1), fields)
 
 
-# The sequence classifiers' families whose token classifier is the encoder and one linear layer
-# (ModernBERT's puts its dense + GELU + norm head before it; NomicBERT's is not tested: not run natively)
-TOKEN_FAMILIES = tuple(f for f in FAMILIES if f not in ("modernbert", "nomic_bert"))
+# The sequence classifiers' families whose token classifier runs natively: the encoder and one
+# linear layer, or ModernBERT's dense + GELU + norm head before it (NomicBERT ships none of its own)
+TOKEN_FAMILIES = tuple(f for f in FAMILIES if f != "nomic_bert")
 
 
 def token_architecture(family: str) -> str:
@@ -105,7 +116,8 @@ def token_architecture(family: str) -> str:
 
 
 def inspect_token_classifier(path: Path, max_length: int | None) -> CheckpointInfo:
-    """The native encoders' token classifiers (BERT, RoBERTa / XLM-R / CamemBERT, DistilBERT, MPNet);
+    """The native encoders' token classifiers (BERT, RoBERTa / XLM-R / CamemBERT, DistilBERT, MPNet,
+    ModernBERT);
     `max_length`: --max-length, if given."""
     raw = model_dir_config(path)
     if not isinstance(raw, dict):
@@ -118,5 +130,5 @@ def inspect_token_classifier(path: Path, max_length: int | None) -> CheckpointIn
     config, spec = classifier_config({**raw, "architectures": [FAMILIES[family]]}, path)
     info = sentence_transformers_info(path, config, "cls")
     longest = min(info.max_seq_length, config.max_position_embeddings - config.position_offset)
-    head = TokenHead(spec.labels, spec.family, max_length or longest)
+    head = TokenHead(spec.labels, spec.family, max_length or longest, spec if family == "modernbert" else None)
     return replace(info, max_seq_length=longest, head=head)
