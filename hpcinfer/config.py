@@ -60,6 +60,7 @@ class InputConfig:
     id_column: str = "id"
     prompt_column: str | None = None  # embedding: a column whose text goes before the row's (its own prompt)
     image_column: str | None = None  # embedding: each row's image (a path, URI or bytes), not its text
+    image_files: bool = True  # rows may name image files and URIs (off: inline images only, as serve runs)
     pair_columns: tuple[str, ...] = ()  # --task score: the two text columns of a pair (query, document)
     input_format: str = choice("auto", ("auto", "jsonl", "parquet", "openai"))
     read_block_rows: int = at_least(2048, 1)  # rows per record batch handed to the tokenizer
@@ -298,6 +299,9 @@ class RunConfig:
                 "--commit-every checkpoints the local engine; on --engine ray a unit (one window) is committed "
                 "whole: lower --sort-window or --window-rows to commit more often"
             )
+        spec = self.generate.speculative
+        if spec not in ("none", "ngram") and not (spec.startswith("draft:") and spec[6:].strip()):
+            raise ConfigError(f"--speculative {spec!r}: give none, ngram or draft:MODEL (same tokenizer)")
         if self.output.resume and self.output.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other")
         if not self.input.paths:

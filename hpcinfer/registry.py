@@ -37,6 +37,7 @@ TASKS: dict[str, str] = {
 EVERY_TASK = (
     "input.paths",
     "input.id_column",
+    "input.image_files",  # NOTE: serve sets it for every job; a task that reads no image ignores it
     "input.limit",
     "input.read_block_rows",
     "input.read_chunk_bytes",

@@ -25,6 +25,9 @@ OPTIONS: tuple[Opt, ...] = (
         "a local path (relative to the input file's folder), a file:// or object-store URI, or bytes (a Parquet "
         "binary column). A missing or unreadable image is a reject; http(s) URLs are refused (the job runs "
         "offline)."),
+    opt("--no-image-files", "input.image_files", "Input", "Read no image a row names by path or URI: images come "
+        "inline only (data URLs in chats, bytes in a Parquet column), as hpcinfer serve runs its tenants' files.",
+        switch=True, negates=True),
     opt("--id-column", "input.id_column", "Input", "Column holding row ids; when absent, the 0-based row number "
         "is the id."),
     opt("--rate", "input.rate", "Input", "Replay the input as an online service would see it: requests arrive "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from ..device import accelerators
 from ..models.llama import LlamaDecoder
 from .kvcache.block_manager import BlockManager, blocks_for
 from .kvcache.pools import KVCache, KVLayout
@@ -37,6 +38,8 @@ class DraftModel:
         self.max_model_len = min(max_model_len, model.cfg.max_model_len)
         layout = KVLayout.of(model.cfg, block_size, model.norm.dtype, None)
         num_blocks = most_seqs * blocks_for(self.max_model_len, block_size)
+        if device.type == "cuda":  # NOTE: beside the model's pool, which took its share: a tenth of what is left
+            num_blocks = max(1, min(num_blocks, int(accelerators.free_bytes(device) * 0.1) // layout.bytes_per_block))
         self.cache = KVCache(layout, num_blocks, device)
         self.blocks = BlockManager(num_blocks, block_size, prefix_cache=False)
         self.cache.writer = self.blocks
@@ -45,15 +48,25 @@ class DraftModel:
         self.shadows: dict[int, Sequence] = {}  # by the id of the sequence each follows
         self.forwards = 0
 
-    def propose(self, seqs: Seq[Sequence], rooms: Seq[int]) -> list[list[int]]:
-        """Up to `rooms[i]` proposals for each of `seqs` (fewer near the draft's own context end)."""
-        self._drop_others(seqs)
+    def propose(self, seqs: Seq[Sequence], rooms: Seq[int], keep: Seq[Sequence] = ()) -> list[list[int]]:
+        """Up to `rooms[i]` proposals for each of `seqs` (fewer near the draft's own context end, none
+        where its pool has no room); `keep`: sequences whose shadows stay though they propose nothing
+        this step (the running ones: their K/V saves a catch-up later)."""
+        self._drop_others([*seqs, *keep])
         want: dict[int, int] = {}
+        free = self.blocks.num_free
         for seq, room in zip(seqs, rooms, strict=True):
             room = min(room, self.max_model_len - seq.num_tokens - 1)
-            if room > 0:
-                want[id(seq)] = room
-                self._follow(seq)
+            if room <= 0:
+                continue
+            self._follow(seq)
+            shadow = self.shadows[id(seq)]
+            needed = self.blocks.needed(shadow, seq.num_tokens + room - shadow.num_computed)
+            if needed > free:
+                self.blocks.free(self.shadows.pop(id(seq)))  # NOTE: the pool is full: this one proposes nothing
+                continue
+            free -= needed
+            want[id(seq)] = room
         got: dict[int, list[int]] = {key: [] for key in want}
         owner = {id(self.shadows[key]): key for key in want}
         while any(len(got[key]) < n for key, n in want.items()):

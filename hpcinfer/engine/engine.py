@@ -186,7 +186,7 @@ class Engine:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
-        if params.media is not None and params.media.vectors is None:
+        if params.media is not None and str(self.sampler.device) not in params.media.vectors:
             self._see(params.media)
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
         if params.beam_width > 1:  # NOTE: its beams run together now, between the batch's steps (beam.py)
@@ -213,7 +213,7 @@ class Engine:
         vectors = self.vision.features(media)
         if vectors.shape[0] != len(media.positions):
             raise ValueError(f"{len(media.positions)} image tokens in the prompt, {vectors.shape[0]} image vectors")
-        media.vectors = vectors
+        media.vectors[str(self.sampler.device)] = vectors
 
     @property
     def has_work(self) -> bool:

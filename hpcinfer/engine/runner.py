@@ -317,7 +317,7 @@ def _media_rows(plan: StepPlan, device: torch.device) -> tuple[torch.Tensor, tor
             lo, hi = np.searchsorted(media.positions, [chunk.start, chunk.start + chunk.length])
             if hi > lo:
                 rows.append(media.positions[lo:hi] - chunk.start + offset)
-                vectors.append(media.vectors[lo:hi])
+                vectors.append(media.vectors[str(device)][lo:hi])
         offset += chunk.length
     if not rows:
         return None

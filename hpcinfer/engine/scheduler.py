@@ -11,8 +11,8 @@ running list and the free blocks:
    waits a step for it rather than computing it twice.
 With `max_loras`, the running sequences use at most that many LoRA adapters (the base is none): a
 prompt of another adapter is passed over while the set is full, so prompts of the adapters already
-running go ahead of it; once passed over LORA_PATIENCE times, nothing is admitted behind it until an
-adapter's sequences have all ended and it fits.
+running go ahead of it; once passed over in LORA_PATIENCE steps, nothing is admitted behind it until
+an adapter's sequences have all ended and it fits.
 When a running sequence needs a block and none is free, the most recently admitted sequence is
 preempted: its blocks are freed and it goes back to the front of its priority's queue.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from .kvcache.block_manager import BlockManager
 from .sequence import PENDING, Sequence, Status
 
-LORA_PATIENCE = 32  # admissions a prompt waits for its adapter before the queue stops behind it
+LORA_PATIENCE = 32  # steps a prompt is passed over for its adapter before the queue stops behind it
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +204,7 @@ class Scheduler:
             self.running.append(seq)
             places += 1 + seq.forks_due
             adapters |= {lora} - {0}
+            seq.lora_waits = 0
             self.blocks.admit(seq, hits, n)
             if seq.preemptions == 0:
                 seq.num_cached = cached

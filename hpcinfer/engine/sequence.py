@@ -135,7 +135,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     preemptions: int = 0
-    lora_waits: int = 0  # admissions it was passed over for, its adapter not fitting --max-loras (scheduler.py)
+    lora_waits: int = 0  # steps it was passed over in, its adapter not fitting --max-loras (scheduler.py)
     arrival_s: float = 0.0
     first_token_s: float | None = None
     finish_s: float | None = None

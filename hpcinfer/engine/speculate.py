@@ -136,7 +136,8 @@ class Speculation:
         if self.resting > 0:
             self.resting -= 1
             return False
-        return len(scheduler.running) <= MOST_SPECULATING
+        running = scheduler.running
+        return len(running) <= MOST_SPECULATING and any(q.is_decode and can_speculate(q) for q in running)
 
     def propose(self, scheduler: Scheduler, block_size: int, max_model_len: int) -> list[Sequence]:
         """Proposals appended to the running sequences that may speculate, when the running
@@ -158,7 +159,7 @@ class Speculation:
                 rooms.append(n)
                 budget -= n
         if self.draft is not None:
-            proposed = self.draft.propose(seqs, rooms)
+            proposed = self.draft.propose(seqs, rooms, keep=running)
         else:
             proposed = [propose(seq.tokens, n) for seq, n in zip(seqs, rooms, strict=True)]
         drafted = []

@@ -27,6 +27,7 @@ from ..errors import ModelError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_RESIZED = 1 << 26  # pixels an image may be resized to before its crop (a 1 x 1,000,000 strip would be 224 x 224M)
 DRAFT_MARGIN = 4  # a JPEG is decoded at a reduced scale only while it stays this many times the resize's size
 
 
@@ -102,6 +103,8 @@ def model_pixels(image: Any, spec: ImageSpec, exact: bool = False) -> np.ndarray
     from PIL import Image
 
     want = resize_size(spec, *image.size)  # NOTE: of the whole image, whatever scale it is decoded at
+    if want[0] * want[1] > MAX_RESIZED:
+        raise ValueError(f"a {image.width}x{image.height} image: its aspect ratio is too extreme to resize")
     if not exact and image.format == "JPEG":
         image.draft("RGB", (want[0] * DRAFT_MARGIN, want[1] * DRAFT_MARGIN))
     image.load()

@@ -46,7 +46,8 @@ class Media:
     pixel_attention_mask: torch.Tensor | None
     digest: bytes
     positions: Any = None  # int64 [image tokens]: where the prompt's image tokens are, ascending
-    vectors: torch.Tensor | None = field(default=None)  # [image tokens, hidden], once the tower ran
+    # [image tokens, hidden] by device: a request moved to another device (a fault) runs its tower there
+    vectors: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def is_vlm(raw: Any) -> bool:

@@ -12,7 +12,8 @@ and palette images), with libjpeg-turbo in its wheels and DCT-domain downscaling
 large JPEGs; torchvision's decoders would tie the install to one torch build.
 
 A missing file, one that is not an image, a truncated one, or one too large to decode safely is a
-reject with its reason (`image_missing`, `image_unreadable`); the rest go on in order.
+reject with its reason (`image_missing`, `image_unreadable`, `image_remote`: files/image_urls.py
+guards what may be read); the rest go on in order.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import numpy as np
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..files import storage
+from ..files.image_urls import ImageRefused, image_bytes
 from ..models.vision import ImageSpec, model_pixels
 from ..types import Reject, RowBlock
 from .types import TokenBlock
 
 # The CPU default of an image batch (a GPU takes more): its pixels are staged as one uint8 slab.
 CPU_IMAGE_BATCH, CUDA_IMAGE_BATCH = 32, 256
-MAX_PIXELS = 178_956_970  # Pillow's own decompression-bomb bound (twice its warning level)
+MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb warning level: larger images are rejects
 
 
 class ImageProblem(Exception):
@@ -54,49 +55,20 @@ def image_budget(config: RunConfig, spec: ImageSpec, device_kind: str) -> RunCon
     return replace(config, plan=plan)
 
 
-def read_image(ref: Any, source: str) -> Any:
-    """The row's image, opened (not yet decoded): bytes, or a path relative to its input file's folder."""
-    from PIL import Image
-
-    if isinstance(ref, bytes | bytearray | memoryview):
-        return Image.open(io.BytesIO(bytes(ref)))
-    path = str(ref)
-    if not storage.scheme(path) and not os.path.isabs(path):
-        base = source.rsplit("/", 1)[0] if storage.is_remote(source) else os.path.dirname(storage.local_path(source))
-        path = f"{base}/{path}" if storage.is_remote(source) else os.path.join(base, path)
-    try:
-        with storage.open_binary(path) as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ImageProblem("image_missing", f"no image at {_shown(path)}") from None
-    except IsADirectoryError:
-        raise ImageProblem("image_missing", f"{_shown(path)} is a folder, not an image") from None
-    except storage.errors() as exc:
-        raise ImageProblem("image_missing", f"cannot read {_shown(path)} ({storage.failure(exc)})") from None
-    return Image.open(io.BytesIO(data))
-
-
-def _shown(path: str) -> str:
-    shown = storage.shown(path)
-    return shown if len(shown) <= 200 else "..." + shown[-197:]
-
-
-def decode_row(ref: Any, source: str, spec: ImageSpec) -> np.ndarray:
+def decode_row(ref: Any, source: str, spec: ImageSpec, files: bool = True) -> np.ndarray:
     """One row's pixels, or an ImageProblem saying why there are none."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = read_image(ref, source)
-            if image.width * image.height > MAX_PIXELS:
-                raise ImageProblem("image_unreadable", f"{image.width}x{image.height} pixels: too large to decode")
-            return model_pixels(image, spec)
-    except ImageProblem:
-        raise
+        image = Image.open(io.BytesIO(image_bytes(ref, source, files)))
+        if image.width * image.height > MAX_PIXELS:
+            raise ImageProblem("image_unreadable", f"{image.width}x{image.height} pixels: too large to decode")
+        return model_pixels(image, spec)
+    except ImageRefused as refused:
+        raise ImageProblem(refused.reason, str(refused)) from None
     except UnidentifiedImageError:
         raise ImageProblem("image_unreadable", "not an image Pillow can read") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+    except (OSError, ValueError, SyntaxError, MemoryError, Image.DecompressionBombError) as exc:
         raise ImageProblem("image_unreadable", f"cannot decode the image ({str(exc).splitlines()[0][:200]})") from None
 
 
@@ -105,12 +77,15 @@ class DecodeStage:
 
     name = "decode"
 
-    def __init__(self, spec: ImageSpec, threads: int) -> None:
+    def __init__(self, spec: ImageSpec, threads: int, files: bool = True) -> None:
+        """`files`: whether rows may name image files and URIs (serve: inline bytes only)."""
         try:
-            import PIL  # noqa: F401
+            from PIL import Image
         except ImportError:
             raise ConfigError("--image-column decodes images with Pillow: pip install 'hpcinfer[images]'") from None
-        self.spec = spec
+        # NOTE: the size check above rejects what Pillow would warn of; set once, not per thread
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+        self.spec, self.files = spec, files
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="hpcinfer-decode")
 
     def process(self, block: RowBlock) -> Iterator[TokenBlock]:
@@ -145,7 +120,7 @@ class DecodeStage:
 
     def _one(self, ref: Any, source: str) -> np.ndarray | ImageProblem:
         try:
-            return decode_row(ref, source, self.spec)
+            return decode_row(ref, source, self.spec, self.files)
         except ImageProblem as problem:
             return problem
 

@@ -79,7 +79,7 @@ class EmbedRun:
         )
         tokenize: Any
         if (spec := getattr(info.config, "image", None)) is not None:  # NOTE: an image run decodes instead
-            tokenize = DecodeStage(spec, decode_threads(config))
+            tokenize = DecodeStage(spec, decode_threads(config), config.input.image_files)
         else:
             tokenizer = load_tokenizer(info.path, job.max_length)
             vocab, on_long = info.config.vocab_size, config.tokenize.on_long

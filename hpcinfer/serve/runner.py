@@ -207,7 +207,9 @@ class BatchRunner:
         resume = has_commits(str(output))
         config = replace(
             self.base,
-            input=replace(self.base.input, paths=(str(self.file_path(file.id)),)),  # NOTE: its lines say it is OpenAI's
+            # NOTE: its lines say it is OpenAI's; a tenant's chats bring their images inline, never as
+            # paths or URIs the server could read (files/image_urls.py)
+            input=replace(self.base.input, paths=(str(self.file_path(file.id)),), image_files=False),
             output=replace(
                 self.base.output, path=str(output), output_format="jsonl", resume=resume, overwrite=not resume
             ),

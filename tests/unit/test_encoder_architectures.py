@@ -195,8 +195,8 @@ def test_mpnet_buckets_distances_into_32_whatever_its_table_holds(tmp_path):
 
 
 def test_what_the_native_encoders_lack_is_an_unsupported_model_in_one_line(tmp_path):
-    """An activation, a sharded checkpoint or a ModernBERT token classifier (its head has layers the
-    native NER head lacks) are refused natively as UnsupportedModel (--backend auto falls back)."""
+    """An activation, a sharded checkpoint or a NomicBERT token classifier (a head NomicBERT's own
+    code does not ship) are refused natively as UnsupportedModel (--backend auto falls back)."""
     from hpcinfer.errors import UnsupportedModel
     from hpcinfer.models.checkpoint import inspect_checkpoint
     from hpcinfer.tasks.ner.model import inspect_token_classifier
@@ -213,7 +213,7 @@ def test_what_the_native_encoders_lack_is_an_unsupported_model_in_one_line(tmp_p
     with pytest.raises(UnsupportedModel, match="sharded"):
         inspect_checkpoint(model)
     (model / "model-00001-of-00001.safetensors").rename(model / "model.safetensors")
-    token = {**config, "model_type": "modernbert", "architectures": ["ModernBertForTokenClassification"]}
+    token = {**config, "model_type": "nomic_bert", "architectures": ["NomicBertForTokenClassification"]}
     (model / "config.json").write_text(json.dumps(token))
-    with pytest.raises(UnsupportedModel, match="no native token classifier for 'ModernBertForTokenClassification'"):
+    with pytest.raises(UnsupportedModel, match="no native token classifier for 'NomicBertForTokenClassification'"):
         inspect_token_classifier(model, None)

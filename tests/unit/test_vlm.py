@@ -105,17 +105,31 @@ def test_bad_images_are_rejects_and_a_text_model_refuses_images(vlm, tmp_path):
             {"id": "web", "messages": chat("what is this", "https://example.com/a.png")},
             {"id": "broken", "messages": chat("what is this", "data:image/png;base64,@@@")},
             {"id": "notimage", "messages": chat("what is this", "text.png")},
+            {"id": "device", "messages": chat("what is this", "/dev/zero")},
+            {"id": "ftp", "messages": chat("what is this", "ftp://host/a.png")},
             {"id": "plain", "messages": [{"role": "user", "content": "no image here"}], "max_tokens": 2}]  # fmt: skip
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out.jsonl"
     report = run_generate(generate_config(src, out, vlm))
     assert report.rows == 2
     rejects = {r["id"]: r for r in map(json.loads, Path(f"{out}.rejects.jsonl").read_text().splitlines())}
-    assert set(rejects) == {"missing", "web", "broken", "notimage"}
+    assert set(rejects) == {"missing", "web", "broken", "notimage", "device", "ftp"}
+    assert "not a regular file" in rejects["device"]["message"] and "ftp://" in rejects["ftp"]["message"]
     assert "nowhere.png" in rejects["missing"]["message"] and "http" in rejects["web"]["message"]
     assert "base64" in rejects["broken"]["message"] and "not an image" in rejects["notimage"]["message"]
     text_model = build_tiny_decoder(tmp_path / "text-model", "LlamaForCausalLM", seed=2)
     plain = run_generate(generate_config(src, tmp_path / "plain.jsonl", text_model))
     refused = [json.loads(x) for x in Path(f"{tmp_path / 'plain.jsonl'}.rejects.jsonl").read_text().splitlines()]
-    assert plain.rows == 1 and len(refused) == 5
+    assert plain.rows == 1 and len(refused) == 7
     assert any("takes text only" in r["message"] for r in refused)
+    # --no-image-files (as serve runs a tenant's upload): inline images only
+    inline = tmp_path / "inline.jsonl"
+    only = run_generate(_no_files(generate_config(src, inline, vlm)))
+    named = {r["id"]: r["message"] for r in map(json.loads, Path(f"{inline}.rejects.jsonl").read_text().splitlines())}
+    assert only.rows == 2 and "inline" in named["notimage"] and "inline" in named["missing"]
+
+
+def _no_files(config):  # noqa: ANN001, ANN202
+    from dataclasses import replace
+
+    return replace(config, input=replace(config.input, image_files=False))

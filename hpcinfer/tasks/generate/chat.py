@@ -79,7 +79,7 @@ def check_messages(messages: Any) -> None:
             raise ChatError(f"message {i}: content must be a string")
 
 
-def content_parts(messages: Any, source: str, images: bool) -> tuple[Any, list[bytes]]:
+def content_parts(messages: Any, source: str, images: bool, files: bool = True) -> tuple[Any, list[bytes]]:
     """OpenAI content parts made what a chat template reads: with a vision-language model (`images`)
     an `image_url` part becomes the template's `{"type": "image"}` and its image's bytes are
     returned in order; without one, text parts join into the message's text (and an image is
@@ -104,7 +104,7 @@ def content_parts(messages: Any, source: str, images: bool) -> tuple[Any, list[b
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
                 try:
-                    found.append(image_bytes(url, source))
+                    found.append(image_bytes(url, source, files))
                 except ValueError as exc:
                     raise ChatError(f"message {i}: {exc}") from None
                 parts.append({"type": "image"})

@@ -37,7 +37,7 @@ from .answers import GenerationStore, answers_table, with_errors
 from .replica import GenerateUnitResult
 from .report import GenerateReport, percentiles
 from .requests import RequestReader
-from .setup import generation_fingerprint, request_reader, run_decoder_info
+from .setup import generation_fingerprint, media_windows, request_reader, run_decoder_info
 
 
 class GenerateCluster:
@@ -69,7 +69,8 @@ class GenerateCluster:
         return config, GenerationStore(config.output.path, fmt, fp, config.generate.n > 1)
 
     def window_rows(self, config: RunConfig) -> int:
-        return config.generate.window_rows
+        assert self.info is not None
+        return media_windows(config, self.info).generate.window_rows
 
     def sources(self) -> list[Source]:
         assert self.reader is not None

@@ -64,6 +64,7 @@ from .setup import (
     engine_config,
     generation_devices,
     generation_fingerprint,
+    media_windows,
     request_reader,
     run_decoder_info,
 )
@@ -102,6 +103,7 @@ class GenerationJob:
         self.fmt = output_format(config.output.path, config.output.output_format)
         check_output(config.output.path)
         self.info = run_decoder_info(config)
+        self.config = config = media_windows(config, self.info)
         if config.device.quantize == "int8":  # NOTE: one kernel for every engine, and for the output's whole life
             if (recorded := recorded_fingerprint(config.output)) is not None:
                 config = replace(config, device=resumed_int8(config.device, recorded))

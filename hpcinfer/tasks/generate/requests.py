@@ -90,6 +90,7 @@ class RequestReader:
         parsers: tuple[str, str] = ("none", "none"),
         loras: tuple[str, ...] = (),
         vision: tuple[str, int] | None = None,
+        image_files: bool = True,
         *,
         facts: InputFacts | None = None,
     ) -> None:
@@ -100,7 +101,8 @@ class RequestReader:
         `vision`: a vision-language model's (folder, image token id): its chats may hold images;
         `facts`: the files' facts, found already (a reader of part of the input: `for_rows`)."""
         self.arguments = (paths, id_column, tokenizer, chat, defaults, max_prompt, vocab, priority_column)
-        self.arguments += (grammars, max_n, lacks, parsers, loras, vision)
+        self.arguments += (grammars, max_n, lacks, parsers, loras, vision, image_files)
+        self.image_files = image_files
         self.images = ImagePrompts(Path(vision[0]), vision[1]) if vision is not None else None
         self.parsers = parsers  # (--reasoning-parser, --tool-call-parser)
         self.loras = {name: k + 1 for k, name in enumerate(loras)}  # --lora's names -> adapter index
@@ -270,7 +272,7 @@ class RequestReader:
         if body.get("messages") is not None:
             if self.chat is None:
                 raise ChatError("the checkpoint has no chat_template")
-            messages, images = content_parts(body["messages"], path, self.images is not None)
+            messages, images = content_parts(body["messages"], path, self.images is not None, self.image_files)
             text = self.chat.render(messages, tools=body.get("tools"), extra=body.get("chat_template_kwargs"))
             if self.images is not None:
                 ids, media = self.images.encode(text, images)

@@ -172,7 +172,18 @@ def request_reader(config: RunConfig, info: DecoderInfo, tokenizer: Tokenizer) -
         (config.generate.reasoning_parser, config.generate.tool_call_parser),
         tuple(item.partition("=")[0].strip() for item in config.generate.loras),
         (str(info.path), info.vision.image_token_id) if info.vision is not None else None,
+        config.input.image_files,
     )
+
+
+MEDIA_WINDOW_ROWS = 64  # a vision-language run's default window: each row read ahead holds its images' pixels
+
+
+def media_windows(config: RunConfig, info: DecoderInfo) -> RunConfig:
+    """A vision-language run reads fewer rows ahead (its window) unless --window-rows says otherwise."""
+    if info.vision is None or config.generate.window_rows != GenerateConfig().window_rows:
+        return config
+    return replace(config, generate=replace(config.generate, window_rows=MEDIA_WINDOW_ROWS))
 
 
 def engine_config(config: RunConfig) -> EngineConfig:
