@@ -52,7 +52,7 @@ def draw(rng: random.Random, width: int, height: int, mode: str):  # noqa: ANN20
 
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """200 images under pictures/, and rows naming them (relative paths), with 5 bad rows among them."""
+    """200 images under pictures/, and rows naming them (relative paths), with 7 bad rows among them."""
     folder = tmp_path_factory.mktemp("pictures")
     (folder / "pictures").mkdir()
     rng = random.Random(5)
@@ -64,11 +64,15 @@ def pictures(tmp_path_factory) -> tuple[Path, list[dict]]:
         draw(rng, *size, mode).save(folder / "pictures" / f"{i}.{ext}", quality=90)
         rows.append({"id": f"img{i}", "image": f"pictures/{i}.{ext}"})
     (folder / "pictures" / "text.jpg").write_text("not an image")
+    from PIL import Image
+
+    Image.new("L", (1, 40_000)).save(folder / "pictures" / "strip.png")  # its resize would be 64 x 2.56M
     whole = (folder / "pictures" / "0.jpg").read_bytes()
     (folder / "pictures" / "cut.jpg").write_bytes(whole[: len(whole) // 3])
     bad = [{"id": "missing", "image": "pictures/nowhere.png"}, {"id": "text", "image": "pictures/text.jpg"},
            {"id": "cut", "image": "pictures/cut.jpg"}, {"id": "web", "image": "https://example.com/a.jpg"},
-           {"id": "none", "image": None}]  # fmt: skip
+           {"id": "none", "image": None}, {"id": "strip", "image": "pictures/strip.png"},
+           {"id": "fifo", "image": "/dev/zero"}]  # fmt: skip
     for k, row in enumerate(bad):
         rows.insert(17 + 37 * k, row)
     return folder, rows
@@ -114,7 +118,10 @@ def test_images_by_path_equal_transformers_and_bad_ones_are_rejects(checkpoint, 
     out = tmp_path / "out.parquet"
     report = embed(src, out, checkpoint)
     table = pq.read_table(out).to_pylist()
-    good = [r for r in rows if r["id"].startswith("img")]
+    siglip = json.loads((checkpoint / "config.json").read_text())["model_type"] == "siglip"
+    # NOTE: a 1 x 40,000 strip: SigLIP resizes it straight to its input size; CLIP's shortest-edge resize would
+    # make it 64 x 2.56M pixels, refused
+    good = [r for r in rows if r["id"].startswith("img") or (siglip and r["id"] == "strip")]
     assert [r["id"] for r in table] == [r["id"] for r in good]  # every good row, in input order
     want = expected(checkpoint, folder, good)
     got = {r["id"]: np.asarray(r["embedding"], dtype=np.float32) for r in table}
@@ -124,9 +131,12 @@ def test_images_by_path_equal_transformers_and_bad_ones_are_rejects(checkpoint, 
     }
     reasons = {k: v["reason"] for k, v in rejects.items()}
     assert reasons == {"missing": "image_missing", "text": "image_unreadable", "cut": "image_unreadable",
-                       "web": "image_remote", "none": "image_missing"}  # fmt: skip
+                       "web": "image_remote", "none": "image_missing", "fifo": "image_missing",
+                       **({} if siglip else {"strip": "image_unreadable"})}  # fmt: skip
+    assert "regular file" in rejects["fifo"]["message"]
+    assert siglip or "aspect ratio" in rejects["strip"]["message"]
     assert "nowhere.png" in rejects["missing"]["message"]
-    assert report.rows == IMAGES and "decode" in {s["stage"] for s in report.stages}
+    assert report.rows == len(good) and "decode" in {s["stage"] for s in report.stages}
 
 
 def test_image_bytes_in_parquet_equal_their_files(checkpoint, pictures, tmp_path):
