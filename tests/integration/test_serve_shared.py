@@ -499,3 +499,38 @@ def test_an_open_server_still_refuses_a_cross_site_form_and_a_stale_cursor_pages
         assert client.batches.list(after="batch_" + "0" * 24).data == []
     finally:
         server.close()
+
+
+def test_a_tenants_chat_brings_its_images_inline_never_a_server_path(tmp_path):
+    """A vision-language model served: a data URL image is answered; an image named by a path on the
+    server (a real image there) is an error line, never read: a tenant names no server file."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.fixtures.tiny_vlm import build_tiny_vlm
+
+    vlm = build_tiny_vlm(tmp_path / "vlm", seed=2)
+    buffer = io.BytesIO()
+    Image.new("RGB", (30, 40), (200, 30, 30)).save(buffer, "PNG")
+    (tmp_path / "server-side.png").write_bytes(buffer.getvalue())
+    inline = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+    def image_chat(i: int, url: str) -> dict:
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it"}]
+        return chat_line(i, messages=[{"role": "user", "content": content}])
+
+    server = Local(vlm, tmp_path / "state")
+    try:
+        client = server.client()
+        lines = [image_chat(0, inline), image_chat(1, str(tmp_path / "server-side.png")),
+                 image_chat(2, (tmp_path / "server-side.png").as_uri())]  # fmt: skip
+        batch = wait_for(client, create(client, upload(client, lines).id).id)
+        assert batch.status == "completed"
+        answered = {x["custom_id"] for x in lines_of(client, batch.output_file_id) if x["error"] is None}
+        errors = {x["custom_id"]: json.dumps(x) for x in lines_of(client, batch.error_file_id)}
+        assert answered == {"req-0"} and set(errors) == {"req-1", "req-2"}
+        assert all("inline" in e for e in errors.values())
+    finally:
+        server.close()
