@@ -24,9 +24,9 @@ CHATS, MAX_TOKENS = 32, 8
 QUESTIONS = ["what is this", "describe the picture", "which colour is it", "how many things are there"]
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory) -> Path:
-    return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny", seed=3)
+@pytest.fixture(scope="module", params=["Idefics3", "SmolVLM"])
+def vlm(request, tmp_path_factory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny", seed=3, family=request.param)
 
 
 def picture(rng: random.Random, fmt: str) -> bytes:
@@ -79,7 +79,8 @@ def test_image_chats_equal_transformers_and_share_an_image_prefix(vlm, tmp_path)
     report = run_generate(generate_config(src, out, vlm, max_num_seqs=8))
     assert report.rows == CHATS
     got = {r["id"]: r["text"] for r in map(json.loads, out.read_text().splitlines())}
-    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(str(vlm)).eval()
+    architecture = json.loads((vlm / "config.json").read_text())["architectures"][0]
+    model = getattr(transformers, architecture).from_pretrained(str(vlm)).eval()
     processor = transformers.AutoProcessor.from_pretrained(str(vlm))
     tokenizer = Tokenizer.from_file(str(vlm / "tokenizer.json"))
     eos = processor.tokenizer.eos_token_id
