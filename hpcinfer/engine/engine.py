@@ -175,7 +175,8 @@ class Engine:
                 )  # fmt: skip
             self.speculation = Speculation(config.speculative_tokens, drafter)
         self.vision = vision
-        self._beams_done: list[Sequence] = []  # beam searches ended in `add`, handed on by the next step
+        # beam searches, and requests whose images the tower could not see, ended in `add`: handed on by the next step
+        self._ended_in_add: list[Sequence] = []
         self._next_id = 0
 
     def add(
@@ -186,14 +187,24 @@ class Engine:
             raise ValueError(f"a prompt of {len(tokens)} tokens does not fit the context of {self.max_model_len}")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
-        if params.media is not None and str(self.sampler.device) not in params.media.vectors:
-            self._see(params.media)
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
+        if params.media is not None and str(self.sampler.device) not in params.media.vectors:
+            try:
+                self._see(params.media)
+            except Exception as exc:  # NOTE: this request's images (too many, too large), not the device's fault
+                if not (isinstance(exc, ValueError) or is_out_of_memory(exc)):
+                    raise
+                accelerators.release_cached(self.sampler.device)
+                seq.num_prompt, seq.status, seq.finish_reason = len(tokens), Status.FINISHED, "error"
+                seq.error = f"the vision tower failed on its images ({str(exc).splitlines()[0][:160]})"
+                self._next_id += 1
+                self._ended_in_add.append(seq)
+                return seq
         if params.beam_width > 1:  # NOTE: its beams run together now, between the batch's steps (beam.py)
             self._next_id += 1
             seq.arrival_s = time.perf_counter()
             beam_search(self, seq, self.eos)
-            self._beams_done.append(seq)
+            self._ended_in_add.append(seq)
             return seq
         if params.structured is not None:
             if self.grammars is None:
@@ -217,7 +228,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._in_flight is not None or bool(self._beams_done)
+        return self.scheduler.has_work or self._in_flight is not None or bool(self._ended_in_add)
 
     def _start_empty(self, usable_blocks: int, device: torch.device) -> None:
         """A block manager, scheduler and sampler with nothing in them, and no step in flight."""
@@ -252,7 +263,7 @@ class Engine:
         """
         self.cache.stepping += 1  # NOTE: a pool kept for a later run is not handed out while a step is in it
         try:
-            done, self._beams_done = self._beams_done, []
+            done, self._ended_in_add = self._ended_in_add, []
             return done + self._step() if self.scheduler.has_work or self._in_flight is not None else done
         finally:
             self.cache.stepping -= 1

@@ -139,6 +139,7 @@ class Sequence:
     arrival_s: float = 0.0
     first_token_s: float | None = None
     finish_s: float | None = None
+    error: str | None = None  # finish_reason "error": why it could not run (the job makes it a reject)
     stop_text_cut: int | None = None  # characters of the decoded completion to keep after a stop string
     # Its last token (maybe still PENDING) ends it by length: nothing more is scheduled for it.
     draining: bool = False

@@ -74,6 +74,11 @@ class WindowBook:
         if self.on_reject is not None:
             self.on_reject(item)
 
+    def fail(self, window: OpenWindow, item: Reject) -> None:
+        """An admitted row that could not run after all: a reject, no longer pending."""
+        window.pending -= 1
+        self.reject(window, item)
+
     def answered(self, window: OpenWindow, row: int, result: Any) -> None:
         """A row answered without running (an interrupted run's checkpoint held it)."""
         window.results.append((row, result))

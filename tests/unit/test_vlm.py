@@ -134,3 +134,31 @@ def _no_files(config):  # noqa: ANN001, ANN202
     from dataclasses import replace
 
     return replace(config, input=replace(config.input, image_files=False))
+
+
+def test_a_tower_failure_on_one_chats_images_is_that_rows_reject(vlm, tmp_path, monkeypatch):
+    """The vision tower failing on one request's images (too many, too large for the device) makes that
+    row a reject with the reason; the run goes on and answers the rest."""
+    from hpcinfer.models import vlm as vlm_module
+
+    images = [picture(random.Random(k), "PNG") for k in range(4)]
+    urls = ["data:image/png;base64," + base64.b64encode(data).decode() for data in images]
+    rows = [{"id": f"r{k}", "messages": chat("what is this", url), "max_tokens": 3} for k, url in enumerate(urls)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    import hashlib
+
+    refused = hashlib.sha256(hashlib.sha256(images[2]).digest()).digest()
+    features = vlm_module.VisionTower.features
+
+    def failing(self, media):  # noqa: ANN001, ANN202
+        if media.digest == refused:
+            raise ValueError("out of memory for these images")
+        return features(self, media)
+
+    monkeypatch.setattr(vlm_module.VisionTower, "features", failing)
+    out = tmp_path / "out.jsonl"
+    report = run_generate(generate_config(src, out, vlm))
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["r0", "r1", "r3"]
+    [reject] = [json.loads(x) for x in Path(f"{out}.rejects.jsonl").read_text().splitlines()]
+    assert reject["id"] == "r2" and reject["reason"] == "image_unreadable" and reject["line"] == 3
+    assert "vision tower" in reject["message"] and report.rows == 3 and report.rejects == {"image_unreadable": 1}

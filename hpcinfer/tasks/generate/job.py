@@ -187,6 +187,9 @@ class GenerationJob:
 
     def finish(self, seq: Sequence, device: int = 0) -> None:
         window, request = seq.tag
+        if seq.finish_reason == "error":  # NOTE: it could not run (the engine said why): a reject, not an answer
+            self.windows.fail(window, request.reject("image_unreadable", seq.error or "it could not run"))
+            return
         self.windows.finish(window, request.row, self._answer(seq, request), started=seq.arrival_s)
         self.written_by_source[request.source] = self.written_by_source.get(request.source, 0) + 1
         self.tally.add(seq, request.read_s)

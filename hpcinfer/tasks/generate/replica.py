@@ -203,6 +203,9 @@ class GenerateReplica:
 
         def finished(seq: Sequence, _device: int) -> None:
             window, request = seq.tag
+            if seq.finish_reason == "error":  # NOTE: it could not run (the engine said why): a reject
+                book.fail(window, request.reject("image_unreadable", seq.error or "it could not run"))
+                return
             book.finish(window, request.row, answer_row(seq, request, self.tokenizer, self.config.model))
             tally.add(seq, request.read_s)
             result.written_by_source[request.source] = result.written_by_source.get(request.source, 0) + 1

@@ -55,6 +55,12 @@ class Request:
     model: str | None = None  # an OpenAI body's `model`, echoed in its answer
     echo: dict[str, Any] | None = None  # what a /v1/responses answer repeats of its request
     parse: tuple[str, str, bool] | None = None  # a chat answer's (reasoning parser, tool parser, tools given)
+    line: int | None = None  # its JSONL line, and its row within its file: where a late reject points
+    row_in_file: int | None = None
+
+    def reject(self, reason: str, message: str) -> Reject:
+        """This admitted request as a reject (it could not run after all)."""
+        return Reject(self.row, self.source, self.line, self.id, reason, message, self.row_in_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +252,7 @@ class RequestReader:
         if kind == "chat" and self.parsers != ("none", "none"):
             parse = (*self.parsers, bool(body.get("tools")))
         return Request(row, row_id, tokens, params, kind, openai, path, priority, listed=listed, model=model, echo=echo,
-                       parse=parse)  # fmt: skip
+                       parse=parse, line=line, row_in_file=row - self._file_first_row)  # fmt: skip
 
     def _lora(self, obj: dict[str, Any], body: dict[str, Any], openai: bool) -> int:
         """The adapter a request picks (0: the base): an OpenAI body by its `model` (a name not
