@@ -38,6 +38,7 @@ from .draft import DraftModel
 from .engine_stats import EngineStats
 from .kvcache.block_manager import BlockManager, blocks_for
 from .kvcache.pools import KVCache, KVLayout, size_pool
+from .media import see_images
 from .runner import ModelRunner
 from .sample.fork import fork_samples, request_done
 from .sample.logprobs import StepLogprobs, step_logprobs
@@ -188,18 +189,11 @@ class Engine:
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n {params.n} samples cannot run together within max_num_seqs {self.config.max_num_seqs}")
         seq = Sequence(self._next_id if seq_id is None else seq_id, list(tokens), params, tag, priority=priority)
-        if params.media is not None and str(self.sampler.device) not in params.media.vectors:
-            try:
-                self._see(params.media)
-            except Exception as exc:  # NOTE: this request's images (too many, too large), not the device's fault
-                if not (isinstance(exc, ValueError) or is_out_of_memory(exc)):
-                    raise
-                accelerators.release_cached(self.sampler.device)
-                seq.num_prompt, seq.status, seq.finish_reason = len(tokens), Status.FINISHED, "error"
-                seq.error = f"the vision tower failed on its images ({str(exc).splitlines()[0][:160]})"
-                self._next_id += 1
-                self._ended_in_add.append(seq)
-                return seq
+        if params.media is not None and (failed := see_images(self.vision, params.media, self.sampler.device)):
+            seq.num_prompt, seq.status, seq.finish_reason, seq.error = len(tokens), Status.FINISHED, "error", failed
+            self._next_id += 1
+            self._ended_in_add.append(seq)
+            return seq
         if params.beam_width > 1:  # NOTE: its beams run together now, between the batch's steps (beam.py)
             self._next_id += 1
             seq.arrival_s = time.perf_counter()
@@ -216,15 +210,6 @@ class Engine:
         seq.arrival_s = time.perf_counter()
         self.scheduler.add(seq)
         return seq
-
-    def _see(self, media: Any) -> None:
-        """A request's images through the vision tower: one vector per image token of its prompt."""
-        if self.vision is None:
-            raise ValueError("a request with images reached an engine without a vision tower")
-        vectors = self.vision.features(media)
-        if vectors.shape[0] != len(media.positions):
-            raise ValueError(f"{len(media.positions)} image tokens in the prompt, {vectors.shape[0]} image vectors")
-        media.vectors[str(self.sampler.device)] = vectors
 
     @property
     def has_work(self) -> bool:

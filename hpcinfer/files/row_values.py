@@ -33,7 +33,8 @@ def check_text(value: Any, *, from_arrow: bool = False) -> tuple[str, str] | Non
 
 
 def check_image(value: Any) -> tuple[str, str] | None:
-    """An image reference: a path or URI (not an http(s) URL: a job never fetches from the web), or bytes."""
+    """An image reference's type: a path or URI, or bytes (what may be read of it is
+    files/image_urls.py's to say, when the decode stage reads it)."""
     if value is None:
         return "image_missing", "no image"
     if isinstance(value, bytes | bytearray):
@@ -42,8 +43,6 @@ def check_image(value: Any) -> tuple[str, str] | None:
         return "wrong_type", f"an image is a path, a URI or bytes, not a {type(value).__name__}"
     if not value.strip():
         return "image_missing", "the image's path is empty"
-    if value[:8].lower().startswith(("http://", "https://")):
-        return "image_remote", "an http(s) URL: images are read from files and object stores (the job runs offline)"
     return None
 
 

@@ -341,21 +341,7 @@ def test_lora_rows_on_ray_answer_as_locally(ckpt, ray_address, tmp_path):
     peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
     rows = [{"id": f"r{i}", "prompt": t, "max_tokens": 4, **({"lora": "tuned"} if i % 2 else {})}
             for i, t in enumerate(make_texts(12, seed=9))]  # fmt: skip
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    answers = {}
-    for engine in ("local", "ray"):
-        out = tmp_path / f"{engine}.jsonl"
-        cfg = RunConfig(
-            input=InputConfig((str(src),)),
-            model=str(ckpt),
-            output=OutputConfig(str(out)),
-            pipeline=PipelineConfig(progress="off"),
-            generate=GenerateConfig(window_rows=WINDOW, loras=(f"tuned={tmp_path / 'adapter'}",)),
-            cluster=ClusterConfig(engine=engine, ray_address=ray_address if engine == "ray" else None),
-        )
-        run(cfg, progress=Progress("off"))
-        answers[engine] = [json.loads(x) for x in out.read_text().splitlines()]
+    answers = _local_and_ray(rows, ckpt, ray_address, tmp_path, loras=(f"tuned={tmp_path / 'adapter'}",))
     assert answers["ray"] == answers["local"] and len(answers["ray"]) == 12
 
 
@@ -375,6 +361,12 @@ def test_image_chats_on_ray_answer_as_locally(ray_address, tmp_path):
         url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
         content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": f"what is {i}"}]
         rows.append({"id": f"r{i}", "messages": [{"role": "user", "content": content}], "max_tokens": 5})
+    answers = _local_and_ray(rows, vlm, ray_address, tmp_path)
+    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 10
+
+
+def _local_and_ray(rows: list[dict], model: Path, ray_address: str, tmp_path: Path, **generate) -> dict[str, list]:  # noqa: ANN003
+    """The answer lines of `rows` run on the local engine and on Ray (2 replicas), same options."""
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     answers = {}
@@ -382,12 +374,12 @@ def test_image_chats_on_ray_answer_as_locally(ray_address, tmp_path):
         out = tmp_path / f"{engine}.jsonl"
         cfg = RunConfig(
             input=InputConfig((str(src),)),
-            model=str(vlm),
+            model=str(model),
             output=OutputConfig(str(out)),
             pipeline=PipelineConfig(progress="off"),
-            generate=GenerateConfig(window_rows=WINDOW),
+            generate=GenerateConfig(window_rows=WINDOW, **generate),
             cluster=ClusterConfig(engine=engine, ray_address=ray_address if engine == "ray" else None),
         )
         run(cfg, progress=Progress("off"))
         answers[engine] = [json.loads(x) for x in out.read_text().splitlines()]
-    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 10
+    return answers
