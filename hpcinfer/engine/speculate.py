@@ -145,8 +145,8 @@ class Speculation:
         admission); the sequences that got some."""
         running = scheduler.running
         if not 0 < len(running) <= MOST_SPECULATING or not all(q.is_decode for q in running):
-            if self.draft is not None:
-                self.draft.reset()
+            if self.draft is not None and len(running) > MOST_SPECULATING:
+                self.draft.reset()  # NOTE: an admission's prefill keeps the running ones' shadows
             return []
         k, budget = self.tokens_now(), scheduler.max_num_batched_tokens - len(running)
         seqs, rooms = [], []
