@@ -195,8 +195,9 @@ def gguf_state_dict(info: DecoderInfo, device: torch.device, dtype: torch.dtype)
         parts = fused.setdefault(name, {})
         parts[position] = tensor
         if len(parts) == (3 if ".qkv." in name else 2):
-            # NOTE: experts' gate and up are stacked [experts, rows, hidden]: joined along the rows
-            state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=1 if name.endswith(".moe.gate_up") else 0)
+            # NOTE: experts' gate and up (and their biases) are stacked [experts, rows, ...]: joined along the rows
+            rows = 1 if name.endswith((".moe.gate_up", ".moe.gate_up_bias")) else 0
+            state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=rows)
             del fused[name]
     if fused:
         raise ModelError(f"GGUF lacks parts of {sorted(fused)[:2]}", path=str(info.path))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from .gguf_dequantize import torch_dequantize
 from .gguf_header import read_header
 
 # GGUF `general.architecture` -> the HF architecture whose native decoder runs it. Mistral files
@@ -30,6 +31,7 @@ ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
 }
 _PERMUTED_QK = {"llama", "mistral", "mixtral"}  # native decoder families
 
@@ -55,6 +57,16 @@ _EXPERT_TENSORS = {"ffn_gate_inp": ("router", None), "ffn_gate_exps": ("gate_up"
 _EXPERT_TENSORS |= {"ffn_down_exps": ("down", None)}
 # phi3 files keep HF's fused q/k/v (attn_qkv) and gate/up (in ffn_up): whole tensors of ours
 _FUSED_AS_STORED = {"phi3": {"attn_qkv": "qkv", "ffn_up": "gate_up"}}
+# gpt-oss's own tensors: sinks, the biases of its router and experts, and its norm before the MLP
+# (named post_attention_norm, as transformers names it; Gemma's of that name follows attention)
+_GPT_OSS = {
+    "attn_sinks.weight": ("sinks", None),
+    "post_attention_norm.weight": ("post_norm", None),
+    "ffn_gate_inp.bias": ("moe.router_bias", None),
+    "ffn_gate_exps.bias": ("moe.gate_up_bias", 0),
+    "ffn_up_exps.bias": ("moe.gate_up_bias", 1),
+    "ffn_down_exps.bias": ("moe.down_bias", None),
+}
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "norm", "output.weight": "lm_head.weight"}
 
 
@@ -141,6 +153,8 @@ class GGUFFile:
             config["num_experts_per_tok"] = int(key("expert_used_count"))
             config["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
             config["norm_topk_prob"] = True
+        if arch == "gpt-oss":
+            self._gpt_oss(config, key)
         if arch == "llama" and key("expert_count"):  # Mixtral: llama.cpp writes it as a llama with experts
             if "blk.0.ffn_gate_exps.weight" not in self.tensors:
                 raise ModelError("GGUF experts stored one tensor each (an older converter's layout) are not supported; "
@@ -165,6 +179,25 @@ class GGUFFile:
             return
         config["attn_logit_softcapping"] = key("attn_logit_softcapping")
         config["final_logit_softcapping"] = key("final_logit_softcapping")
+
+    def _gpt_oss(self, config: dict[str, Any], key: Any) -> None:
+        """gpt-oss as llama.cpp's converter writes it: experts in every layer, their width in
+        `expert_feed_forward_length`, the window of its sliding layers (every other one, the first
+        included, as llama.cpp and transformers alternate them), biased attention, the SwiGLU clamp
+        (7 where the file has none, llama.cpp's constant), and YaRN with its correction range left
+        unrounded, as gpt-oss's reference and transformers run it (the file does not say)."""
+        config["num_local_experts"] = int(key("expert_count"))
+        config["num_experts_per_tok"] = int(key("expert_used_count"))
+        config["intermediate_size"] = int(key("expert_feed_forward_length") or config["intermediate_size"])
+        config["sliding_window"] = int(key("attention.sliding_window", 128))
+        config["attention_bias"] = "blk.0.attn_q.bias" in self.tensors
+        clamp = key("swiglu_clamp_exp")
+        config["swiglu_limit"] = float((clamp[0] if isinstance(clamp, list) else clamp) or 7.0)
+        rope = config.get("rope_scaling")
+        if rope and rope["rope_type"] == "yarn":
+            rope["beta_fast"] = float(key("rope.scaling.yarn_beta_fast", 32.0))
+            rope["beta_slow"] = float(key("rope.scaling.yarn_beta_slow", 1.0))
+            rope["truncate"] = False
 
     def _phi3(self, config: dict[str, Any], key: Any) -> None:
         """Phi-3's partial rotary dimensions and LongRoPE factors, as llama.cpp's converter stores them
@@ -243,7 +276,10 @@ class GGUFFile:
             if block != "blk" or not layer.isdigit():
                 continue
             module, _, kind = rest.rpartition(".")
-            if module in _EXPERT_TENSORS and kind == "weight":
+            if arch == "gpt_oss" and rest in _GPT_OSS:
+                target, position = _GPT_OSS[rest]
+                yield f"layers.{layer}.{target}", self.float_tensor(name), position
+            elif module in _EXPERT_TENSORS and kind == "weight":
                 target, position = _EXPERT_TENSORS[module]
                 yield f"layers.{layer}.moe.{target}", self.float_tensor(name), position
             elif module in (stored := _FUSED_AS_STORED.get(arch, {})):
@@ -256,31 +292,6 @@ class GGUFFile:
                 if arch in _PERMUTED_QK and module in ("attn_q", "attn_k"):
                     tensor = unpermute_rotary(tensor, heads if module == "attn_q" else kv_heads)
                 yield f"layers.{layer}.{target}.{kind}", tensor, position
-
-
-# type -> (bytes a block of 32 weights takes, where its 4- or 8-bit values start)
-_TORCH_TYPES = {"Q4_0": (18, 2), "Q4_1": (20, 4), "Q8_0": (34, 2)}
-
-
-def torch_dequantize(raw: np.ndarray, kind: str) -> torch.Tensor | None:
-    """The commonest block types dequantized with torch ops (multithreaded, ~10x gguf's numpy on
-    SmolLM2's Q4_1 file), the same values as `gguf.quants.dequantize` (tests/integration/test_gguf.py checks);
-    None for every other type, which `gguf` dequantizes. Blocks of 32: an fp16 scale d (and for
-    Q4_1 an fp16 minimum m), then 32 values: Q4_0 d * (q - 8), Q4_1 d * q + m with q the low nibbles
-    then the high ones, Q8_0 d * q."""
-    if kind not in _TORCH_TYPES:
-        return None
-    size, start = _TORCH_TYPES[kind]
-    blocks = torch.from_numpy(np.array(raw, dtype=np.uint8)).view(-1, size)
-    d = blocks[:, 0:2].contiguous().view(torch.float16).float()
-    values = blocks[:, start:]
-    if kind == "Q8_0":
-        return (d * values.contiguous().view(torch.int8).float()).reshape(raw.shape[0], -1)
-    q = torch.cat([values & 0x0F, values >> 4], dim=1).float()
-    if kind == "Q4_0":
-        return (d * (q - 8)).reshape(raw.shape[0], -1)
-    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-    return (d * q + m).reshape(raw.shape[0], -1)
 
 
 def unpermute_rotary(tensor: torch.Tensor, heads: int) -> torch.Tensor:

@@ -254,14 +254,14 @@ def test_smollm2_answers_an_openai_batch_file_from_the_cli(tmp_path):
     assert "bad" in Path(f"{out}.rejects.jsonl").read_text()
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "MXFP4"])
 def test_torch_dequantization_equals_gguf_bit_for_bit(kind):
     """The block types dequantized with torch ops give exactly gguf's own values."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    from hpcinfer.models.gguf_checkpoint import torch_dequantize
+    from hpcinfer.models.gguf_dequantize import torch_dequantize
 
     rng = np.random.default_rng(7)
     weights = (rng.standard_normal((48, 512)) * rng.uniform(1e-3, 30, (48, 1))).astype(np.float32)
@@ -270,3 +270,21 @@ def test_torch_dequantization_equals_gguf_bit_for_bit(kind):
     assert ours is not None and ours.dtype == torch.float32
     assert np.array_equal(ours.numpy(), dequantize(raw, GGMLQuantizationType[kind]))
     assert torch_dequantize(raw, "Q5_K") is None  # every other type: gguf's own
+
+
+def test_the_gpt4o_split_is_tiktokens_pattern_as_the_regex_module_reads_it():
+    """gpt-oss files (`tokenizer.ggml.pre` "gpt-4o") split text with o200k's pattern: `tokenizers`'
+    Oniguruma reads it as the `regex` module (tiktoken's semantics) does, capitals, contractions,
+    marks, digits in threes and trailing slashes included."""
+    import regex
+    from tokenizers import Regex, pre_tokenizers
+
+    from hpcinfer.models.gguf_tokenizer import PRE_TOKENIZER_SPLITS
+
+    pattern = PRE_TOKENIZER_SPLITS["gpt-4o"]
+    split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    texts = ["Hello World's HTTPServer 12345 a/b!!/\n\n  x", "naïve café ÉCOLE d'été WE'LL", "x\r\n\ty  \n"]
+    texts.append("日本語の文")
+    for text in texts:
+        assert [piece for piece, _ in split.pre_tokenize_str(text)] == regex.findall(pattern, text), text
+    assert regex.findall(pattern, "Hello World's 12345")[:4] == ["Hello", " World's", " ", "123"]

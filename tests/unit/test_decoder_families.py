@@ -14,6 +14,7 @@ import json
 import jsonschema
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from hpcinfer.engine.constrained.structured import Grammars, GrammarSpec
 from hpcinfer.engine.engine import Engine, EngineConfig
@@ -21,7 +22,7 @@ from hpcinfer.engine.sequence import SamplingParams
 from hpcinfer.errors import ConfigError, UnsupportedModel
 from hpcinfer.models.decoder_checkpoint import load_decoder, load_tokenizer
 from hpcinfer.models.decoder_config import DecoderConfig
-from hpcinfer.models.decoder_inspect import inspect_decoder
+from hpcinfer.models.decoder_inspect import inspect_decoder, open_gguf
 from hpcinfer.parallel.decoder import rank_config
 from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
 from tests.fixtures.tiny_gguf import build_tiny_gguf, write_byte_level_tokenizer
@@ -229,6 +230,13 @@ GGUF_FAMILIES = {
         {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
          "norm_topk_prob": True},
     ),
+    # gpt-oss as its published files hold it: MXFP4 experts, gate and up split from transformers'
+    # interleaved columns, biased router and experts, sinks, every other layer sliding, YaRN
+    "gpt_oss": (
+        "GptOssForCausalLM",
+        {"head_dim": 16, "sliding_window": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+         "experts_qtype": "MXFP4"},
+    ),
 }  # fmt: skip
 
 
@@ -252,6 +260,11 @@ def test_a_gguf_answers_as_the_checkpoint_it_was_written_from(tmp_path, name):
         assert cfg.layer_windows == (32, 32, 32, 32, 32, 0) and cfg.local_rope_theta == 10_000.0
     elif name == "gemma2":
         assert cfg.layer_windows == (32, 0, 32, 0) and (cfg.attn_softcap, cfg.final_softcap) == (1.5, 4.0)
+    elif name == "gpt_oss":
+        assert cfg.moe_layers == (True, True) and cfg.attn_sinks and cfg.layer_windows == (32, 0)
+        assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["truncate"] is False
+        experts = open_gguf(path).tensors["blk.0.ffn_up_exps.weight"]
+        assert GGMLQuantizationType(experts.tensor_type).name == "MXFP4"
     else:
         assert cfg.moe_layers == (True, True) and cfg.num_experts == 8 and cfg.renormalize_experts
     model = load_decoder(info, torch.device("cpu"), torch.float32)
