@@ -16,7 +16,8 @@
 #   5. multi-device and 6. tensor-parallel: every GPU against one, --tp 2 against --tp 1 (tp.json);
 #      with one GPU each says 'skipped' in seconds;
 #   7. paged attention: the Triton kernel against the torch path over context lengths, with each
-#      one's share of the HBM bandwidth (paged_attention.json);
+#      one's share of the HBM bandwidth, and as a gpt-oss sliding layer (window 128, sinks)
+#      (paged_attention.json);
 #   8. generation (bench_generate.py): Llama-3.2-1B's shape with its 128,256-token vocabulary in
 #      bfloat16, 512 prompts of 16-1024 tokens, up to 256 new tokens: hpcinfer's variants against
 #      transformers' static batching and continuous batching; useful tokens/s, the GPU's busy
@@ -82,7 +83,7 @@ if [ "$DRY" = 1 ]; then
   COLLECTIVES=(--device cpu)
   MULTI=(--rows 100 --gen-rows 8 --dry-run)
   TP=(--device cpu --prompts 4)
-  PAGED=(--device cpu --heads 4 --kv-heads 2 --head-dim 16 --peak-tbs 0.1)
+  PAGED=(--device cpu --heads 4 --kv-heads 2 --head-dim 16 --peak-tbs 0.1 --window 24)
   GEN=(--device cpu --shape tiny-llama --prompts 8 --prompt-lengths 8,64 --new-tokens 4,16 --static-batches 8
        --kv-cache-memory 64MiB --probe 2,16,4 --lead 1 --peak-tbs 0.1
        --variants "attention=torch,graphs=1;attention=torch,graphs=0;attention=torch,graphs=1,kv=fp8,quantize=fp8")
@@ -96,7 +97,7 @@ else
   COLLECTIVES=(--device cuda)
   MULTI=(--rows 3000)
   TP=(--device cuda --prompts 64)
-  PAGED=(--device cuda)
+  PAGED=(--device cuda --window 128)
   GEN=(--device cuda)
   EMBED=(--tile 5 --repeats 2 --st-batch-sizes 256)
   BERT=bert-large DECODER=qwen3-0.6b

@@ -48,6 +48,7 @@ def generation_check(tmp: Path, many: str, one: str, rows: int, exact: bool) -> 
     """
     from hpcinfer.api import run
     from hpcinfer.config import DeviceConfig, GenerateConfig, InputConfig, OutputConfig, PipelineConfig, RunConfig
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # NOTE: runs from a checkout, installed or not
     from tests.fixtures.tiny_decoder import build_tiny_decoder
 

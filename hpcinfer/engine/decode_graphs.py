@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..device.cuda import CaptureStream
+from ..models.attention import scaled_dot_product_attention
 from ..models.decoder_config import DecoderConfig
 from ..models.llama import LlamaDecoder
 from .kvcache.pools import KVCache, KVLayout
@@ -104,33 +104,44 @@ class StaticDecodeAttention:
         bs = cache.layout.block_size
         self._key_pos = torch.arange(tables.shape[1] * bs, device=cache.k.device)
         self.rows = self.width = 0
-        self.mask: torch.Tensor | None = None
+        self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
+        self.softcap = cache.layout.softcap
+        self.masks: dict[int, torch.Tensor] = {}  # by window (0: the whole context)
 
     def prepare(self, rows: int, width: int) -> StaticDecodeAttention:
+        """The step's masks, one for each window the layers have (inside the captured work)."""
         self.rows, self.width = rows, width
         if self.kernel is not None:
             return self
-        keys = width * self.cache.layout.block_size
-        inside = self._key_pos[:keys][None, :] < self.lens[:rows, None]
-        zero = torch.zeros((), dtype=self.cache.layout.dtype, device=inside.device)
-        self.mask = torch.where(inside, zero, -torch.inf).view(rows, 1, 1, keys)
+        keys = self._key_pos[: width * self.cache.layout.block_size][None, :]
+        lens = self.lens[:rows, None]
+        zero = torch.zeros((), dtype=self.cache.layout.dtype, device=keys.device)
+        for window in {0, *self.windows}:
+            inside = (keys < lens) & (keys > lens - 1 - window) if window else keys < lens
+            self.masks[window] = torch.where(inside, zero, -torch.inf).view(rows, 1, 1, -1)
         return self
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [rows, H, D], k/v [rows, Hkv, D] -> [rows, H * D]."""
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q [rows, H, D], k/v [rows, Hkv, D] -> [rows, H * D]; `sinks` [H]: gpt-oss's sink logits."""
         rows, width = self.rows, self.width
         self.cache.write(layer, self.slots[:rows], k, v)
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        window = self.windows[layer] if self.windows else 0
         if self.kernel is not None:
             tables, which = self.tables[:rows, :width], self._rows[:rows]
-            return self.kernel(q, pool_k, pool_v, tables, which, self.lens[:rows]).reshape(rows, -1)
+            out = self.kernel(
+                q, pool_k, pool_v, tables, which, self.lens[:rows], window=window, softcap=self.softcap, sinks=sinks
+            )
+            return out.reshape(rows, -1)
         flat = self.tables[:rows, :width].reshape(-1)
         shape = (rows, -1, *pool_k.shape[2:])
         cache = self.cache
         kk = cache.dequantize(cache.raw(pool_k).index_select(0, flat), layer, key=True).view(shape)
         vv = cache.dequantize(cache.raw(pool_v).index_select(0, flat), layer, key=False).view(shape)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=self.mask, enable_gqa=True
+        out = scaled_dot_product_attention(
+            q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), self.masks[window], False, self.softcap, sinks
         )
         return out.reshape(rows, -1)
 

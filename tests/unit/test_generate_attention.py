@@ -108,6 +108,34 @@ def test_the_triton_kernel_reads_blocks_in_place_as_the_reference_computes(dtype
     torch.testing.assert_close(got.float(), want, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"), [(5, None, False), (0, 1.5, False), (12, None, True), (7, 2.0, True)]
+)
+def test_the_triton_kernel_runs_windows_soft_caps_and_sinks_as_the_eager_reference(window, softcap, sinks):
+    """A sliding-window layer (keys before the window, whole blocks of them skipped), Gemma 2's soft
+    cap and gpt-oss's sinks, against transformers' eager formula (models.attention.eager_attention)."""
+    from hpcinfer.engine.attention.triton_kernel import paged_attention
+    from hpcinfer.models.attention import eager_attention, in_window
+
+    block, heads, kv_heads, dim = 4, 4, 2, 16
+    gen = torch.Generator().manual_seed(5)
+    pool_k, pool_v = (torch.randn(40, block, kv_heads, dim, generator=gen) for _ in range(2))
+    tables = torch.randperm(40, generator=gen)[:30].view(3, 10)
+    rows = torch.tensor([0, 1, 2, 2, 2])
+    context = torch.tensor([3, block, 10 * block, 3 * block + 1, 7 * block + 2])
+    q = torch.randn(5, heads, dim, generator=gen) * 3  # large scores: the cap bites
+    sink = torch.randn(heads, generator=gen) * 2 if sinks else None
+    got = paged_attention(q, pool_k, pool_v, tables, rows, context, window=window, softcap=softcap, sinks=sink)
+    for i in range(5):
+        n = int(context[i])
+        kk = pool_k[tables[rows[i]]].flatten(0, 1)[:n].transpose(0, 1)[None]
+        vv = pool_v[tables[rows[i]]].flatten(0, 1)[:n].transpose(0, 1)[None]
+        keys = torch.arange(n)
+        mask = in_window(keys[-1:], keys, window) if window else None
+        want = eager_attention(q[i][None, :, None], kk, vv, mask, False, softcap, sink)[0, :, 0]
+        torch.testing.assert_close(got[i], want, atol=1e-5, rtol=1e-4)
+
+
 def test_triton_is_refused_on_cpu_and_auto_keeps_torch_there():
     layout = KVLayout(1, 2, 8, 16, torch.float32)
     assert attention_kind("auto", layout, torch.device("cpu")) == "torch"
@@ -143,6 +171,40 @@ def test_the_triton_path_gives_the_torch_paths_tokens(tmp_path, monkeypatch, sta
     assert got == want
     if static:
         assert engine.runner.graphs.eager_runs > 0 and engine.runner.graphs.attention.kernel is not None
+
+
+# Gemma 2 (local and global layers in turn, soft-capped scores) and gpt-oss (local and global
+# layers, sinks), windows small enough that prompts and answers cross them
+WINDOWED = {
+    "gemma2": ("Gemma2ForCausalLM", {"layers": 2, "head_dim": 16, "sliding_window": 8, "attn_logit_softcapping": 1.5}),
+    "gpt_oss": ("GptOssForCausalLM", {"head_dim": 16, "sliding_window": 8, "num_local_experts": 4,
+                                      "num_experts_per_tok": 2}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+@pytest.mark.parametrize(("attention", "static"), [("torch", True), ("triton", False), ("triton", True)],
+                         ids=["torch-static-decode", "triton", "triton-static-decode"])  # fmt: skip
+def test_windows_soft_caps_and_sinks_give_the_torch_paths_tokens_on_every_path(
+    tmp_path, monkeypatch, family, attention, static
+):
+    """The Triton kernel and the static decode (a CUDA graph's work, run eagerly here) attend within
+    each layer's window, cap the scores and weigh the sinks as the torch path does."""
+    monkeypatch.setattr(attention_module, "triton_problem", lambda layout, device: None)  # interpreted on the CPU
+    arch, extra = WINDOWED[family]
+    path = build_tiny_decoder(tmp_path / "m", arch, seed=4, **extra)
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    assert any(model.cfg.layer_windows) and (model.cfg.attn_softcap or model.cfg.attn_sinks)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(5, 200, (n,), generator=gen).tolist() for n in (3, 11, 22)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
+    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    engine = Engine(model, replace(config, attention=attention, cuda_graphs=static))
+    got = [s.completion for s in engine.generate(prompts, params)]
+    assert got == want
+    if static:
+        assert engine.runner.graphs.eager_runs > 0
 
 
 # --------------------------------------------------------------------------- Triton's build needs
@@ -234,7 +296,7 @@ def test_the_kernel_sees_its_inputs_on_16_byte_boundaries_at_every_step(tmp_path
     engine = Engine(model, replace(config, attention="triton"))
     seen: list[tuple[int, ...]] = []
 
-    def recorder(q, pool_k, pool_v, tables, rows, context):  # noqa: ANN001, ANN202
+    def recorder(q, pool_k, pool_v, tables, rows, context, **_reads):  # noqa: ANN001, ANN003, ANN202
         seen.append((tables.data_ptr() % 16, rows.data_ptr() % 16, context.data_ptr() % 16, tables.stride(0)))
         return reference_attention(q, pool_k, pool_v, tables, rows, context).to(q.dtype)
 

@@ -21,7 +21,7 @@ from .paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAtte
 
 ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
-SLIDING = "does not run sliding windows, soft caps or sinks (Gemma, gpt-oss) yet: they run --attention torch"
+SLIDING = "does not run sliding windows, soft caps or sinks (Gemma, gpt-oss) here: they run --attention triton or torch"
 
 
 def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
@@ -74,8 +74,6 @@ def triton_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device}; on the CPU Triton only interprets)"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
-    if any(layout.windows) or layout.softcap or layout.sinks:
-        return SLIDING
     size = layout.block_size
     if size & (size - 1):
         return f"needs --kv-block-size a power of two (got {size})"

@@ -271,7 +271,9 @@ class FlashAttnPagedAttention(_BoundToStep):
 class TritonPagedAttention(_BoundToStep):
     """The Triton kernel (paged_kernel.py) reads K/V blocks in place for decodes and continued
     prefill chunks, in one launch a layer; a fresh prefill chunk (its keys are all this step's)
-    runs SDPA's causal kernel on its own K/V, which needs no mask (flash on CUDA)."""
+    runs SDPA's causal kernel on its own K/V, which needs no mask (flash on CUDA) unless it is
+    longer than its layer's sliding window. Windows, Gemma 2's soft cap and gpt-oss's sinks are
+    the kernel's too."""
 
     name = "triton"
     gather_s = 0.0  # no gathers
@@ -282,22 +284,43 @@ class TritonPagedAttention(_BoundToStep):
         self.cache = cache
         self.kernel = paged_attention
         self.batch: PagedBatch | None = None
+        self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
+        self.softcap = cache.layout.softcap
+        self._window_masks: dict[tuple[int, int], torch.Tensor] = {}  # (id of a segment, window): this step's
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+    def bind(self, batch: PagedBatch) -> TritonPagedAttention:  # type: ignore[override]
+        self._window_masks.clear()
+        return super().bind(batch)
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]; `sinks` [H]: gpt-oss's per-head sink logits."""
         batch = self._write(layer, k, v)
         t, heads, dim = q.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        window = self.windows[layer] if self.windows else 0
+        reads = {"window": window, "softcap": self.softcap, "sinks": sinks}
         paged = batch.kernel
         if paged is not None and paged.every_token:
-            out = self.kernel(q, pool_k, pool_v, paged.tables, paged.rows, paged.context)
+            out = self.kernel(q, pool_k, pool_v, paged.tables, paged.rows, paged.context, **reads)
             return out.view(t, heads * dim)
         out = q.new_empty(t, heads, dim)
         if paged is not None:
-            got = self.kernel(q.index_select(0, paged.tokens), pool_k, pool_v, paged.tables, paged.rows, paged.context)
+            picked = q.index_select(0, paged.tokens)
+            got = self.kernel(picked, pool_k, pool_v, paged.tables, paged.rows, paged.context, **reads)
             out.index_copy_(0, paged.tokens, got)
         for seg in batch.prefills:
             if seg.start == 0:
                 rows = slice(seg.offset, seg.offset + seg.length)
-                out[rows] = causal_self_attention(q[rows], k[rows], v[rows])
+                mask = self._window_mask(seg, window) if window and seg.length > window else None
+                out[rows] = causal_self_attention(q[rows], k[rows], v[rows], mask, self.softcap, sinks)
         return out.view(t, heads * dim)
+
+    def _window_mask(self, seg: PrefillSegment, window: int) -> torch.Tensor:
+        """[n, n] a fresh chunk's causal mask within `window`, made by the first layer that needs it."""
+        key = (id(seg), window)
+        if key not in self._window_masks:
+            keys = torch.arange(seg.length, device=seg.blocks.device)
+            self._window_masks[key] = in_window(keys, keys, window)
+        return self._window_masks[key]
