@@ -72,9 +72,11 @@ def test_sampled_answers_keep_their_distribution(tmp_path, proposer, monkeypatch
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     draft = model if proposer == "draft" else None
     monkeypatch.setattr(speculate, "LOW_RATE", 0.0)  # NOTE: propose every step, however few are kept
-    # NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token
-    # was seen, and the tokens after it are proposed (the prefix cache prefills the prompt once)
-    prompt = list(range(8, 260))
+    # NOTE: for prompt lookup, every token in the prompt, followed by the next: whatever an answer
+    # draws, its last token was seen, and the tokens after it are proposed (the prefix cache
+    # prefills the prompt once); a draft proposes from its own forward, and would prefill a long
+    # prompt again for each of the 800 answers (its cache has no prefix sharing)
+    prompt = list(range(8, 260)) if proposer == "ngram" else list(range(8, 40))
     params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
     answers = {}
     for k in (0, 4):
