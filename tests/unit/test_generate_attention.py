@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcinfer.engine.attention import choice as attention_module
-from hpcinfer.engine.attention.choice import attention_kind, choose_attention, triton_problem
+from hpcinfer.engine.attention.choice import attention_kind, choose_attention, flash_attn_problem, triton_problem
 from hpcinfer.engine.attention.paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAttention
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kvcache.pools import KVCache, KVLayout
@@ -45,6 +45,27 @@ def stand_in_kernel(q, k_cache, v_cache, *, cache_seqlens, block_table, causal):
     return out
 
 
+def windowed_stand_in(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, window_size=(-1, -1), softcap=0.0):  # noqa: ANN001, ANN201
+    """`stand_in_kernel` with flash-attn 2's sliding window and soft cap, as its docstring gives them:
+    query i sees keys [i + n - sq - window_size[0], i + n - sq + window_size[1]]; softcap > 0 caps
+    the scaled scores (cap * tanh(score / cap))."""
+    from hpcinfer.models.attention import eager_attention
+
+    assert causal and block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32
+    out = torch.empty_like(q)
+    left = window_size[0]
+    for b in range(q.shape[0]):
+        n, sq = int(cache_seqlens[b]), q.shape[1]
+        kk = k_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
+        vv = v_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
+        query = torch.arange(n - sq, n)[:, None]
+        keys = torch.arange(n)[None, :]
+        visible = (keys <= query) & ((keys >= query - left) if left >= 0 else True)
+        got = eager_attention(q[b].transpose(0, 1)[None], kk, vv, visible, False, softcap or None)
+        out[b] = got[0].transpose(0, 1)
+    return out
+
+
 def test_the_choice_is_made_once_with_clear_errors():
     cache = KVCache(KVLayout(1, 2, 8, 16, torch.float32), 4, torch.device("cpu"))
     assert isinstance(choose_attention(cache, torch.device("cpu")), TorchPagedAttention)  # auto on CPU
@@ -70,6 +91,26 @@ def test_the_flash_attn_path_gives_the_torch_paths_tokens(tmp_path):
     got = [s.completion for s in engine.generate(prompts, params)]
     assert engine.stats.continued_chunks > 0
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= len(prompts) - 1
+
+
+def test_flash_attn_is_given_each_layers_window_and_the_soft_cap(tmp_path):
+    """Gemma 2 (local and global layers in turn, soft-capped scores) through flash-attn's call, with
+    a stand-in keeping its documented window and cap: the torch path's tokens."""
+    arch, extra = WINDOWED["gemma2"]
+    path = build_tiny_decoder(tmp_path / "m", arch, seed=4, **extra)
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(5, 200, (n,), generator=gen).tolist() for n in (3, 11, 22, 40)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
+    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    engine = Engine(model, config)
+    engine.runner.attention = FlashAttnPagedAttention(engine.cache, windowed_stand_in)
+    got = [s.completion for s in engine.generate(prompts, params)]
+    assert engine.stats.continued_chunks > 0
+    assert got == want
+    layout = engine.cache.layout
+    assert "sinks" in flash_attn_problem(replace(layout, sinks=True, dtype=torch.bfloat16), torch.device("cuda"))
 
 
 # --------------------------------------------------------------------------- the Triton kernel

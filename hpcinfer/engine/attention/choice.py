@@ -8,6 +8,7 @@ first decode step.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import sysconfig
@@ -21,7 +22,7 @@ from .paged import FlashAttnPagedAttention, TorchPagedAttention, TritonPagedAtte
 
 ATTENTION_KINDS = ("auto", "torch", "flash-attn", "triton")
 FLASH_ATTN_BLOCK = 256  # flash-attn 2 pages: page_block_size must be a multiple of 256
-SLIDING = "does not run sliding windows, soft caps or sinks (Gemma, gpt-oss) here: they run --attention triton or torch"
+SINKS = "does not run attention sinks (gpt-oss): they run --attention triton or torch"
 
 
 def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
@@ -30,16 +31,18 @@ def flash_attn_problem(layout: KVLayout, device: torch.device) -> str | None:
         return f"needs a CUDA device (the run is on {device})"
     if layout.quantized:
         return "does not read an FP8 KV cache (--kv-cache-dtype fp8 runs --attention torch)"
-    if any(layout.windows) or layout.softcap or layout.sinks:
-        return SLIDING
+    if layout.sinks:
+        return SINKS
     if layout.dtype not in (torch.float16, torch.bfloat16):
         return f"runs float16 or bfloat16, not {str(layout.dtype).removeprefix('torch.')} (--dtype)"
     if layout.block_size % FLASH_ATTN_BLOCK:
         return f"needs --kv-block-size a multiple of {FLASH_ATTN_BLOCK} (got {layout.block_size})"
     try:
-        import flash_attn  # noqa: F401
+        from flash_attn import flash_attn_with_kvcache
     except ImportError:
         return "the flash-attn package is not installed (pip install flash-attn)"
+    if layout.softcap and "softcap" not in inspect.signature(flash_attn_with_kvcache).parameters:
+        return "caps attention scores (Gemma 2) from flash-attn 2.6 on: this one has no softcap"
     return None
 
 

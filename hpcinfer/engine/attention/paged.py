@@ -227,7 +227,9 @@ class FlashAttnPagedAttention(_BoundToStep):
     The pools already have its paged layout, [num_blocks, block_size, Hkv, D]. This step's K/V are
     written by slot first (as on the torch path), so the kernel runs with k = v = None and
     cache_seqlens = each query's whole context; its causal mask is aligned to the bottom right,
-    so a chunk's query i sees the keys up to its own position. `fn` is the library function.
+    so a chunk's query i sees the keys up to its own position. A sliding-window layer passes
+    `window_size` (keys up to window - 1 positions back: a key is seen when position - key <
+    window) and Gemma 2 its `softcap`. `fn` is the library function.
     """
 
     name = "flash-attn"
@@ -238,6 +240,9 @@ class FlashAttnPagedAttention(_BoundToStep):
         self.gather_s = 0.0  # no gathers: the kernel reads the blocks in place
         self.batch: PagedBatch | None = None
         self._calls: list[tuple[slice, bool, torch.Tensor, torch.Tensor]] = []
+        self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
+        # NOTE: only what a model needs is passed: flash-attn before 2.6 has no softcap argument
+        self._capped = {"softcap": cache.layout.softcap} if cache.layout.softcap else {}
 
     def bind(self, batch: PagedBatch) -> FlashAttnPagedAttention:  # type: ignore[override]
         """Converts the step's tables and lengths once to the kernel's int32, for every layer."""
@@ -259,11 +264,13 @@ class FlashAttnPagedAttention(_BoundToStep):
         self._write(layer, k, v)
         t, heads, dim = q.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        window = self.windows[layer] if self.windows else 0
+        options = {**self._capped, **({"window_size": (window - 1, 0)} if window else {})}
         out = q.new_empty(t, heads, dim)
         for rows, decode, table, lens in self._calls:
             # decodes: [n, 1, H, D], one query per sequence; a prefill chunk: [1, n, H, D]
             query = q[rows].unsqueeze(1) if decode else q[rows].unsqueeze(0)
-            got = self.fn(query, pool_k, pool_v, cache_seqlens=lens, block_table=table, causal=True)
+            got = self.fn(query, pool_k, pool_v, cache_seqlens=lens, block_table=table, causal=True, **options)
             out[rows] = got.squeeze(1) if decode else got[0]
         return out.view(t, heads * dim)
 
