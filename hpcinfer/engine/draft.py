@@ -10,6 +10,12 @@ proposing, a shadow is cut back to what it shares with its sequence (the proposa
 refused are forgotten), catches up on the tokens it has not computed (a prompt's first time: the
 whole prompt, in chunks of the step's token budget), then runs one decode step per proposal for
 all the shadows together. A shadow whose sequence stops speculating is dropped.
+
+Its cache shares prefixes as the model's does (block_manager.py): a new shadow takes the blocks of
+its longest prefix another shadow computed (a batch's common system prompt is prefilled by the
+draft once, not once per answer). Only full blocks of the sequence's own tokens are ever shared:
+proposals never fill the block they start in (speculate.room), so a block holding a guess the
+model refused is never findable.
 """
 
 from __future__ import annotations
@@ -41,12 +47,13 @@ class DraftModel:
         if device.type == "cuda":  # NOTE: beside the model's pool, which took its share: a tenth of what is left
             num_blocks = max(1, min(num_blocks, int(accelerators.free_bytes(device) * 0.1) // layout.bytes_per_block))
         self.cache = KVCache(layout, num_blocks, device)
-        self.blocks = BlockManager(num_blocks, block_size, prefix_cache=False)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_cache=True)
         self.cache.writer = self.blocks
         self.runner = ModelRunner(model, self.cache, budget, most_seqs, self.max_model_len)
         self.budget, self.vocab = budget, vocab
         self.shadows: dict[int, Sequence] = {}  # by the id of the sequence each follows
         self.forwards = 0
+        self.computed = self.cached = 0  # tokens the draft ran, and tokens new shadows took from its cache
 
     def propose(self, seqs: Seq[Sequence], rooms: Seq[int], keep: Seq[Sequence] = ()) -> list[list[int]]:
         """Up to `rooms[i]` proposals for each of `seqs` (fewer near the draft's own context end, none
@@ -80,8 +87,14 @@ class DraftModel:
                 chunk = Chunk(shadow, shadow.num_computed, n)
                 (plan.decodes if n == 1 and shadow.num_computed > 0 else plan.prefills).append(chunk)
                 budget -= n
-            logits = self.runner.run(plan)
+            try:
+                logits = self.runner.run(plan)
+            except BaseException:
+                self.blocks.abort([c.seq for c in plan.chunks])  # NOTE: nothing it planned to fill was written
+                raise
+            self.blocks.commit()
             self.forwards += 1
+            self.computed += plan.num_tokens
             chosen = iter(logits[:, : self.vocab].argmax(dim=-1).tolist())
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.length
@@ -95,7 +108,11 @@ class DraftModel:
         """The shadow of `seq`, holding its tokens, its K/V kept for the tokens they still share."""
         shadow = self.shadows.get(id(seq))
         if shadow is None:
-            shadow = self.shadows[id(seq)] = Sequence(seq.seq_id, [], SamplingParams())
+            shadow = self.shadows[id(seq)] = Sequence(seq.seq_id, list(seq.tokens), SamplingParams())
+            hits, _ = self.blocks.match(shadow)
+            if hits and self.blocks.can_admit(hits, shadow, 0):
+                self.blocks.admit(shadow, hits, 0)
+                self.cached += shadow.num_computed
         shared, limit = 0, min(shadow.num_computed, seq.num_tokens - 1)  # NOTE: the last token runs again
         while shared < limit and shadow.tokens[shared] == seq.tokens[shared]:
             shared += 1

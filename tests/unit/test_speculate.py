@@ -72,11 +72,10 @@ def test_sampled_answers_keep_their_distribution(tmp_path, proposer, monkeypatch
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     draft = model if proposer == "draft" else None
     monkeypatch.setattr(speculate, "LOW_RATE", 0.0)  # NOTE: propose every step, however few are kept
-    # NOTE: for prompt lookup, every token in the prompt, followed by the next: whatever an answer
-    # draws, its last token was seen, and the tokens after it are proposed (the prefix cache
-    # prefills the prompt once); a draft proposes from its own forward, and would prefill a long
-    # prompt again for each of the 800 answers (its cache has no prefix sharing)
-    prompt = list(range(8, 260)) if proposer == "ngram" else list(range(8, 40))
+    # NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token
+    # was seen, and the tokens after it are proposed (the prefix caches, the model's and the
+    # draft's, prefill the prompt once)
+    prompt = list(range(8, 260))
     params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
     answers = {}
     for k in (0, 4):
@@ -85,6 +84,8 @@ def test_sampled_answers_keep_their_distribution(tmp_path, proposer, monkeypatch
         if k:
             assert engine.speculation.proposed > 1000 and engine.speculation.accepted > 10  # both paths run
             assert engine.speculation.accepted < 0.9 * engine.speculation.proposed
+            if draft is not None:  # the prompt's full blocks prefilled by the draft once, then shared
+                assert engine.speculation.draft.cached >= 799 * (len(prompt) // 16 * 16)
     assert answers[0] != answers[4]  # NOTE: other draws; the same distribution below
     for position in range(1, 5):
         tokens = sorted({a[position] for k in answers for a in answers[k]})
@@ -107,6 +108,7 @@ def test_a_job_with_speculation_writes_the_same_answers_and_its_rate(tiny, tmp_p
         if mode != "none":  # NOTE: the model as its own draft: its guesses are kept
             assert report.speculative["proposed"] > 0
             assert report.speculative["acceptance_rate"] > (0.9 if mode.startswith("draft") else 0)
+            assert ("draft_tokens" in report.speculative) == mode.startswith("draft")
     assert outputs["ngram"] == outputs["none"] == outputs[f"draft:{path}"]
 
 

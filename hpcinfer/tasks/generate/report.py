@@ -232,6 +232,10 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
             "accepted": kept,
             "acceptance_rate": round(kept / proposed, 4) if proposed else 0.0,
         }
+        drafts = [x.draft for x in specs if x.draft is not None]
+        if drafts:  # the draft's own tokens: those it ran, those its prefix cache spared it
+            r.speculative |= {"draft_tokens": sum(d.computed for d in drafts),
+                              "draft_cached_tokens": sum(d.cached for d in drafts)}  # fmt: skip
     if job.config.generate.loras:
         rows = [e.runner.lora_rows for e in engines if getattr(getattr(e, "runner", None), "lora_rows", None)]
         r.lora = {
