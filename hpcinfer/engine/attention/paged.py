@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -63,6 +63,7 @@ class PagedBatch:
 
 
 _Bound = TypeVar("_Bound", bound="_BoundToStep")
+_T = TypeVar("_T")
 
 
 class _BoundToStep:
@@ -114,7 +115,7 @@ class TorchPagedAttention(_BoundToStep):
         self.gather_s = 0.0
         self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
         self.softcap = cache.layout.softcap
-        self._window_masks: dict[tuple[int, int], torch.Tensor] = {}  # (id of a group or segment, window)
+        self._window_masks: dict[tuple[int, int], Any] = {}  # (id of a group or segment, window): this step's
         self._kbuf = cache.raw(cache.k).new_empty(0, *cache.k.shape[2:])
         self._vbuf = cache.raw(cache.v).new_empty(0, *cache.v.shape[2:])
 
@@ -161,7 +162,9 @@ class TorchPagedAttention(_BoundToStep):
             self.gather_s += time.perf_counter() - start
         return kk, vv
 
-    def _mask(self, of: object, window: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _per_step(self, of: object, window: int, make: Callable[[], _T]) -> _T:
+        """What `make` builds for a group or segment and a window, once a step (the first layer of
+        that window builds it, the others reuse it)."""
         key = (id(of), window)
         if key not in self._window_masks:
             self._window_masks[key] = make()
@@ -170,22 +173,33 @@ class TorchPagedAttention(_BoundToStep):
     def _decode(
         self, layer: int, group: DecodeGroup, q: torch.Tensor, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """q [n, H, D], one query per sequence -> [n, H, D]."""
-        kk, vv = self._gather(layer, group.blocks)  # [n, L, Hkv, D]
-        mask = group.mask
+        """q [n, H, D], one query per sequence -> [n, H, D]. A sliding-window layer gathers only
+        the blocks each row's window reaches (a long context's attention costs its window's)."""
+        blocks, mask = group.blocks, group.mask
         if window := (self.windows[layer] if self.windows else 0):
-            assert group.lens is not None, "decode groups carry their context lengths"
-
-            def windowed() -> torch.Tensor:
-                keys = torch.arange(mask.shape[-1], device=mask.device)
-                old = keys[None, :] <= (group.lens - 1 - window)[:, None]  # before the query's window
-                return mask.masked_fill(old.view(mask.shape), -torch.inf)
-
-            mask = self._mask(group, window, windowed)
+            blocks, mask = self._per_step(group, window, lambda: self._window_blocks(group, window))
+        kk, vv = self._gather(layer, blocks)  # [n, L, Hkv, D]
         out = scaled_dot_product_attention(
             q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask, softcap=self.softcap, sinks=sinks
         )
         return out.squeeze(2)
+
+    def _window_blocks(self, group: DecodeGroup, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks of each row's window ([n, span], span the most a window of `window` keys
+        touches, from the first block it reaches) and their additive mask: a key is seen when
+        it is in the context and position - key < window."""
+        lens = group.lens
+        assert lens is not None, "decode groups carry their context lengths"
+        bs, (n, width) = self.cache.layout.block_size, group.blocks.shape
+        span = min(width, -(-(window - 1) // bs) + 1)
+        first = (lens - window).clamp(min=0) // bs if span < width else torch.zeros_like(lens)
+        index = first[:, None] + torch.arange(span, device=lens.device)[None, :]  # [n, span]
+        # NOTE: indices past a row's table read its padding (masked: their positions are past the context)
+        blocks = group.blocks.gather(1, index.clamp(max=width - 1))
+        keys = (index[:, :, None] * bs + torch.arange(bs, device=lens.device)).reshape(n, span * bs)
+        seen = (keys < lens[:, None]) & (keys > (lens - 1 - window)[:, None])
+        mask = torch.zeros(seen.shape, dtype=group.mask.dtype, device=seen.device).masked_fill_(~seen, -torch.inf)
+        return blocks, mask.view(n, 1, 1, span * bs)
 
     def _prefill(
         self,
@@ -196,22 +210,26 @@ class TorchPagedAttention(_BoundToStep):
         v: torch.Tensor,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too."""
+        """q [n, H, D] -> [n, H, D], causal; keys from this step alone or the cached context too
+        (on a sliding-window layer, from the first block its first query's window reaches)."""
         window = self.windows[layer] if self.windows else 0
         total = seg.start + seg.length
+        bs = self.cache.layout.block_size
+        first = max(0, seg.start - window + 1) // bs if window else 0  # the first block any query sees
         mask = seg.mask
         if window and total > window:
             device = q.device
 
             def windowed() -> torch.Tensor:
-                keys = torch.arange(total, device=device)
-                return in_window(keys[seg.start :], keys, window)
+                keys = torch.arange(first * bs, total, device=device)
+                return in_window(torch.arange(seg.start, total, device=device), keys, window)
 
-            mask = self._mask(seg, window, windowed)
+            mask = self._per_step(seg, window, windowed)
         if seg.start == 0:
             return causal_self_attention(q, k, v, mask, self.softcap, sinks)
-        kk, vv = self._gather(layer, seg.blocks)
-        q4, k4, v4 = _heads_first(q), _heads_first(kk[:total]), _heads_first(vv[:total])
+        kk, vv = self._gather(layer, seg.blocks[first:])
+        seen = total - first * bs
+        q4, k4, v4 = _heads_first(q), _heads_first(kk[:seen]), _heads_first(vv[:seen])
         out = scaled_dot_product_attention(q4, k4, v4, mask, softcap=self.softcap, sinks=sinks)
         return out[0].transpose(0, 1)
 
