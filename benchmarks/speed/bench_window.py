@@ -5,9 +5,11 @@ A random Gemma-3-shaped checkpoint (bench_decoders.py's: 640 hidden, 12 layers, 
 KV head, a 512-token window on five layers in six) answers `--prompts` prompts of `--length`
 random tokens with `--new-tokens` each (greedy, EOS ignored), in the native engine on the CPU:
 
-- window: a local layer gathers only the blocks its window reaches (the engine as it runs);
-- whole: every layer gathers the whole context and masks what is before the window (the engine
-  before this change, kept here by replacing the window's gather with the whole table).
+- window: a local layer gathers only the blocks its window reaches, and a long prefill chunk
+  attends in blocks of `window` queries, each to the keys its window reaches (the engine as it runs);
+- whole: every layer gathers the whole context and masks what is before the window, and a
+  prefill chunk's queries score every key before masking (the engine before these changes, kept
+  here by replacing the window's gather and the blocked prefill).
 
 Both are timed after a warm-up, in the same process, in turn; the answers must be equal.
 
@@ -38,6 +40,17 @@ def whole_context(self, group, window):  # noqa: ANN001, ANN201
     return group.blocks, mask.masked_fill(old.view(mask.shape), -torch.inf)
 
 
+def one_call(q, k, v, q_start, k_start, window, softcap=None, sinks=None):  # noqa: ANN001, ANN201
+    """The prefill before blocks: every query scored against every key, the window masked."""
+    import torch
+
+    from hpcinfer.models.attention import in_window, scaled_dot_product_attention
+
+    queries = torch.arange(q_start, q_start + q.shape[-2])
+    seen = in_window(queries, torch.arange(k_start, k_start + k.shape[-2]), window)
+    return scaled_dot_product_attention(q, k, v, seen, False, softcap, sinks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
@@ -49,6 +62,7 @@ def main() -> None:
     import torch
 
     from benchmarks.speed.bench_decoders import build
+    from hpcinfer.engine.attention import paged
     from hpcinfer.engine.attention.paged import TorchPagedAttention
     from hpcinfer.engine.engine import Engine, EngineConfig
     from hpcinfer.engine.sequence import SamplingParams
@@ -68,16 +82,17 @@ def main() -> None:
     prompts = [torch.randint(1000, 29000, (args.length,), generator=g).tolist() for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     config = EngineConfig(max_num_seqs=args.prompts, kv_cache_memory=2 << 30, prefix_cache=False)
-    windowed = TorchPagedAttention._window_blocks
+    windowed, blocked = TorchPagedAttention._window_blocks, paged.windowed_attention
     results = {}
     for name in ("whole", "window", "whole", "window"):  # NOTE: in turn, twice: the second of each counts
         TorchPagedAttention._window_blocks = whole_context if name == "whole" else windowed
+        paged.windowed_attention = one_call if name == "whole" else blocked
         engine = Engine(model, config)
         engine.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         start = time.perf_counter()
         answers = [s.completion for s in engine.generate(prompts, params)]
         results[name] = (time.perf_counter() - start, answers)
-    TorchPagedAttention._window_blocks = windowed
+    TorchPagedAttention._window_blocks, paged.windowed_attention = windowed, blocked
     (whole_s, whole), (window_s, window) = results["whole"], results["window"]
     same = sum(a == b for a, b in zip(whole, window, strict=True))
     print(f"{args.prompts} prompts of {args.length} tokens, {args.new_tokens} new tokens each")

@@ -68,6 +68,34 @@ def scaled_dot_product_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
+def windowed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: int,
+    k_start: int,
+    window: int,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A sliding-window layer's causal attention over a long run of queries, in blocks of `window`
+    queries each against the keys its window reaches (at most 2 x window - 1), so the scores cost
+    queries x window, not queries x keys. q [1, H, n, D] at positions q_start..q_start + n - 1;
+    k/v [1, Hkv, m, D] at positions k_start.. up to the last query's; a key is seen when
+    position - key < window (`in_window`). Masks are additive: SDPA's CPU kernel runs them faster."""
+    end = q_start + q.shape[-2]
+    outs = []
+    for a in range(q_start, end, window):
+        b = min(a + window, end)
+        lo = max(k_start, a - window + 1)
+        seen = in_window(torch.arange(a, b, device=q.device), torch.arange(lo, b, device=q.device), window)
+        mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -torch.inf)
+        keys = slice(lo - k_start, b - k_start)
+        rows = q[..., a - q_start : b - q_start, :]
+        outs.append(scaled_dot_product_attention(rows, k[..., keys, :], v[..., keys, :], mask, False, softcap, sinks))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
 class Attention(Protocol):
     """What a layer needs from the batch: attend q [T, H, D] to this step's k, v [T, Hkv, D]."""
 

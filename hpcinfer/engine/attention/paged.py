@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ...models.attention import in_window, scaled_dot_product_attention
+from ...models.attention import scaled_dot_product_attention, windowed_attention
 from ..kvcache.pools import KVCache
 
 
@@ -215,22 +215,20 @@ class TorchPagedAttention(_BoundToStep):
         window = self.windows[layer] if self.windows else 0
         total = seg.start + seg.length
         bs = self.cache.layout.block_size
-        first = max(0, seg.start - window + 1) // bs if window else 0  # the first block any query sees
-        mask = seg.mask
-        if window and total > window:
-            device = q.device
-
-            def windowed() -> torch.Tensor:
-                keys = torch.arange(first * bs, total, device=device)
-                return in_window(torch.arange(seg.start, total, device=device), keys, window)
-
-            mask = self._per_step(seg, window, windowed)
+        windowed = window and total > window  # NOTE: a shorter context's window is all of it
+        first = max(0, seg.start - window + 1) // bs if windowed else 0  # the first block any query sees
         if seg.start == 0:
-            return causal_self_attention(q, k, v, mask, self.softcap, sinks)
+            if windowed:
+                out = windowed_attention(*map(_heads_first, (q, k, v)), 0, 0, window, self.softcap, sinks)
+                return out[0].transpose(0, 1)
+            return causal_self_attention(q, k, v, None, self.softcap, sinks)
         kk, vv = self._gather(layer, seg.blocks[first:])
         seen = total - first * bs
         q4, k4, v4 = _heads_first(q), _heads_first(kk[:seen]), _heads_first(vv[:seen])
-        out = scaled_dot_product_attention(q4, k4, v4, mask, softcap=self.softcap, sinks=sinks)
+        if windowed:
+            out = windowed_attention(q4, k4, v4, seg.start, first * bs, window, self.softcap, sinks)
+        else:
+            out = scaled_dot_product_attention(q4, k4, v4, seg.mask, softcap=self.softcap, sinks=sinks)
         return out[0].transpose(0, 1)
 
 
@@ -338,14 +336,10 @@ class TritonPagedAttention(_BoundToStep):
         for seg in batch.prefills:
             if seg.start == 0:
                 rows = slice(seg.offset, seg.offset + seg.length)
-                mask = self._window_mask(seg, window) if window and seg.length > window else None
-                out[rows] = causal_self_attention(q[rows], k[rows], v[rows], mask, self.softcap, sinks)
+                if window and seg.length > window:
+                    got = windowed_attention(*map(_heads_first, (q[rows], k[rows], v[rows])), 0, 0, window,
+                                             self.softcap, sinks)  # fmt: skip
+                    out[rows] = got[0].transpose(0, 1)
+                else:
+                    out[rows] = causal_self_attention(q[rows], k[rows], v[rows], None, self.softcap, sinks)
         return out.view(t, heads * dim)
-
-    def _window_mask(self, seg: PrefillSegment, window: int) -> torch.Tensor:
-        """[n, n] a fresh chunk's causal mask within `window`, made by the first layer that needs it."""
-        key = (id(seg), window)
-        if key not in self._window_masks:
-            keys = torch.arange(seg.length, device=seg.blocks.device)
-            self._window_masks[key] = in_window(keys, keys, window)
-        return self._window_masks[key]
