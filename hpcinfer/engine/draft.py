@@ -61,18 +61,18 @@ class DraftModel:
         this step (the running ones: their K/V saves a catch-up later)."""
         self._drop_others([*seqs, *keep])
         want: dict[int, int] = {}
-        free = self.blocks.num_free
+        reserved = 0  # blocks the shadows taken so far will grow by
         for seq, room in zip(seqs, rooms, strict=True):
             room = min(room, self.max_model_len - seq.num_tokens - 1)
             if room <= 0:
                 continue
-            self._follow(seq)
+            self._follow(seq)  # NOTE: may take cached blocks that counted as free: the pool read after it
             shadow = self.shadows[id(seq)]
             needed = self.blocks.needed(shadow, seq.num_tokens + room - shadow.num_computed)
-            if needed > free:
+            if needed > self.blocks.num_free - reserved:
                 self.blocks.free(self.shadows.pop(id(seq)))  # NOTE: the pool is full: this one proposes nothing
                 continue
-            free -= needed
+            reserved += needed
             want[id(seq)] = room
         got: dict[int, list[int]] = {key: [] for key in want}
         owner = {id(self.shadows[key]): key for key in want}

@@ -246,8 +246,12 @@ class GGUFFile:
             kind = GGMLQuantizationType(tensor.tensor_type)
             block, size = GGML_QUANT_SIZES[kind]
         except (ValueError, KeyError):
-            raise ModelError(
-                f"GGUF tensor type {tensor.tensor_type} is unknown (tensor {name})", path=str(self.file)
+            from importlib.metadata import version
+
+            raise ModelError(  # NOTE: newer types (MXFP4: gpt-oss) came in newer gguf releases
+                f"GGUF tensor type {tensor.tensor_type} is unknown to gguf {version('gguf')} (tensor {name}; "
+                "a newer gguf may read it: pip install -U gguf)",
+                path=str(self.file),
             ) from None
         row_bytes = tensor.shape[0] // block * size  # one row: the innermost dimension, as stored
         rows = int(np.prod(tensor.shape[1:], dtype=np.int64))

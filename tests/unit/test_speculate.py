@@ -172,3 +172,25 @@ def test_speculation_rests_while_few_proposals_are_kept(tiny, other):
     for _ in range(8):
         s.record(10, 0)
     assert s.resting == REST_STEPS
+
+
+def test_a_draft_pool_too_full_for_a_shadow_leaves_it_without_proposals(tiny):
+    """A new shadow that takes cached blocks (counted free until then) leaves less room for the
+    next: the next one proposes nothing rather than failing to grow (a draft pool is tight on CUDA,
+    a tenth of free memory). A pool of 10 blocks of 16: 6 cached blocks of a 97-token prompt, 4 empty."""
+    from hpcinfer.engine.draft import DraftModel
+    from hpcinfer.engine.kvcache.block_manager import BlockManager
+    from hpcinfer.engine.sequence import Sequence
+
+    _, _, model, _ = tiny
+    draft = DraftModel(model, 16, 256, 256, 4, model.cfg.vocab_size)
+    draft.blocks = draft.cache.writer = draft.runner.cache.writer = BlockManager(10, 16, prefix_cache=True)
+    shared = [5 + i % 200 for i in range(97)]
+    first = Sequence(0, list(shared), SamplingParams())
+    assert len(draft.propose([first], [2])[0]) == 2
+    draft.reset()  # its blocks stay cached, free to take
+    assert draft.blocks.num_free == 10 and draft.blocks.num_cached == 6
+    again, other = Sequence(1, list(shared), SamplingParams()), Sequence(2, [7] * 80, SamplingParams())
+    got = draft.propose([again, other], [2, 2])
+    assert len(got[0]) == 2 and got[1] == []  # the second needs 6 blocks: 3 are left beside the first's 1
+    assert draft.cached == 96 and id(other) not in draft.shadows
