@@ -208,6 +208,15 @@ def test_tensor_parallel_refuses_a_mixture_of_experts_in_one_line():
         rank_config(cfg, 2)
 
 
+def test_cuda_graphs_refuse_a_mixture_of_experts_in_one_line(tmp_path):
+    """Its routing reads each step's expert counts on the host: a captured decode could not."""
+    experts = {"num_local_experts": 4, "num_experts_per_tok": 2}
+    path = build_tiny_decoder(tmp_path / "moe", "MixtralForCausalLM", seed=1, **experts)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": 0, "prompt_token_ids": [5, 6, 7]}])
+    with pytest.raises(ConfigError, match=r"^--cuda-graphs with a mixture of experts is not built yet"):
+        run_job(generate_config(src, tmp_path / "out.jsonl", path, device={"cuda_graphs": True}))
+
+
 # family -> what a GGUF of it is written with: llama.cpp's conventions where the file stores nothing
 # (Gemma 3: one global layer in six, queries scaled by 1/sqrt(head_dim))
 GGUF_FAMILIES = {
