@@ -288,3 +288,21 @@ def test_the_gpt4o_split_is_tiktokens_pattern_as_the_regex_module_reads_it():
     for text in texts:
         assert [piece for piece, _ in split.pre_tokenize_str(text)] == regex.findall(pattern, text), text
     assert regex.findall(pattern, "Hello World's 12345")[:4] == ["Hello", " World's", " ", "123"]
+
+
+def test_a_tensor_type_the_installed_gguf_does_not_know_says_which_gguf_and_how_to_get_another(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    import gguf
+
+    from hpcinfer.errors import ModelError
+
+    file = build_tiny_gguf(tmp_path / "m.gguf", "LlamaForCausalLM", "Q8_0", seed=3)
+    info = inspect_decoder(file)
+    sizes = dict(gguf.GGML_QUANT_SIZES)
+    del sizes[gguf.GGMLQuantizationType.Q8_0]  # NOTE: as a gguf older than the type would be
+    monkeypatch.setattr(gguf, "GGML_QUANT_SIZES", sizes)
+    with pytest.raises(
+        ModelError, match=rf"type 8 is unknown to gguf {version('gguf')} \(tensor .*pip install -U gguf"
+    ):
+        load_decoder(info, torch.device("cpu"), torch.float32)
