@@ -261,7 +261,8 @@ class GGUFFile:
             return fast.reshape(shape)
         try:
             array = dequantize(raw, kind)
-        except NotImplementedError:  # how gguf refuses a type it cannot dequantize (Q8_1, Q8_K, I8): a user error
+        # NOTE: gguf raises NotImplementedError for a type it reads but cannot dequantize (Q8_1, Q8_K, I8)
+        except NotImplementedError:
             raise ModelError(
                 f"GGUF tensor type {kind.name} is not supported (tensor {name})", path=str(self.file)
             ) from None

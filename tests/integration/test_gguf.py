@@ -306,3 +306,20 @@ def test_a_tensor_type_the_installed_gguf_does_not_know_says_which_gguf_and_how_
         ModelError, match=rf"type 8 is unknown to gguf {version('gguf')} \(tensor .*pip install -U gguf"
     ):
         load_decoder(info, torch.device("cpu"), torch.float32)
+
+
+def test_a_tensor_type_gguf_cannot_dequantize_is_one_error(tmp_path, monkeypatch):
+    """gguf refuses to dequantize some types it reads (Q8_1, Q8_K, I8) with NotImplementedError: one
+    line naming the type and the tensor."""
+    import gguf.quants
+
+    from hpcinfer.errors import ModelError
+
+    info = inspect_decoder(build_tiny_gguf(tmp_path / "m.gguf", "LlamaForCausalLM", "F32", seed=3))
+
+    def cannot(*_):  # noqa: ANN002, ANN202
+        raise NotImplementedError("no dequantization")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", cannot)  # NOTE: F32 is dequantized by gguf, not torch
+    with pytest.raises(ModelError, match=r"GGUF tensor type F32 is not supported \(tensor "):
+        load_decoder(info, torch.device("cpu"), torch.float32)

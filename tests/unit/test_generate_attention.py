@@ -31,25 +31,12 @@ from ..conftest import make_texts
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def stand_in_kernel(q, k_cache, v_cache, *, cache_seqlens, block_table, causal):  # noqa: ANN001, ANN201
-    """q [B, Sq, H, D] -> [B, Sq, H, D]: row b attends its first cache_seqlens[b] keys through block_table[b]."""
-    assert causal and block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32
-    out = torch.empty_like(q)
-    for b in range(q.shape[0]):
-        n, sq = int(cache_seqlens[b]), q.shape[1]
-        kk = k_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
-        vv = v_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
-        visible = torch.arange(n)[None, :] <= torch.arange(n - sq, n)[:, None]
-        got = F.scaled_dot_product_attention(q[b].transpose(0, 1)[None], kk, vv, attn_mask=visible, enable_gqa=True)
-        out[b] = got[0].transpose(0, 1)
-    return out
-
-
-def windowed_stand_in(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, window_size=(-1, -1), softcap=0.0):  # noqa: ANN001, ANN201
-    """`stand_in_kernel` with flash-attn 2's sliding window and soft cap, as its docstring gives them:
-    query i sees keys [i + n - sq - window_size[0], i + n - sq + window_size[1]]; softcap > 0 caps
-    the scaled scores (cap * tanh(score / cap))."""
-    from hpcinfer.models.attention import eager_attention
+def stand_in_kernel(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, window_size=(-1, -1), softcap=0.0):  # noqa: ANN001, ANN201
+    """q [B, Sq, H, D] -> [B, Sq, H, D]: row b attends its first cache_seqlens[b] keys through
+    block_table[b]; flash-attn 2's sliding window and soft cap as its docstring gives them: query i
+    sees keys [i + n - sq - window_size[0], i + n - sq + window_size[1]]; softcap > 0 caps the scaled
+    scores (cap * tanh(score / cap))."""
+    from hpcinfer.models.attention import scaled_dot_product_attention
 
     assert causal and block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32
     out = torch.empty_like(q)
@@ -58,10 +45,9 @@ def windowed_stand_in(q, k_cache, v_cache, *, cache_seqlens, block_table, causal
         n, sq = int(cache_seqlens[b]), q.shape[1]
         kk = k_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
         vv = v_cache[block_table[b].long()].flatten(0, 1)[:n].transpose(0, 1)[None]
-        query = torch.arange(n - sq, n)[:, None]
-        keys = torch.arange(n)[None, :]
+        query, keys = torch.arange(n - sq, n)[:, None], torch.arange(n)[None, :]
         visible = (keys <= query) & ((keys >= query - left) if left >= 0 else True)
-        got = eager_attention(q[b].transpose(0, 1)[None], kk, vv, visible, False, softcap or None)
+        got = scaled_dot_product_attention(q[b].transpose(0, 1)[None], kk, vv, visible, False, softcap or None)
         out[b] = got[0].transpose(0, 1)
     return out
 
@@ -105,7 +91,7 @@ def test_flash_attn_is_given_each_layers_window_and_the_soft_cap(tmp_path):
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
     want = [s.completion for s in Engine(model, config).generate(prompts, params)]
     engine = Engine(model, config)
-    engine.runner.attention = FlashAttnPagedAttention(engine.cache, windowed_stand_in)
+    engine.runner.attention = FlashAttnPagedAttention(engine.cache, stand_in_kernel)
     got = [s.completion for s in engine.generate(prompts, params)]
     assert engine.stats.continued_chunks > 0
     assert got == want

@@ -34,7 +34,7 @@ from ...engine.runtime.admission import Admission
 from ...engine.runtime.loop import EngineSink, run_loop
 from ...engine.runtime.pool import run_on_devices
 from ...engine.sequence import Sequence
-from ...errors import ConfigError, Interrupted
+from ...errors import Interrupted
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle, watch_output
 from ...job.claim import claimed, open_store, recorded_fingerprint
@@ -58,6 +58,7 @@ from ...place.devices import device_labels
 from ...registry import pick_task
 from .answers import GenerationStore, answer_row, answers_chunk, answers_table, held_answers, with_errors
 from .drafting import draft_info, load_draft
+from .refusals import refuse_what_cannot_run
 from .report import GenerateReport, summarise
 from .requests import Request
 from .setup import (
@@ -116,23 +117,9 @@ class GenerationJob:
         self.device = self.devices[0]
         self.labels = device_labels([str(d) for d in self.devices])
         self.step_hooks = step_hooks or {}
-        if config.device.cuda_graphs and any(getattr(self.info.config, "moe_layers", ())):
-            raise ConfigError("--cuda-graphs with a mixture of experts is not built yet: its routing reads each "
-                              "step's expert counts on the host, which a captured decode cannot")  # fmt: skip
-        if config.device.cuda_graphs and self.device.type != "cuda":
-            raise ConfigError(f"--cuda-graphs needs a CUDA device; generation runs on {self.device} here")
-        self.loras = parse_loras(config.generate.loras)  # NOTE: refused with what cannot serve them
-        if self.loras and (self.tp_size > 1 or config.device.quantize != "none" or config.backend == "transformers"):
-            raise ConfigError("--lora runs on the native engine's float weights: not with --tp, --quantize or "
-                              "--backend transformers yet")  # fmt: skip
+        self.loras = parse_loras(config.generate.loras)
+        refuse_what_cannot_run(config, self.info, self.device, self.loras)
         self.lora_digests = tuple(adapter_digest(folder) for _, folder in self.loras)
-        if config.generate.max_loras and not self.loras:
-            raise ConfigError("--max-loras bounds --lora's adapters: give them with --lora NAME=PATH")
-        if self.info.vision is not None and (self.tp_size > 1 or config.device.quantize != "none"):
-            raise ConfigError("a vision-language model runs on one device in float weights: not --tp, --quantize")
-        if config.generate.speculative != "none" and (self.tp_size > 1 or config.backend == "transformers"):
-            raise ConfigError("--speculative runs in the native engine on one device: not with --tp or "
-                              "--backend transformers yet")  # fmt: skip
         self.tokenizer = shelved(
             shelf, ("tokenizer", str(self.info.path)), lambda: load_tokenizer(self.info), attached=True
         )
