@@ -111,15 +111,14 @@ def _continue(
     when the pool cannot give each new beam the one block it needs (a copied last block, or a
     fresh one at a block boundary); the old beams are then kept, for the caller to free."""
     blocks = engine.blocks
-    if len(picks) > blocks.num_free:
+    if len(picks) * blocks.blocks_per_position > blocks.num_free:
         return None
     children, copies = [], []
     for parent_index, token in picks:
         parent = running[parent_index]
         child = Sequence(parent.seq_id, parent.tokens + [token], parent.params, parent.tag, priority=parent.priority)
         child.num_prompt = parent.num_prompt
-        if (pair := blocks.fork(parent, child, parent.num_computed)) is not None:
-            copies.append(pair)
+        copies += blocks.fork(parent, child, parent.num_computed)
         child.num_computed = parent.num_computed
         child.status = Status.RUNNING
         children.append(child)

@@ -100,9 +100,9 @@ class StaticDecodeAttention:
         self.cache = cache
         self.slots, self.tables, self.lens = slots, tables, lens
         self.kernel = kernel
-        self._rows = torch.arange(tables.shape[0], device=cache.k.device)  # row i reads table i
+        self._rows = torch.arange(tables.shape[0], device=cache.device)  # row i reads table i
         bs = cache.layout.block_size
-        self._key_pos = torch.arange(tables.shape[1] * bs, device=cache.k.device)
+        self._key_pos = torch.arange(tables.shape[1] * bs, device=cache.device)
         self.rows = self.width = 0
         self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
         self.softcap = cache.layout.softcap
@@ -127,7 +127,7 @@ class StaticDecodeAttention:
         """q [rows, H, D], k/v [rows, Hkv, D] -> [rows, H * D]; `sinks` [H]: gpt-oss's sink logits."""
         rows, width = self.rows, self.width
         self.cache.write(layer, self.slots[:rows], k, v)
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool_k, pool_v = self.cache.keys(layer), self.cache.values(layer)
         window = self.windows[layer] if self.windows else 0
         if self.kernel is not None:
             tables, which = self.tables[:rows, :width], self._rows[:rows]
@@ -167,7 +167,7 @@ class DecodeGraphs:
     ) -> None:
         if not 0 <= scratch_block < cache.num_blocks:
             raise ValueError(f"scratch block {scratch_block} is not in the pool of {cache.num_blocks}")
-        device = cache.k.device
+        device = cache.device
         self.model, self.cache, self.vocab_chunk = model, cache, vocab_chunk
         self.block_size = cache.layout.block_size
         self.scratch_block = scratch_block

@@ -36,8 +36,9 @@ from .constrained.structured import Grammars, StepMasks
 from .decode_graphs import graph_peak
 from .draft import DraftModel
 from .engine_stats import EngineStats
-from .kvcache.block_manager import BlockManager, blocks_for
+from .kvcache.block_manager import blocks_for
 from .kvcache.pools import KVCache, KVLayout, size_pool
+from .kvcache.windowed_blocks import block_manager, longest_sequence
 from .media import see_images
 from .runner import ModelRunner
 from .sample.fork import fork_samples, request_done
@@ -71,6 +72,9 @@ class EngineConfig:
     kv_storage: torch.dtype | None = None  # the pools' dtype when not the model's: float8_e4m3fn (kv_cache.py)
     max_loras: int = 0  # > 0: the most LoRA adapters among the running sequences, and on the device
     speculative_tokens: int = 0  # > 0: prompt-lookup speculation, up to this many proposals a step (speculate.py)
+    # Sliding-window layers free the blocks their windows have left (kvcache/windowed_blocks.py),
+    # where the model has them; not with `cuda_graphs` (a captured decode reads one table a row).
+    page_windows: bool = True
 
 
 @dataclass(slots=True)
@@ -123,7 +127,8 @@ class Engine:
         `vision`: a vision-language model's tower (models.vlm.VisionTower), for requests with images."""
         device = model.norm.device
         self.config = config
-        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage)
+        paged = config.page_windows and not config.cuda_graphs
+        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage, paged)
 
         def make() -> KVCache:
             return KVCache(
@@ -141,7 +146,8 @@ class Engine:
         usable = num_blocks - (scratch is not None)
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
-        self.max_model_len = min(model.cfg.max_model_len, usable * config.block_size)
+        chunk = config.max_num_batched_tokens if config.chunked_prefill else None
+        self.max_model_len = min(model.cfg.max_model_len, longest_sequence(layout, usable, chunk))
         self._start_empty(usable, device)
         self.runner = ModelRunner(
             model,
@@ -218,7 +224,7 @@ class Engine:
     def _start_empty(self, usable_blocks: int, device: torch.device) -> None:
         """A block manager, scheduler and sampler with nothing in them, and no step in flight."""
         c = self.config
-        self.blocks = BlockManager(usable_blocks, c.block_size, c.prefix_cache)
+        self.blocks = block_manager(self.cache.layout, usable_blocks, c.prefix_cache)
         self.cache.writer = self.blocks
         self.scheduler = Scheduler(
             self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras
@@ -236,6 +242,7 @@ class Engine:
         self._start_empty(blocks.num_blocks, self.sampler.device)
         self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
         self.blocks.high_water = blocks.high_water
+        self.blocks.peak_full_attention = blocks.peak_full_attention
         self.scheduler.preemptions, self.scheduler.cached_tokens = old.preemptions, old.cached_tokens
         return dropped
 

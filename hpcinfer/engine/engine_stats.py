@@ -19,6 +19,9 @@ class EngineStats:
     cached_tokens: int = 0  # prefill tokens the prefix cache saved (recomputations included)
     evictions: int = 0  # cached blocks reclaimed by the allocator
     peak_blocks: int = 0
+    # the blocks the same sequences would have held with every layer keeping every key (equal to
+    # peak_blocks but with paged windows: kvcache/windowed_blocks.py)
+    peak_blocks_full_attention: int = 0
     num_blocks: int = 0
     occupancy_sum: float = 0.0  # per step: running sequences / max_num_seqs
     last_occupancy: float = 0.0  # the latest step's (the metrics endpoint's gauge)
@@ -47,6 +50,7 @@ class EngineStats:
         self.cached_tokens = scheduler.cached_tokens
         self.evictions = blocks.evictions
         self.peak_blocks = blocks.peak_used
+        self.peak_blocks_full_attention = blocks.peak_full_attention
         self.last_occupancy = len(plan.chunks) / max_num_seqs
         self.occupancy_sum += self.last_occupancy
 

@@ -8,7 +8,7 @@ start-up and filled in place each step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -43,7 +43,9 @@ class StepInputs:
     how they split into decode groups and prefill segments. Plain arrays and ints: under tensor
     parallelism rank 0 sends it to the other ranks, which build the same batch from it."""
 
-    arrays: list[np.ndarray]  # from_ahead, ids, positions, slots, sample_at, lens, group tables, chunk tables, kernel
+    # from_ahead, ids, positions, slots, sample_at, lens, group tables, chunk tables, kernel; then,
+    # with paged windows, per local table: its slots, group tables, chunk tables and kernel table
+    arrays: list[np.ndarray]
     num_decodes: int
     num_tokens: int
     bounds: list[tuple[int, int]]  # decode groups' [start, end) rows
@@ -69,7 +71,7 @@ class ModelRunner:
         (`decode_graphs.py`): captured as CUDA graphs on CUDA, run eagerly elsewhere."""
         self.model = model
         self.cache = cache
-        self.device = cache.k.device
+        self.device = cache.device
         self.block_size = cache.layout.block_size
         # NOTE: gathers are timed on the host, which is their device only on the CPU: on CUDA that
         # would time their launch, and their work stays in the forward's device time.
@@ -85,6 +87,10 @@ class ModelRunner:
         self._sample_at = np.zeros(max_num_seqs, dtype=np.int64)
         self._widths = np.zeros(max_num_seqs, dtype=np.int64)
         self._from_ahead = np.zeros(max_num_seqs, dtype=np.int64)  # a decode's input: its row in the step ahead
+        # paged windows (kvcache/windowed_blocks.py): the sliding-window layers' tables, one a group
+        self.local_groups = cache.layout.local_groups
+        self._local_slots = np.zeros((self.local_groups, tokens), dtype=np.int64)
+        self._local_tables = np.zeros((self.local_groups, max_num_seqs, self.max_blocks), dtype=np.int64)
         self._key_pos = torch.arange(self.max_blocks * self.block_size, device=self.device)
         # NOTE: sized for tables of up to 64 blocks a sequence; it grows on the first longer steps.
         self.staging = StepStaging(self.device, 3 * tokens + 2 * max_num_seqs * (1 + min(self.max_blocks, 64)))
@@ -122,10 +128,14 @@ class ModelRunner:
             self._pos[row] = p
             self._slots[row] = seq.block_table[p // bs] * bs + p % bs
             self._tables[row, : len(seq.block_table)] = seq.block_table
+            for j, local in enumerate(seq.local_tables):
+                self._local_slots[j, row] = local[p // bs] * bs + p % bs
+                self._local_tables[j, row, : len(local)] = local
             self._widths[row] = len(seq.block_table)
             self._lens[row] = p + 1
             self._sample_at[i] = row
         offset, spans, tables = nd, [], []
+        local_tables: list[list[np.ndarray]] = [[] for _ in range(self.local_groups)]
         for chunk in plan.prefills:
             seq, n, p = chunk.seq, chunk.length, chunk.start
             end = offset + n
@@ -136,6 +146,10 @@ class ModelRunner:
             self._slots[offset:end] = table[pos // bs] * bs + pos % bs
             spans.append((offset, n, p))
             tables.append(table[: blocks_for(p + n, bs)])
+            for j, local in enumerate(seq.local_tables):
+                local = np.asarray(local, dtype=np.int64)
+                self._local_slots[j, offset:end] = local[pos // bs] * bs + pos % bs
+                local_tables[j].append(local[: blocks_for(p + n, bs)])
             offset = end
         sample_rows = nd  # every decode samples
         for (start, n, _), chunk in zip(spans, plan.prefills, strict=True):
@@ -146,6 +160,13 @@ class ModelRunner:
         bounds = [] if in_place else self._group_bounds(nd)
         group_tables = [self._tables[s:e, : self._widths[e - 1]] for s, e in bounds]
         kernel = self._kernel_arrays(nd, spans, tables) if in_place else []
+        windowed = []  # paged windows: each group's slots, group tables, chunk tables, kernel table
+        for j, chunk_tables in enumerate(local_tables):
+            decode_tables = self._local_tables[j]
+            windowed += [self._local_slots[j, :offset], *[decode_tables[s:e, : self._widths[e - 1]] for s, e in bounds]]
+            windowed += chunk_tables
+            if kernel:
+                windowed.append(self._kernel_table(nd, spans, chunk_tables, decode_tables, kernel[1].shape[1]))
         pending = ahead is not None and bool((self._from_ahead[:nd] >= 0).any())
         arrays = [
             self._from_ahead[: nd if pending else 0],
@@ -157,6 +178,7 @@ class ModelRunner:
             *group_tables,
             *tables,
             *kernel,
+            *windowed,
         ]
         logprob_rows = [(start, n) for _, start, n in _logprob_chunks(plan)]
         return StepInputs(arrays, nd, offset, bounds, spans, bool(kernel), pending, logprob_rows)
@@ -177,10 +199,27 @@ class ModelRunner:
             self._segment(start, n, p, b) for (start, n, p), b in zip(spans, blocks[len(bounds) :], strict=True)
         ]
         batch = PagedBatch(slots=slots, decodes=groups, prefills=segments)
+        rest = rest[len(blocks) :]
         if step.kernel:
-            tokens, table, rows, context = rest[len(blocks) :]
+            tokens, table, rows, context = rest[:4]
             batch.kernel = KernelTokens(tokens, table, rows, context, every_token=tokens.shape[0] == step.num_tokens)
+            rest = rest[4:]
+        each = 1 + len(blocks) + step.kernel  # a window group's arrays
+        batch.local = [self._local_batch(batch, rest[j * each : (j + 1) * each]) for j in range(self.local_groups)]
         return ids, pos, batch, sample_at
+
+    @staticmethod
+    def _local_batch(batch: PagedBatch, arrays: list[torch.Tensor]) -> PagedBatch:
+        """A group of sliding-window layers' view of the step: `batch` with that group's slots and
+        tables (kvcache/windowed_blocks.py); the masks, lengths and rows are the same."""
+        slots, *blocks = arrays
+        kernel = batch.kernel
+        if kernel is not None:
+            *blocks, table = blocks
+            kernel = replace(kernel, tables=table)
+        decodes = [replace(group, blocks=b) for group, b in zip(batch.decodes, blocks, strict=False)]
+        prefills = [replace(seg, blocks=b) for seg, b in zip(batch.prefills, blocks[len(decodes) :], strict=True)]
+        return PagedBatch(slots=slots, decodes=decodes, prefills=prefills, kernel=kernel)
 
     def _kernel_arrays(self, nd: int, spans: list[tuple[int, int, int]], tables: list[np.ndarray]) -> list[np.ndarray]:
         """For an in-place kernel: the decodes and continued prefill chunks as (tokens, tables, rows,
@@ -189,15 +228,24 @@ class ModelRunner:
         if nd == 0 and not continued:
             return []
         width = max([int(self._widths[:nd].max(initial=0))] + [len(table) for _, table in continued])
-        table = np.zeros((nd + len(continued), width), dtype=np.int64)
-        table[:nd] = self._tables[:nd, :width]
+        table = self._kernel_table(nd, spans, tables, self._tables, width)
         tokens, rows, context = [np.arange(nd)], [np.arange(nd)], [self._lens[:nd]]
-        for row, ((start, n, p), blocks) in enumerate(continued, start=nd):
-            table[row, : len(blocks)] = blocks
+        for row, (start, n, p) in enumerate((span for span, _ in continued), start=nd):
             tokens.append(np.arange(start, start + n))
             rows.append(np.full(n, row))
             context.append(np.arange(p + 1, p + n + 1))
         return [np.concatenate(tokens), table, np.concatenate(rows), np.concatenate(context)]
+
+    def _kernel_table(
+        self, nd: int, spans: list[tuple[int, int, int]], tables: list[np.ndarray], decodes: np.ndarray, width: int
+    ) -> np.ndarray:
+        """The kernel's table rows: the decodes' (from `decodes`), then the continued chunks' `tables`."""
+        continued = [table for span, table in zip(spans, tables, strict=True) if span[2] > 0]
+        table = np.zeros((nd + len(continued), width), dtype=np.int64)
+        table[:nd] = decodes[:nd, :width]
+        for row, blocks in enumerate(continued, start=nd):
+            table[row, : len(blocks)] = blocks
+        return table
 
     def _decode_group(self, start: int, end: int, lens: torch.Tensor, blocks: torch.Tensor) -> DecodeGroup:
         """Rows start..end-1 (sorted by width): their block tables [n, width] and context mask."""

@@ -130,6 +130,10 @@ class Sequence:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks, in order
+    # With paged windows (kvcache/windowed_blocks.py): each group of sliding-window layers' blocks,
+    # beside `block_table`; those before `window_from` have left every window and are freed.
+    local_tables: list[list[int]] = field(default_factory=list)
+    window_from: int = 0
     priority: int = 0  # higher is admitted first
     num_cached: int = 0  # prompt tokens served from the prefix cache at its first admission
     status: Status = Status.WAITING

@@ -94,8 +94,9 @@ def rank_setup(
 
 def tp_engine_config(engine: EngineConfig, tp: TensorParallel) -> EngineConfig:
     """Rank 0's engine: the KV pool every rank agreed on, and step by step (the other ranks take
-    each step's inputs from the host, so a step's tokens must be there before the next one)."""
-    return replace(engine, kv_cache_memory=tp.kv_blocks * tp.kv_bytes_per_block, ahead=False)
+    each step's inputs from the host, so a step's tokens must be there before the next one), its
+    blocks holding every layer as the other ranks' do (no paged windows)."""
+    return replace(engine, kv_cache_memory=tp.kv_blocks * tp.kv_bytes_per_block, ahead=False, page_windows=False)
 
 
 def attach(engine: Engine, tp: TensorParallel) -> None:

@@ -81,7 +81,8 @@ def test_the_flash_attn_path_gives_the_torch_paths_tokens(tmp_path):
 
 def test_flash_attn_is_given_each_layers_window_and_the_soft_cap(tmp_path):
     """Gemma 2 (local and global layers in turn, soft-capped scores) through flash-attn's call, with
-    a stand-in keeping its documented window and cap: the torch path's tokens."""
+    a stand-in keeping its documented window and cap, its windows paged: the tokens of the torch
+    path with every layer keeping every key."""
     arch, extra = WINDOWED["gemma2"]
     path = build_tiny_decoder(tmp_path / "m", arch, seed=4, **extra)
     model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
@@ -89,11 +90,11 @@ def test_flash_attn_is_given_each_layers_window_and_the_soft_cap(tmp_path):
     prompts = [torch.randint(5, 200, (n,), generator=gen).tolist() for n in (3, 11, 22, 40)]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
-    want = [s.completion for s in Engine(model, config).generate(prompts, params)]
+    want = [s.completion for s in Engine(model, replace(config, page_windows=False)).generate(prompts, params)]
     engine = Engine(model, config)
     engine.runner.attention = FlashAttnPagedAttention(engine.cache, stand_in_kernel)
     got = [s.completion for s in engine.generate(prompts, params)]
-    assert engine.stats.continued_chunks > 0
+    assert engine.stats.continued_chunks > 0 and engine.cache.layout.paged_windows  # local layers: tables of their own
     assert got == want
     layout = engine.cache.layout
     assert "sinks" in flash_attn_problem(replace(layout, sinks=True, dtype=torch.bfloat16), torch.device("cuda"))
@@ -228,6 +229,7 @@ def test_windows_soft_caps_and_sinks_give_the_torch_paths_tokens_on_every_path(
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, kv_cache_memory=8 << 20, block_size=4)
     want = [s.completion for s in Engine(model, config).generate(prompts, params)]
     engine = Engine(model, replace(config, attention=attention, cuda_graphs=static))
+    assert engine.cache.layout.paged_windows is not static  # a static decode reads one table a row
     got = [s.completion for s in engine.generate(prompts, params)]
     assert got == want
     if static:

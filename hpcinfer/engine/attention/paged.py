@@ -60,6 +60,8 @@ class PagedBatch:
     decodes: list[DecodeGroup] = field(default_factory=list)  # flat rows 0..num_decodes-1
     prefills: list[PrefillSegment] = field(default_factory=list)  # after the decodes
     kernel: KernelTokens | None = None  # for the Triton path: decodes and continued prefill chunks
+    # paged windows: each group of sliding-window layers' view, its slots and tables (runner._local_batch)
+    local: list[PagedBatch] = field(default_factory=list)
 
 
 _Bound = TypeVar("_Bound", bound="_BoundToStep")
@@ -77,8 +79,11 @@ class _BoundToStep:
         return self
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> PagedBatch:
+        """Writes this step's K/V of `layer`; returns the step's batch as that layer reads it."""
         batch = self.batch
         assert batch is not None, "bind() a step's PagedBatch first"
+        if (table := self.cache.table(layer)) >= 0:
+            batch = batch.local[table]
         self.cache.write(layer, batch.slots, k, v)
         return batch
 
@@ -148,7 +153,7 @@ class TorchPagedAttention(_BoundToStep):
         """
         start = time.perf_counter() if self.timed else 0.0
         cache = self.cache
-        pool_k, pool_v = cache.raw(cache.k[layer]), cache.raw(cache.v[layer])
+        pool_k, pool_v = cache.raw(cache.keys(layer)), cache.raw(cache.values(layer))
         flat = blocks.reshape(-1)
         n = flat.numel()
         if self._kbuf.shape[0] < n:
@@ -255,7 +260,8 @@ class FlashAttnPagedAttention(_BoundToStep):
         self.fn = fn
         self.gather_s = 0.0  # no gathers: the kernel reads the blocks in place
         self.batch: PagedBatch | None = None
-        self._calls: list[tuple[slice, bool, torch.Tensor, torch.Tensor]] = []
+        # the step's calls, then each paged window group's
+        self._calls: list[list[tuple[slice, bool, torch.Tensor, torch.Tensor]]] = []
         self.windows = cache.layout.windows  # each layer's sliding window, 0: every key
         # NOTE: only what a model needs is passed: flash-attn before 2.6 has no softcap argument
         self._capped = {"softcap": cache.layout.softcap} if cache.layout.softcap else {}
@@ -263,6 +269,11 @@ class FlashAttnPagedAttention(_BoundToStep):
     def bind(self, batch: PagedBatch) -> FlashAttnPagedAttention:  # type: ignore[override]
         """Converts the step's tables and lengths once to the kernel's int32, for every layer."""
         self.batch = batch
+        self._calls = [self._calls_of(view) for view in (batch, *batch.local)]
+        return self
+
+    @staticmethod
+    def _calls_of(batch: PagedBatch) -> list[tuple[slice, bool, torch.Tensor, torch.Tensor]]:
         calls = []
         for group in batch.decodes:
             assert group.lens is not None, "decode groups carry their context lengths"
@@ -272,18 +283,18 @@ class FlashAttnPagedAttention(_BoundToStep):
             rows = slice(seg.offset, seg.offset + seg.length)
             total = torch.full((1,), seg.start + seg.length, dtype=torch.int32, device=seg.blocks.device)
             calls.append((rows, False, seg.blocks.to(torch.int32)[None, :], total))
-        self._calls = calls
-        return self
+        return calls
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
         self._write(layer, k, v)
+        calls = self._calls[self.cache.table(layer) + 1]  # the step's, or its paged window group's
         t, heads, dim = q.shape
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool_k, pool_v = self.cache.keys(layer), self.cache.values(layer)
         window = self.windows[layer] if self.windows else 0
         options = {**self._capped, **({"window_size": (window - 1, 0)} if window else {})}
         out = q.new_empty(t, heads, dim)
-        for rows, decode, table, lens in self._calls:
+        for rows, decode, table, lens in calls:
             # decodes: [n, 1, H, D], one query per sequence; a prefill chunk: [1, n, H, D]
             query = q[rows].unsqueeze(1) if decode else q[rows].unsqueeze(0)
             got = self.fn(query, pool_k, pool_v, cache_seqlens=lens, block_table=table, causal=True, **options)
@@ -321,7 +332,7 @@ class TritonPagedAttention(_BoundToStep):
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]; `sinks` [H]: gpt-oss's per-head sink logits."""
         batch = self._write(layer, k, v)
         t, heads, dim = q.shape
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool_k, pool_v = self.cache.keys(layer), self.cache.values(layer)
         window = self.windows[layer] if self.windows else 0
         reads = {"window": window, "softcap": self.softcap, "sinks": sinks}
         paged = batch.kernel

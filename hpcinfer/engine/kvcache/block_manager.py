@@ -74,6 +74,7 @@ class BlockManager:
         self._planned: list[tuple[bytes, int]] = []  # full blocks being written this step
         self._pending: set[bytes] = set()
         self.peak_used = 0
+        self.peak_full_attention = 0  # what the same sequences would hold if every layer kept every key
         self.high_water = 0  # blocks [0, high_water) have been handed out at least once (written)
         self.evictions = 0
 
@@ -151,7 +152,7 @@ class BlockManager:
         if n > self.num_free:
             raise RuntimeError(f"sequence {seq.seq_id} needs {n} blocks, {self.num_free} are free")
         seq.block_table.extend(self._allocate() for _ in range(n))
-        self.peak_used = max(self.peak_used, self.num_used)
+        self._note_peaks()
         if not self.prefix_cache:
             return
         bs, full = self.block_size, (seq.num_computed + num_new_tokens) // self.block_size
@@ -165,10 +166,16 @@ class BlockManager:
             self._planned.append((key, seq.block_table[i]))
             self._pending.add(key)
 
-    def fork(self, parent: Sequence, child: Sequence, computed: int) -> tuple[int, int] | None:
+    @property
+    def blocks_per_position(self) -> int:
+        """Blocks a sequence takes for each new block of positions (windowed_blocks.py: more)."""
+        return 1
+
+    def fork(self, parent: Sequence, child: Sequence, computed: int) -> list[tuple[int, int]]:
         """Gives `child` the blocks of `parent`'s first `computed` tokens: its full blocks by
-        reference, and a block of its own for the last, partly filled one, returned as (parent's
-        block, child's block) for the caller to copy. The caller checked `can_fork`."""
+        reference, and a block of its own for the last, partly filled one, returned as [(parent's
+        block, child's block)] for the caller to copy ([] when none is partly filled). The caller
+        checked `can_fork`."""
         full = computed // self.block_size
         shared = parent.block_table[:full]
         for block in shared:
@@ -176,14 +183,14 @@ class BlockManager:
         child.block_table = list(shared)
         child.block_keys = list(parent.block_keys[:full])
         if computed == full * self.block_size:
-            return None
+            return []
         own = self._allocate()
         child.block_table.append(own)
-        self.peak_used = max(self.peak_used, self.num_used)
-        return parent.block_table[full], own
+        self._note_peaks()
+        return [(parent.block_table[full], own)]
 
     def can_fork(self, parent: Sequence, computed: int, children: int) -> bool:
-        return children * (computed % self.block_size > 0) <= self.num_free
+        return children * (computed % self.block_size > 0) * self.blocks_per_position <= self.num_free
 
     def commit(self) -> None:
         """The step ran: the full blocks it wrote become findable (the first writer of a key wins)."""
@@ -216,6 +223,10 @@ class BlockManager:
                 self._empty.append(block)
         seq.block_table.clear()
         seq.block_keys.clear()
+
+    def _note_peaks(self) -> None:
+        self.peak_used = max(self.peak_used, self.num_used)
+        self.peak_full_attention = self.peak_used
 
     def _allocate(self) -> int:
         """A block for new K/V: an empty one, else the least recently freed cached one (evicted)."""

@@ -4,6 +4,13 @@ Pool layout (per layer, K and V alike): [num_blocks, block_size, kv_heads, head_
 of a sequence is at block `block_table[i // block_size]`, offset `i % block_size`, i.e. flat slot
 `block * block_size + offset`. Nothing here is allocated after start-up; `block_manager.py` says
 which blocks are free.
+
+A model with both sliding-window and full layers (Gemma 2 and 3, gpt-oss) may page its windows
+(`KVLayout.paged_windows`): a block then holds as many layers as the model has full layers; the
+full layers read a sequence's `block_table`, and the sliding-window layers, taken that many at a
+time, each group its own table (`Sequence.local_tables`) of blocks from the same pool, which are
+freed once every window has passed them (windowed_blocks.py). As in vLLM's hybrid allocator, one
+pool serves both, so no split of memory between them has to be guessed at start-up.
 """
 
 from __future__ import annotations
@@ -63,13 +70,55 @@ class KVLayout:
     windows: tuple[int, ...] = ()
     softcap: float | None = None
     sinks: bool = False  # gpt-oss: a learned sink logit per head
+    # the sliding-window layers' blocks are their own, freed behind the window (module docstring)
+    paged_windows: bool = False
 
     @classmethod
     def of(
-        cls, cfg: DecoderConfig, block_size: int, dtype: torch.dtype, storage: torch.dtype | None = None
+        cls,
+        cfg: DecoderConfig,
+        block_size: int,
+        dtype: torch.dtype,
+        storage: torch.dtype | None = None,
+        page_windows: bool = False,
     ) -> KVLayout:
+        """`page_windows`: free what falls out of the windows, where the model's layers allow (`can_page_windows`)."""
         shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype, storage)
-        return cls(*shape, cfg.layer_windows, cfg.attn_softcap, cfg.attn_sinks)
+        paged = page_windows and can_page_windows(cfg.layer_windows)
+        return cls(*shape, cfg.layer_windows, cfg.attn_softcap, cfg.attn_sinks, paged)
+
+    @property
+    def window(self) -> int:
+        """The sliding-window layers' window (one for all of them: `can_page_windows`), 0: none."""
+        return max(self.windows, default=0)
+
+    @property
+    def block_layers(self) -> int:
+        """Layers a block holds: every layer, or with paged windows the full layers' count."""
+        return sum(w == 0 for w in self.windows) if self.paged_windows else self.num_layers
+
+    @property
+    def local_groups(self) -> int:
+        """With paged windows, the sliding-window layers' tables: `block_layers` of them to a table."""
+        if not self.paged_windows:
+            return 0
+        return -(-sum(w > 0 for w in self.windows) // self.block_layers)
+
+    @property
+    def places(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's (index in the pool, table): table -1 is `block_table`, j >= 0 `local_tables[j]`."""
+        if not self.paged_windows:
+            return tuple((layer, -1) for layer in range(self.num_layers))
+        full = local = 0
+        out = []
+        for w in self.windows:
+            if w == 0:
+                out.append((full, -1))
+                full += 1
+            else:
+                out.append((local % self.block_layers, local // self.block_layers))
+                local += 1
+        return tuple(out)
 
     @property
     def stored(self) -> torch.dtype:
@@ -82,7 +131,13 @@ class KVLayout:
     @property
     def bytes_per_block(self) -> int:
         elem = torch.empty(0, dtype=self.stored).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.block_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+def can_page_windows(windows: tuple[int, ...]) -> bool:
+    """Whether sliding-window layers can have blocks of their own: some layers slide and some see
+    every key, and the sliding ones share one window (true of Gemma 2 and 3 and gpt-oss)."""
+    return 0 in windows and len(set(windows) - {0}) == 1
 
 
 def size_pool(
@@ -137,7 +192,7 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class KVCache:
-    """The pools: `k[layer]`, `v[layer]` are [num_blocks, block_size, kv_heads, head_dim].
+    """The pools: `keys(layer)`, `values(layer)` are [num_blocks, block_size, kv_heads, head_dim].
 
     An FP8 cache (`layout.storage` float8_e4m3fn) holds K and V divided by a scale per layer and
     clamped to e4m3's range; `raw` gives its pools as bytes for copies and gathers (which torch
@@ -149,7 +204,10 @@ class KVCache:
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device) -> None:
         self.layout = layout
         self.num_blocks = num_blocks
-        shape = (layout.num_layers, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        self.device = device
+        # each layer's index in the pools and the table it reads (-1: `block_table`; paged windows: j)
+        self.places = layout.places
+        shape = (layout.block_layers, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
         # NOTE: zeroed, not empty: padded reads of unused slots are masked to weight 0, and 0 * NaN
         # from uninitialised memory would still poison the output.
         self.k = zeroed(shape, layout.stored, device)
@@ -157,8 +215,8 @@ class KVCache:
         self.k_scale = [1.0] * layout.num_layers
         self.v_scale = [1.0] * layout.num_layers
         # Flat [slots, kv_heads, head_dim] views for writing this step's K/V by slot.
-        self.k_slots = self.k.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
-        self.v_slots = self.v.view(layout.num_layers, -1, layout.num_kv_heads, layout.head_dim)
+        self.k_slots = self.k.view(layout.block_layers, -1, layout.num_kv_heads, layout.head_dim)
+        self.v_slots = self.v.view(layout.block_layers, -1, layout.num_kv_heads, layout.head_dim)
         # Tensor parallelism (rank 0): the block copies made since the last step, which the other
         # ranks make in their own pools before that step's forward. None: not recorded.
         self.copied: list[tuple[int, int]] | None = None
@@ -193,12 +251,24 @@ class KVCache:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.layout.block_size
 
+    def keys(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s K pool [num_blocks, block_size, kv_heads, head_dim]."""
+        return self.k[self.places[layer][0]]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.v[self.places[layer][0]]
+
+    def table(self, layer: int) -> int:
+        """The table layer `layer` reads: -1 a sequence's `block_table`, j its `local_tables[j]`."""
+        return self.places[layer][1]
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [T, kv_heads, head_dim] into the flat slots [T]."""
+        """k, v [T, kv_heads, head_dim] into the flat slots [T] (of the table the layer reads)."""
         if self.layout.quantized:
             k, v = self._quantize(k, self.k_scale[layer]), self._quantize(v, self.v_scale[layer])
-        self.raw(self.k_slots[layer]).index_copy_(0, slots, self.raw(k))
-        self.raw(self.v_slots[layer]).index_copy_(0, slots, self.raw(v))
+        index = self.places[layer][0]
+        self.raw(self.k_slots[index]).index_copy_(0, slots, self.raw(k))
+        self.raw(self.v_slots[index]).index_copy_(0, slots, self.raw(v))
 
     def _quantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(self.layout.stored)

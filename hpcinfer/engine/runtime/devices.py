@@ -174,8 +174,8 @@ class EngineWorker:
         try:
             if self.cores is not None:
                 pin_thread(self.cores)  # NOTE: before torch's first parallel region, so its threads inherit
-            if self.engine.cache.k.device.type == "cuda":
-                accelerators.make_current(self.engine.cache.k.device)
+            if self.engine.cache.device.type == "cuda":
+                accelerators.make_current(self.engine.cache.device)
             elif self.threads:  # NOTE: the intra-op thread count is per calling thread: each engine keeps its share
                 set_torch_threads(self.threads)
             with torch.inference_mode():  # NOTE: thread-local; the job's own does not reach this thread

@@ -46,8 +46,7 @@ def fork_samples(
             if not forkable:
                 scheduler.add(child)
                 continue
-            if (pair := blocks.fork(seq, child, computed)) is not None:
-                copies.append(pair)
+            copies += blocks.fork(seq, child, computed)
             child.num_computed = computed
             child.status = Status.RUNNING
             scheduler.running.append(child)

@@ -199,6 +199,9 @@ def merge_generate_reports(results: list[GenerateUnitResult], wall_s: float, rep
         report.kv_block_size = max(report.kv_block_size, f.get("kv_block_size", 0))
         report.kv_cache_bytes = max(report.kv_cache_bytes, f.get("kv_cache_bytes", 0))
         report.peak_kv_blocks = max(report.peak_kv_blocks, f.get("peak_kv_blocks", 0))
+        report.peak_kv_blocks_full_attention = max(
+            report.peak_kv_blocks_full_attention, f.get("peak_kv_blocks_full_attention", 0)
+        )
         ttft += r.ttft
         tpot += r.tpot
         for priority, values in r.latency.items():

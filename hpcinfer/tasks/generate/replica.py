@@ -227,6 +227,7 @@ class GenerateReplica:
             kv_block_size=engine.config.block_size,
             kv_cache_bytes=engine.cache.nbytes,
             peak_kv_blocks=engine.stats.peak_blocks,
+            peak_kv_blocks_full_attention=engine.stats.peak_blocks_full_attention,
         )
 
 

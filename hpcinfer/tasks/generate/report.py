@@ -70,6 +70,9 @@ class GenerateReport(JsonReport):
     kv_block_size: int = 0
     kv_cache_bytes: int = 0
     peak_kv_blocks: int = 0
+    # what the peak would have been with every layer keeping every key: above peak_kv_blocks where
+    # the sliding-window layers freed the blocks their windows had left
+    peak_kv_blocks_full_attention: int = 0
     mean_occupancy: float = 0.0  # sequences in a step / --max-num-seqs, mean over steps
     ttft: dict[str, float] = field(default_factory=dict)  # admitted -> first token
     tpot: dict[str, float] = field(default_factory=dict)  # time per output token after the first
@@ -123,7 +126,10 @@ class GenerateReport(JsonReport):
         table.add_row(
             "engine steps", f"{self.steps:,} (prefill {self.prefill_tokens:,}, decode {self.decode_tokens:,})"
         )
-        table.add_row("KV blocks peak / pool", f"{self.peak_kv_blocks:,} / {self.kv_blocks:,} x {self.kv_block_size}")
+        kv = f"{self.peak_kv_blocks:,} / {self.kv_blocks:,} x {self.kv_block_size}"
+        if self.peak_kv_blocks_full_attention > self.peak_kv_blocks:
+            kv += f" (full attention on every layer: {self.peak_kv_blocks_full_attention:,})"
+        table.add_row("KV blocks peak / pool", kv)
         table.add_row("preemptions", f"{self.preemptions:,}")
         if self.oom_splits:
             table.add_row("out-of-memory steps split", f"{self.oom_splits:,} (the step budget halved each time)")
@@ -199,6 +205,7 @@ def summarise(job: Any, engines: list[Engine], start: float, resumed: int) -> Ge
     r.output = job.config.output.path
     r.steps, r.prefill_tokens, r.decode_tokens = s.steps, s.prefill_tokens, s.decode_tokens
     r.preemptions, r.peak_kv_blocks, r.kv_blocks = s.preemptions, s.peak_blocks, s.num_blocks
+    r.peak_kv_blocks_full_attention = s.peak_blocks_full_attention
     r.oom_splits = s.oom_splits
     r.constrained_answers, r.constrained_cut = s.constrained, s.constrained_cut
     r.kv_block_size, r.kv_cache_bytes = job.engine_config.block_size, sum(e.cache.nbytes for e in engines)
