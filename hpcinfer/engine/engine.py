@@ -239,7 +239,7 @@ class Engine:
         dropped = [*old.running, *old.waiting]
         if self.speculation is not None and self.speculation.draft is not None:
             self.speculation.draft.reset()
-        self._start_empty(blocks.num_blocks, self.sampler.device)
+        self._start_empty(self.stats.num_blocks, self.sampler.device)  # NOTE: the pool's usable blocks, as at start
         self.blocks.evictions, self.blocks.peak_used = blocks.evictions, blocks.peak_used
         self.blocks.high_water = blocks.high_water
         self.blocks.peak_full_attention = blocks.peak_full_attention

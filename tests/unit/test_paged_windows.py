@@ -261,3 +261,14 @@ def test_a_long_answer_holds_a_fraction_of_what_full_attention_would():
     full = blocks_for(400, BS)
     assert blocks.peak_full_attention == 2 * full
     assert blocks.peak_used <= full + blocks_for(WINDOW, BS) + 2
+
+
+def test_a_reset_engine_keeps_its_pool_and_its_null_block(model):
+    """After a device fault the engine drops its sequences and starts its books again, on the same pool."""
+    engine = Engine(model, EngineConfig(block_size=BS, kv_cache_memory=kv_bytes(model, 60)), eos_token_ids=())
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    first = [s.completion for s in engine.generate(prompts(4), params)]
+    before = (engine.blocks.num_blocks, engine.blocks.null)
+    engine.reset()
+    assert (engine.blocks.num_blocks, engine.blocks.null) == before == (engine.cache.num_blocks - 1,) * 2
+    assert [s.completion for s in engine.generate(prompts(4), params)] == first

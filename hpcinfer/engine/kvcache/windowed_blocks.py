@@ -194,13 +194,21 @@ def longest_sequence(layout: KVLayout, num_blocks: int, chunk: int | None) -> in
     """The most tokens one sequence can always hold in `num_blocks` blocks, everything else preempted.
 
     With paged windows it holds a full block for each block of positions, and per group of
-    sliding-window layers the blocks of its window and of the chunk being computed (`chunk`
-    tokens; None: a whole prompt at once, no chunked prefill)."""
+    sliding-window layers the blocks of its window and of the chunk being computed (at most
+    `chunk` tokens; None: a whole prompt at once, no chunked prefill), never more than its positions'."""
     bs = layout.block_size
     if not layout.paged_windows:
         return num_blocks * bs
+    usable = num_blocks - 1  # the null block is nobody's
     groups, window = layout.local_groups, blocks_for(layout.window, bs) + 1
-    usable = num_blocks - 1  # the null block
-    if chunk is not None:
-        return max(0, usable - groups * (window + blocks_for(chunk, bs) + 1)) * bs
-    return max(0, (usable - groups * window) // (1 + groups)) * bs
+
+    def need(tokens: int) -> int:
+        positions = blocks_for(tokens, bs)
+        computing = blocks_for(tokens if chunk is None else min(chunk, tokens), bs)
+        return positions + groups * min(positions, window + computing)
+
+    lo, hi = 0, usable  # in blocks of positions: need() grows with them
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid * bs) <= usable else (lo, mid - 1)
+    return lo * bs
