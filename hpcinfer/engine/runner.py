@@ -128,9 +128,11 @@ class ModelRunner:
             self._pos[row] = p
             self._slots[row] = seq.block_table[p // bs] * bs + p % bs
             self._tables[row, : len(seq.block_table)] = seq.block_table
+            # NOTE: a window's blocks only: the places before it keep stale ids, which no path reads
+            # unmasked (each starts at its window's first block, or masks what is before it)
             for j, local in enumerate(seq.local_tables):
                 self._local_slots[j, row] = local[p // bs] * bs + p % bs
-                self._local_tables[j, row, : len(local)] = local
+                self._local_tables[j, row, seq.window_from : len(local)] = local[seq.window_from :]
             self._widths[row] = len(seq.block_table)
             self._lens[row] = p + 1
             self._sample_at[i] = row
