@@ -113,7 +113,7 @@ fi
 #   tokenizing 6,000 rows on 16 cores;
 # - checkpoint 15 s: BERT-large's 335M normal draws on the CPU and 1.3 GB written; Qwen3's 0.6B drawn
 #   on the GPU, 1.2 GB written at ~1 GB/s; MiniLM 0.5 s;
-# - checks 60 s: seven checks at 300 rows of MiniLM (about 1-2 s an embedding run, model load
+# - checks 60 s: eight checks at 300 rows of MiniLM (about 1-2 s an embedding run, model load
 #   included), 3 x ~36 decode graphs captured at ~10 ms each, Triton compiled twice (bf16 and
 #   float32, ~5 s each with its launcher built by the C compiler), a CUDA context and cuBLAS;
 # - collectives 10 s: torch import, CUDA context, NCCL's communicator (~2-5 s), five 64 MiB ops;
