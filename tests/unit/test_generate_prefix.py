@@ -98,15 +98,30 @@ def test_eviction_takes_empty_blocks_first_then_the_least_recently_freed():
     sched.finish(a, "stop")  # tail first: 2 -> empty; 1, then 0 -> cached, least recent first
     sched.add(b)
     run_step(sched)
-    assert b.block_table == [3, 2]  # empty blocks first: a's cached ones survive
-    sched.finish(b, "stop")  # 2 -> empty; 3 -> cached, after 1 and 0
+    # empty blocks first, the one freed last first (its pages are touched): a's cached ones survive
+    assert b.block_table == [2, 3]
+    sched.finish(b, "stop")  # 3 -> empty; 2 -> cached, after 1 and 0
     assert blocks.num_cached == 3 and blocks.num_free == 4
     a_keys = prefix_keys([1] * 8, BS)
-    assert blocks._allocate() == 2 and blocks.evictions == 0
+    assert blocks._allocate() == 3 and blocks.evictions == 0
     assert blocks._allocate() == 1 and blocks.cached_block(a_keys[1]) is None  # a's deeper block goes first
     assert blocks.cached_block(a_keys[0]) == 0
-    assert [blocks._allocate(), blocks._allocate()] == [0, 3]
+    assert [blocks._allocate(), blocks._allocate()] == [0, 2]
     assert blocks.evictions == 3 and blocks.num_cached == 0 and blocks.num_free == 0
+
+
+def test_a_long_job_writes_again_the_blocks_it_has_touched_not_the_whole_pool():
+    """200 short sequences through a pool of 1,000 blocks, four at a time: the blocks ever handed
+    out are the peak's, so the rest of the pool's pages are never faulted in."""
+    blocks = BlockManager(1000, BS, prefix_cache=False)
+    sched = Scheduler(blocks, 4, 64)
+    for i in range(200):
+        sched.add(seq(i, [i % 50 + 1] * 9))
+    while sched.has_work:
+        run_step(sched)
+        for s in [s for s in sched.running if s.num_computed >= 12]:
+            sched.finish(s, "length")
+    assert blocks.peak_used == 4 * 3 and blocks.high_water == blocks.peak_used
 
 
 def test_a_prompt_whose_next_block_is_written_this_step_waits_one_step():

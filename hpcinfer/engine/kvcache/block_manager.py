@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,7 +68,11 @@ class BlockManager:
         self.prefix_cache = prefix_cache
         self.ref = [0] * num_blocks
         self._key: list[bytes | None] = [None] * num_blocks  # the key a block is registered under
-        self._empty: deque[int] = deque(range(num_blocks))  # free and holding nothing worth keeping
+        # free and holding nothing worth keeping, the next one to hand out last. NOTE: last in, first
+        # out: a block just freed is handed out again before one never written, so a long job keeps
+        # writing the pages it has touched (resident, in cache) instead of sweeping the whole pool,
+        # each of its pages faulted in on first write (blocks never used are never touched)
+        self._empty: list[int] = list(range(num_blocks - 1, -1, -1))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached: least recently freed first
         self._cached: dict[bytes, int] = {}
         self._planned: list[tuple[bytes, int]] = []  # full blocks being written this step
@@ -231,7 +235,7 @@ class BlockManager:
     def _allocate(self) -> int:
         """A block for new K/V: an empty one, else the least recently freed cached one (evicted)."""
         if self._empty:
-            block = self._empty.popleft()
+            block = self._empty.pop()
         else:
             block, _ = self._evictable.popitem(last=False)
             del self._cached[self._key[block]]  # type: ignore[arg-type]
