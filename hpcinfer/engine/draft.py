@@ -27,6 +27,7 @@ from ..models.llama import LlamaDecoder
 from .kvcache.block_manager import BlockManager, blocks_for
 from .kvcache.pools import KVCache, KVLayout
 from .runner import ModelRunner
+from .sample.sampling import greedy
 from .scheduler import Chunk, StepPlan
 from .sequence import SamplingParams, Sequence
 
@@ -95,7 +96,7 @@ class DraftModel:
             self.blocks.commit()
             self.forwards += 1
             self.computed += plan.num_tokens
-            chosen = iter(logits[:, : self.vocab].argmax(dim=-1).tolist())
+            chosen = iter(greedy(logits[:, : self.vocab]).tolist())
             for chunk in plan.chunks:
                 chunk.seq.num_computed += chunk.length
                 if chunk.samples:

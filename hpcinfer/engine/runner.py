@@ -21,6 +21,7 @@ from .attention.paged import DecodeGroup, KernelTokens, PagedBatch, PrefillSegme
 from .decode_graphs import DecodeGraphs
 from .kvcache.block_manager import blocks_for
 from .kvcache.pools import KVCache
+from .sample.sampling import greedy
 from .scheduler import Chunk, StepPlan
 from .staging import InFlightTokens, StepStaging
 
@@ -318,7 +319,7 @@ class ModelRunner:
             if chunk.seq.draft and chunk.samples:
                 logits = self.model.logits(hidden[offset : offset + chunk.length], self.vocab_chunk)
                 if chunk.seq.params.greedy:
-                    chunk.seq.verify = logits.argmax(dim=-1).tolist()
+                    chunk.seq.verify = greedy(logits).tolist()
                 else:
                     chunk.seq.verify_logits = logits
             offset += chunk.length

@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 from hpcinfer.engine.engine import Engine, EngineConfig
-from hpcinfer.engine.sample.sampling import Sampler, candidates, filtered_probs
+from hpcinfer.engine.sample.sampling import Sampler, candidates, filtered_probs, greedy
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
@@ -158,3 +158,15 @@ def test_a_long_list_is_drawn_in_two_rounds_with_its_own_distribution():
     groups = torch.argsort(weights).view(10, 100)  # ten groups of a hundred tokens, lightest to heaviest
     torch.testing.assert_close(counts[groups].sum(1) / n, expected[groups].sum(1) / n, atol=0.006, rtol=0)
     assert counts[weights == 0].sum() == 0
+
+
+def test_greedy_picks_what_argmax_picks_ties_nan_and_all_inf_included():
+    gen = torch.Generator().manual_seed(0)
+    ties = torch.randint(-2, 3, (64, 3001), generator=gen).float()  # many equal maxima a row
+    odd = torch.zeros(3, 10)
+    odd[0, 2], odd[0, 5] = float("nan"), 9.0  # a NaN wins, as in argmax
+    odd[1] = -torch.inf
+    odd[2, 4] = odd[2, 8] = 1.0  # the first of equals
+    for logits in (ties, odd, ties.to(torch.bfloat16)):
+        assert torch.equal(greedy(logits), logits.argmax(dim=-1))
+    assert greedy(odd).tolist() == [2, 0, 4]

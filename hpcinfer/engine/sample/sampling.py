@@ -48,7 +48,7 @@ class Sampler:
 
         NOTE: rows that draw still wait on the device now and then (a top-k/top-p row's bound,
         parameters copied up): a step ahead keeps its overlap for greedy rows."""
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy(logits)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
@@ -58,6 +58,15 @@ class Sampler:
                 pick = draw(weights, self._generator(seqs[i]))
                 tokens[i] = pick if ids is None else ids[pick]
         return tokens
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [S, vocab] -> [S]: each row's largest, the first of equals (as argmax: NaN wins too).
+
+    NOTE: `max(dim).indices`, not `argmax`: on the CPU argmax ran 3x slower on a step's logits
+    (128 x 30,522 float32: 3.0 ms against 1.0 ms, Intel Xeon family 6 model 167, 2 threads),
+    for the same indices."""
+    return logits.max(dim=-1).indices
 
 
 def sample_seed(seed: int, index: int) -> int:
