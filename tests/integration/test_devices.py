@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,15 +90,17 @@ def test_two_cpu_replicas_give_the_one_device_output_bit_for_bit(rows_file, tiny
 
 
 class _FailingDevice(SimulatedDevice):
-    """A device that breaks down after a number of forwards, as a GPU that falls off the bus."""
+    """A device that breaks down after a number of forwards, as a GPU that falls off the bus; with
+    `ready`, at its first forward after that once `ready()` holds (not before: it works on)."""
 
-    def __init__(self, after: int, **kwargs) -> None:
+    def __init__(self, after: int, ready: Callable[[], bool] = lambda: True, **kwargs) -> None:
         super().__init__(**kwargs)
         self.after = after
+        self.ready = ready
 
     def before_forward(self, rows: int, width: int) -> None:
         self.after -= 1
-        if self.after < 0:
+        if self.after < 0 and self.ready():
             raise RuntimeError("device lost")
         super().before_forward(rows, width)
 
@@ -106,11 +109,20 @@ class _FailingDevice(SimulatedDevice):
         return _FailingDevice(0, seed=self._settings["seed"], max_delay_s=0.0005)  # broken for good
 
 
+def _windows_committed(out: Path) -> int:
+    try:
+        return len(json.loads((Path(str(out) + ".parts") / "manifest.json").read_text())["windows"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, tiny_model, tmp_path, one_device):
     out = tmp_path / "out.parquet"
+    # NOTE: it fails once a window is committed, so the restart has rows to resume however busy
+    # the machine (with a bare count of forwards, a starved writer had committed none yet)
     devices = [
         SimulatedDevice(seed=0, max_delay_s=0.0005),
-        _FailingDevice(after=8, seed=1, max_delay_s=0.0005),
+        _FailingDevice(after=8, ready=lambda: _windows_committed(out) > 0, seed=1, max_delay_s=0.0005),
         SimulatedDevice(seed=2, max_delay_s=0.0005),
     ]
     stream = io.StringIO()
