@@ -62,6 +62,9 @@ class RankSetup:
     max_num_seqs: int
     attention: str
     vocab_parallel: bool = True
+    # sliding-window layers' blocks freed behind the window (engine/kvcache/windowed_blocks.py): the
+    # same layout on every rank, whose copies and tables rank 0 sends with each step
+    page_windows: bool = False
     stats_dir: str = ""
     group: int = 0  # which of the run's groups (--devices of several groups)
 
@@ -116,7 +119,7 @@ def load_rank(
     rdv.mark("loaded")
     if rank == 0:
         rdv.wait("loaded", check)
-    layout = KVLayout.of(model.cfg, setup.block_size, setup.dtype, setup.kv_storage)
+    layout = KVLayout.of(model.cfg, setup.block_size, setup.dtype, setup.kv_storage, setup.page_windows)
     blocks = comm.all_min(size_pool(layout, setup.kv_memory, device))
     figures.kv_pool_bytes = blocks * layout.bytes_per_block
     return model, layout, blocks, figures

@@ -88,21 +88,24 @@ def rank_setup(
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs,
         attention=engine.attention,
+        page_windows=engine.page_windows,
         group=group,
     )
 
 
 def tp_engine_config(engine: EngineConfig, tp: TensorParallel) -> EngineConfig:
-    """Rank 0's engine: the KV pool every rank agreed on, and step by step (the other ranks take
-    each step's inputs from the host, so a step's tokens must be there before the next one), its
-    blocks holding every layer as the other ranks' do (no paged windows)."""
-    return replace(engine, kv_cache_memory=tp.kv_blocks * tp.kv_bytes_per_block, ahead=False, page_windows=False)
+    """Rank 0's engine: the KV pool every rank agreed on (in blocks of the layout every rank has,
+    paged windows or not: `rank_setup`), and step by step (the other ranks take each step's inputs
+    from the host, so a step's tokens must be there before the next one)."""
+    return replace(engine, kv_cache_memory=tp.kv_blocks * tp.kv_bytes_per_block, ahead=False)
 
 
 def attach(engine: Engine, tp: TensorParallel) -> None:
     """Rank 0's engine sends each step's inputs (and the KV block copies made since the last step)
     to the other ranks before its forward."""
     cache = engine.cache
+    if cache.num_blocks != tp.kv_blocks:  # NOTE: a block id rank 0 hands out must be a block on every rank
+        raise RuntimeError(f"rank 0's KV pool has {cache.num_blocks} blocks, the ranks agreed on {tp.kv_blocks}")
     cache.copied = []
 
     def mirror(step: StepInputs) -> None:

@@ -83,6 +83,21 @@ def test_two_ranks_write_what_one_process_writes(tmp_path, ckpt):
         assert r["collective_calls"] > r["steps"] > 0 and r["collective_s"] > 0
 
 
+def test_a_gemma3_on_two_ranks_with_paged_windows_writes_what_one_process_writes(tmp_path):
+    """Gemma 3's sliding-window layers (a window of 8, crossed by every prompt and answer) page their
+    blocks on every rank as on one: the tables and the forks' copies of local blocks go with each step."""
+    windows = {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    ckpt = build_tiny_decoder(tmp_path / "gemma3", "Gemma3ForCausalLM", seed=4, max_positions=128, **windows)
+    rows = _rows(8)
+    for row in rows[:3]:
+        row["n"] = 2  # forks: their last, partly filled blocks (full and local) copied on every rank
+    src = write_jsonl(tmp_path / "in.jsonl", [{**r, "max_tokens": 24} for r in rows])
+    run_generate(_config(src, tmp_path / "ref.jsonl", ckpt, max_num_seqs=8))
+    report = run_generate(_config(src, tmp_path / "tp.jsonl", ckpt, tp=2, max_num_seqs=8))
+    assert (tmp_path / "tp.jsonl").read_text() == (tmp_path / "ref.jsonl").read_text()
+    assert report.peak_kv_blocks_full_attention > report.peak_kv_blocks > 0  # the windows were paged
+
+
 def _start_until_committed(args: list[str], manifest: Path, windows: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(_cli(*args), env=ENV, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
