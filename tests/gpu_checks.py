@@ -317,8 +317,9 @@ def check_triton_attention(s: Setup) -> str:
 
 def check_paged_windows(s: Setup) -> str:
     """A model with a sliding-window layer beside a full one, its windows paged on the device (a
-    local table of their own, blocks freed behind the window: the torch path, and on CUDA Triton's
-    kernel), gives the CPU's greedy tokens with every layer keeping every key, holding fewer blocks."""
+    local table of their own, blocks freed behind the window: the torch path, on CUDA Triton's
+    kernel, and the decode graphs), gives the CPU's greedy tokens with every layer keeping every
+    key, holding fewer blocks."""
     from hpcinfer.engine.engine import Engine, EngineConfig
     from hpcinfer.engine.sequence import SamplingParams
 
@@ -332,8 +333,9 @@ def check_paged_windows(s: Setup) -> str:
     device = torch.device(s.target if s.target.startswith("cuda") else "cpu")
     model = random_decoder(device, windows=windows)
     found = []
-    for attention in ("torch", "triton") if device.type == "cuda" else ("torch",):
-        engine = Engine(model, replace(base, attention=attention))
+    ways = [("torch", False), ("torch", True)] + [("triton", False), ("triton", True)] * (device.type == "cuda")
+    for attention, graphs in ways:
+        engine = Engine(model, replace(base, attention=attention, cuda_graphs=graphs))
         assert engine.cache.layout.paged_windows and engine.runner.attention.name == attention
         got = [q.completion for q in engine.generate(prompts, params)]
         same = sum(a == b for a, b in zip(got, want, strict=True))
@@ -341,7 +343,8 @@ def check_paged_windows(s: Setup) -> str:
         assert same >= len(prompts) - 2, f"paged windows on {device} ({attention}) vs the CPU: {same}/{len(prompts)}"
         held, full = engine.blocks.peak_used, engine.blocks.peak_full_attention
         assert held < full, f"paged windows held {held} blocks, full attention {full}"
-        found.append(f"{attention} {same}/{len(prompts)} (blocks at the peak {held}, full attention {full})")
+        way = attention + (" graphs" if graphs else "")
+        found.append(f"{way} {same}/{len(prompts)} (blocks at the peak {held}, full attention {full})")
     return "paged windows equal the CPU's tokens: " + ", ".join(found)
 
 

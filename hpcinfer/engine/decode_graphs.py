@@ -96,9 +96,14 @@ class StaticDecodeAttention:
         tables: torch.Tensor,
         lens: torch.Tensor,
         kernel: Callable[..., torch.Tensor] | None = None,
+        local_slots: torch.Tensor | None = None,
+        local_tables: torch.Tensor | None = None,
     ) -> None:
+        """`local_slots` [groups, rows], `local_tables` [groups, rows, width]: with paged windows,
+        each group of sliding-window layers' slots and tables (kvcache/windowed_blocks.py)."""
         self.cache = cache
         self.slots, self.tables, self.lens = slots, tables, lens
+        self.local_slots, self.local_tables = local_slots, local_tables
         self.kernel = kernel
         self._rows = torch.arange(tables.shape[0], device=cache.device)  # row i reads table i
         bs = cache.layout.block_size
@@ -126,16 +131,20 @@ class StaticDecodeAttention:
     ) -> torch.Tensor:
         """q [rows, H, D], k/v [rows, Hkv, D] -> [rows, H * D]; `sinks` [H]: gpt-oss's sink logits."""
         rows, width = self.rows, self.width
-        self.cache.write(layer, self.slots[:rows], k, v)
+        slots, all_tables = self.slots, self.tables
+        if (group := self.cache.table(layer)) >= 0:  # a paged window group's own blocks
+            assert self.local_slots is not None and self.local_tables is not None
+            slots, all_tables = self.local_slots[group], self.local_tables[group]
+        self.cache.write(layer, slots[:rows], k, v)
         pool_k, pool_v = self.cache.keys(layer), self.cache.values(layer)
         window = self.windows[layer] if self.windows else 0
         if self.kernel is not None:
-            tables, which = self.tables[:rows, :width], self._rows[:rows]
+            tables, which = all_tables[:rows, :width], self._rows[:rows]
             out = self.kernel(
                 q, pool_k, pool_v, tables, which, self.lens[:rows], window=window, softcap=self.softcap, sinks=sinks
             )
             return out.reshape(rows, -1)
-        flat = self.tables[:rows, :width].reshape(-1)
+        flat = all_tables[:rows, :width].reshape(-1)
         shape = (rows, -1, *pool_k.shape[2:])
         cache = self.cache
         kk = cache.dequantize(cache.raw(pool_k).index_select(0, flat), layer, key=True).view(shape)
@@ -179,17 +188,24 @@ class DecodeGraphs:
         # a step's copy may still be queued when the next step is filled.
         # NOTE: each vector starts on a 16-byte boundary (rows rounded up to an even count of
         # int64), so the kernel's table and context pointers keep one alignment in every bucket.
+        # NOTE: with paged windows, each window group's slots and tables follow (as many vectors
+        # and tables again per group)
         self._stride = rows + rows % 2
+        self.groups = groups = cache.layout.local_groups
         pin = device.type == "cuda"
-        size = 5 * self._stride + rows * width
+        size = (1 + groups) * (rows * width) + (5 + groups) * self._stride
         self._hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._turn = 0
         self._static = torch.zeros(size, dtype=torch.int64, device=device)
-        vectors = self._static[: 5 * self._stride].view(5, self._stride)[:, :rows]
-        self.ids, self.positions, self.slots, self.lens, self.from_ahead = vectors
-        self.tables = self._static[5 * self._stride :].view(rows, width)
+        vectors = self._static[: (5 + groups) * self._stride].view(5 + groups, self._stride)[:, :rows]
+        self.ids, self.positions, self.slots, self.lens, self.from_ahead = vectors[:5]
+        self.local_slots = vectors[5:]
+        tables = self._static[(5 + groups) * self._stride :].view(1 + groups, rows, width)
+        self.tables, self.local_tables = tables[0], tables[1:]
         self.logits = torch.zeros(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
-        self.attention = StaticDecodeAttention(cache, self.slots, self.tables, self.lens, kernel)
+        self.attention = StaticDecodeAttention(
+            cache, self.slots, self.tables, self.lens, kernel, self.local_slots, self.local_tables
+        )
         self._pad_all()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool: object | None = None
@@ -204,11 +220,12 @@ class DecodeGraphs:
 
     def _pad_all(self) -> None:
         """Every row a padding row: what the buffers hold during warm-up and capture."""
-        host, stride = self._hosts[0], self._stride
-        host[: 5 * stride].view(5, stride)[:] = torch.tensor(
-            [[0], [0], [self.scratch_block * self.block_size], [1], [-1]]
+        host, stride, groups = self._hosts[0], self._stride, self.groups
+        scratch_slot = self.scratch_block * self.block_size
+        host[: (5 + groups) * stride].view(5 + groups, stride)[:] = torch.tensor(
+            [[0], [0], [scratch_slot], [1], [-1]] + [[scratch_slot]] * groups
         )
-        host[5 * stride :] = self.scratch_block
+        host[(5 + groups) * stride :] = self.scratch_block
         self._static.copy_(host)
 
     def bucket(self, n: int, width: int) -> tuple[int, int] | None:
@@ -265,12 +282,16 @@ class DecodeGraphs:
         """Real rows first, padding rows after; tables padded with the scratch block; one copy to the
         device. True when some input is still in flight (`from_ahead` says where to take it)."""
         bs, n, full_rows, stride = self.block_size, len(decodes), self.row_buckets[-1], self._stride
+        groups = self.groups
         buffer = self._hosts[self._turn]
         self._turn ^= 1
         host = buffer.numpy()
-        ids, pos, slots, lens, from_ahead = host[: 5 * stride].reshape(5, stride)
-        tables = host[5 * stride :].reshape(full_rows, -1)
-        tables[:rows, :width] = self.scratch_block
+        vectors = host[: (5 + groups) * stride].reshape(5 + groups, stride)
+        ids, pos, slots, lens, from_ahead = vectors[:5]
+        local_slots = vectors[5:]
+        every_table = host[(5 + groups) * stride :].reshape(1 + groups, full_rows, -1)
+        tables, local_tables = every_table[0], every_table[1:]
+        every_table[:, :rows, :width] = self.scratch_block
         for row, chunk in enumerate(decodes):
             seq, p = chunk.seq, chunk.start
             table = seq.block_table
@@ -278,8 +299,12 @@ class DecodeGraphs:
             from_ahead[row] = -1 if ahead is None else ahead.index_of(seq, p)
             slots[row] = table[p // bs] * bs + p % bs
             tables[row, : len(table)] = table
+            for j, local in enumerate(seq.local_tables):
+                local_slots[j, row] = local[p // bs] * bs + p % bs
+                local_tables[j, row, : len(local)] = local
         ids[n:rows], pos[n:rows], lens[n:rows], from_ahead[n:rows] = 0, 0, 1, -1
         slots[n:rows] = self.scratch_block * bs
+        local_slots[:, n:rows] = self.scratch_block * bs
         # NOTE: one host-to-device copy of the whole staging area; rows and columns outside the
         # bucket are never read by its graph.
         self._static.copy_(buffer, non_blocking=True)

@@ -73,7 +73,7 @@ class EngineConfig:
     max_loras: int = 0  # > 0: the most LoRA adapters among the running sequences, and on the device
     speculative_tokens: int = 0  # > 0: prompt-lookup speculation, up to this many proposals a step (speculate.py)
     # Sliding-window layers free the blocks their windows have left (kvcache/windowed_blocks.py),
-    # where the model has them; not with `cuda_graphs` (a captured decode reads one table a row).
+    # where the model has them.
     page_windows: bool = True
 
 
@@ -127,8 +127,7 @@ class Engine:
         `vision`: a vision-language model's tower (models.vlm.VisionTower), for requests with images."""
         device = model.norm.device
         self.config = config
-        paged = config.page_windows and not config.cuda_graphs
-        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage, paged)
+        layout = KVLayout.of(model.cfg, config.block_size, model.norm.dtype, config.kv_storage, config.page_windows)
 
         def make() -> KVCache:
             return KVCache(
