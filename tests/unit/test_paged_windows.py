@@ -169,6 +169,7 @@ CONFIGS = {
     "preempted": {"max_num_batched_tokens": 64, "max_num_seqs": 8, "pool_blocks": 60},
     "no prefix cache": {"max_num_batched_tokens": 512, "max_num_seqs": 16, "prefix_cache": False},
     "speculation": {"max_num_batched_tokens": 512, "max_num_seqs": 16, "speculative_tokens": 3},
+    "fp8 cache": {"max_num_batched_tokens": 512, "max_num_seqs": 16, "kv_storage": torch.float8_e4m3fn},
 }
 
 
