@@ -13,6 +13,7 @@ from ...config import GenerateConfig, RunConfig
 from ...device.threads import set_torch_threads
 from ...engine.engine import pool_reserve
 from ...engine.kvcache.pools import KVLayout, size_pool
+from ...engine.kvcache.windowed_blocks import longest_sequence
 from ...errors import ConfigError
 from ...models.decoder_checkpoint import load_decoder, load_tokenizer
 from ...tune.search import Goal, OnSample, OnTrial, Search, Trial, brief
@@ -99,13 +100,10 @@ def search_generation(
     model = load_decoder(info, device, dtype, base.device.quantize, base.device.int8_kernel)
     engine = engine_config(base)
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
-    blocks = size_pool(
-        KVLayout.of(model.cfg, g.kv_block_size, dtype, engine.kv_storage),
-        engine.kv_cache_memory,
-        device,
-        pool_reserve(model, engine),
-    )
-    kv_tokens = blocks * g.kv_block_size
+    layout = KVLayout.of(model.cfg, g.kv_block_size, dtype, engine.kv_storage, engine.page_windows)
+    blocks = size_pool(layout, engine.kv_cache_memory, device, pool_reserve(model, engine))
+    chunk = engine.max_num_batched_tokens if engine.chunked_prefill else None
+    kv_tokens = longest_sequence(layout, blocks - engine.cuda_graphs, chunk)  # one sequence's most (engine.py)
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader.max_prompt = max_prompt
     assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
