@@ -299,9 +299,9 @@ class DecodeGraphs:
             from_ahead[row] = -1 if ahead is None else ahead.index_of(seq, p)
             slots[row] = table[p // bs] * bs + p % bs
             tables[row, : len(table)] = table
-            for j, local in enumerate(seq.local_tables):
+            for j, local in enumerate(seq.local_tables):  # NOTE: the window's blocks only (runner.py)
                 local_slots[j, row] = local[p // bs] * bs + p % bs
-                local_tables[j, row, : len(local)] = local
+                local_tables[j, row, seq.window_from : len(local)] = local[seq.window_from :]
         ids[n:rows], pos[n:rows], lens[n:rows], from_ahead[n:rows] = 0, 0, 1, -1
         slots[n:rows] = self.scratch_block * bs
         local_slots[:, n:rows] = self.scratch_block * bs

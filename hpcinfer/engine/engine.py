@@ -147,6 +147,11 @@ class Engine:
         # still not let it grow; longer ones end with finish_reason "length".
         chunk = config.max_num_batched_tokens if config.chunked_prefill else None
         self.max_model_len = min(model.cfg.max_model_len, longest_sequence(layout, usable, chunk))
+        if self.max_model_len < config.block_size:  # NOTE: paged windows: each window group's blocks too
+            raise ConfigError(
+                f"--kv-cache-memory: a pool of {usable} blocks cannot hold one sequence beside its "
+                f"{layout.local_groups} sliding-window tables of {layout.window} tokens; give more memory"
+            )
         self._start_empty(usable, device)
         self.runner = ModelRunner(
             model,

@@ -273,3 +273,10 @@ def test_a_reset_engine_keeps_its_pool_and_its_null_block(model):
     engine.reset()
     assert (engine.blocks.num_blocks, engine.blocks.null) == before == (engine.cache.num_blocks - 1,) * 2
     assert [s.completion for s in engine.generate(prompts(4), params)] == first
+
+
+def test_a_pool_too_small_for_one_sequence_and_its_windows_is_one_line(model):
+    from hpcinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--kv-cache-memory: a pool of \d+ blocks cannot hold one sequence"):
+        Engine(model, EngineConfig(block_size=BS, kv_cache_memory=kv_bytes(model, 1)), eos_token_ids=())

@@ -102,8 +102,9 @@ def search_generation(
     # NOTE: sized as each trial's engine sizes its pool; as in `run`, it bounds the prompts too.
     layout = KVLayout.of(model.cfg, g.kv_block_size, dtype, engine.kv_storage, engine.page_windows)
     blocks = size_pool(layout, engine.kv_cache_memory, device, pool_reserve(model, engine))
-    chunk = engine.max_num_batched_tokens if engine.chunked_prefill else None
-    kv_tokens = longest_sequence(layout, blocks - engine.cuda_graphs, chunk)  # one sequence's most (engine.py)
+    # NOTE: one sequence's most (engine.py) in the trial that allows least: a paged window's blocks
+    # grow with the prefill chunk, and the trials vary the step budget (no chunk: the whole prompt)
+    kv_tokens = longest_sequence(layout, blocks - engine.cuda_graphs, None)
     max_prompt = min(info.config.max_model_len, kv_tokens) - 1
     reader.max_prompt = max_prompt
     assert opts.sample_rows is not None and opts.warmup_rows is not None  # resolved by the harness
