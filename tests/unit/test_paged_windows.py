@@ -94,6 +94,14 @@ def test_a_prefix_hit_takes_the_cached_window_and_stops_where_the_window_was_evi
     hits, _ = blocks.match(third)
     # a hit of h blocks needs the window of position 4h: blocks (4h - 11) // 4 .. h - 1, none of them 5
     assert len(hits) == 5 and (4 * 5 - WINDOW + 1) // BS == 2
+    # the third computes blocks 5 and 6 again; a fourth of the same prefix in that step waits for them
+    fourth = Sequence(3, list(range(28)) + [96], SamplingParams(max_tokens=1))
+    sched.add(third)
+    sched.add(fourth)
+    steps(sched, 1)
+    assert third.num_cached == 20 and fourth in sched.waiting  # 20: the 5 blocks whose window is whole
+    steps(sched, 1)
+    assert fourth.num_cached == 28  # all 7 blocks, the window's local ones written by the third
 
 
 def test_a_fork_shares_the_window_and_copies_its_partly_filled_block_on_every_table():

@@ -71,9 +71,25 @@ class WindowedBlockManager(BlockManager):
                 blocks.append(local)
         return out
 
+    def _window_pending(self, hits: list[int]) -> bool:
+        """Whether every local block of the last window of `hits` is cached or being written this step."""
+        for block in hits[self._first_seen(len(hits) * self.block_size) :]:
+            key = self._key[block]
+            assert key is not None, "a prefix hit is a cached block"
+            for group in range(self.groups):
+                local = local_key(key, group)
+                if local not in self._cached and local not in self._pending:
+                    return False
+        return True
+
     def match(self, seq: Sequence) -> tuple[list[int], bool]:
-        """The longest cached prefix whose last window is cached on the sliding-window layers too."""
+        """The longest cached prefix whose last window is cached on the sliding-window layers too.
+
+        NOTE: where that window's local blocks are being written this step (another sequence
+        computes them again), it waits one step for them, as for a pending full block."""
         hits, pending = super().match(seq)
+        if hits and self._window_hits(hits) is None and self._window_pending(hits):
+            return [], True
         for count in range(len(hits), 0, -1):
             if self._window_hits(hits[:count]) is not None:
                 return hits[:count], pending and count == len(hits)
@@ -121,7 +137,9 @@ class WindowedBlockManager(BlockManager):
         for i in range(keyed, len(seq.block_keys)):
             for group, blocks in enumerate(seq.local_tables):
                 if blocks[i] != self.null:  # NOTE: keyed a step late (a PENDING token), it may have gone
-                    self._planned.append((local_key(seq.block_keys[i], group), blocks[i]))
+                    key = local_key(seq.block_keys[i], group)
+                    self._planned.append((key, blocks[i]))
+                    self._pending.add(key)
 
     def _slide(self, seq: Sequence) -> None:
         """Frees `seq`'s local blocks that no query to come can see."""
