@@ -38,7 +38,7 @@ from .draft import DraftModel
 from .engine_stats import EngineStats
 from .kvcache.block_manager import blocks_for
 from .kvcache.pools import KVCache, KVLayout, size_pool
-from .kvcache.windowed_blocks import block_manager, longest_sequence
+from .kvcache.windowed_blocks import block_manager, longest_sequence, window_chunk
 from .media import see_images
 from .runner import ModelRunner
 from .sample.fork import fork_samples, request_done
@@ -145,7 +145,8 @@ class Engine:
         usable = num_blocks - (scratch is not None)
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
-        chunk = config.max_num_batched_tokens if config.chunked_prefill else None
+        budget = config.max_num_batched_tokens  # a sequence's chunk at most: its window's bound, if any
+        chunk = (window_chunk(layout, budget) or budget) if config.chunked_prefill else None
         self.max_model_len = min(model.cfg.max_model_len, longest_sequence(layout, usable, chunk))
         if self.max_model_len < config.block_size:  # NOTE: paged windows: each window group's blocks too
             raise ConfigError(
@@ -231,8 +232,9 @@ class Engine:
         self.blocks = block_manager(self.cache.layout, usable_blocks, c.prefix_cache)
         self.cache.writer = self.blocks
         self.scheduler = Scheduler(
-            self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras
-        )
+            self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras,
+            window_chunk(self.cache.layout, c.max_num_batched_tokens),
+        )  # fmt: skip
         self.sampler = Sampler(device, c.seed)
         self._in_flight: _Launched | None = None
 

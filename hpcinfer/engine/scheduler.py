@@ -107,8 +107,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         chunked_prefill: bool = True,
         max_loras: int = 0,
+        max_chunk: int | None = None,
     ) -> None:
-        """`max_loras`: the most LoRA adapters among the running sequences (0: no bound)."""
+        """`max_loras`: the most LoRA adapters among the running sequences (0: no bound).
+        `max_chunk`: with chunked prefill, the most prompt tokens one sequence computes in a step
+        (paged windows: each window group holds a chunk's blocks, so a bound keeps the longest
+        context a pool holds from shrinking as the step budget grows)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.blocks = blocks
@@ -116,6 +120,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.max_loras = max_loras
+        self.max_chunk = max_chunk if chunked_prefill and max_chunk else max_num_batched_tokens
         self.waiting = WaitQueue()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.preemptions = 0
@@ -138,7 +143,7 @@ class Scheduler:
                     break
                 if seq.status is not Status.RUNNING or seq.draining:  # preempted earlier in this step, or done
                     continue
-                n = 1 if decode_phase else min(seq.remaining, budget)
+                n = 1 if decode_phase else min(seq.remaining, budget, self.max_chunk)
                 if not self._make_room(seq, n, plan):
                     continue
                 self.blocks.grow(seq, n)
@@ -196,7 +201,7 @@ class Scheduler:
                 continue
             cached = len(hits) * self.blocks.block_size
             todo = seq.num_tokens - cached
-            n = min(todo, budget)
+            n = min(todo, budget, self.max_chunk)
             if (n < todo and not self.chunked_prefill) or not self.blocks.can_admit(hits, seq, n):
                 break
             self.waiting.remove(seq)

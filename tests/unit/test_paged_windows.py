@@ -12,6 +12,7 @@ would change the answers; and a long answer holds a fraction of the blocks full 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ import torch
 from hpcinfer.engine.engine import Engine, EngineConfig
 from hpcinfer.engine.kvcache.block_manager import blocks_for
 from hpcinfer.engine.kvcache.pools import KVLayout, can_page_windows
-from hpcinfer.engine.kvcache.windowed_blocks import WindowedBlockManager, local_key, longest_sequence
+from hpcinfer.engine.kvcache.windowed_blocks import WindowedBlockManager, local_key, longest_sequence, window_chunk
 from hpcinfer.engine.scheduler import Scheduler
 from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
@@ -288,3 +289,19 @@ def test_a_pool_too_small_for_one_sequence_and_its_windows_is_one_line(model):
 
     with pytest.raises(ConfigError, match=r"^--kv-cache-memory: a pool of \d+ blocks cannot hold one sequence"):
         Engine(model, EngineConfig(block_size=BS, kv_cache_memory=kv_bytes(model, 1)), eos_token_ids=())
+
+
+def test_a_larger_step_budget_does_not_shorten_the_longest_context():
+    """A sequence's prefill chunk is bounded (the window, or 2,048 tokens) where windows are paged,
+    so a larger --max-num-batched-tokens keeps the longest context a pool holds."""
+    layout = KVLayout(4, 2, 16, BS, torch.float32, windows=(WINDOW, 0, WINDOW, WINDOW), paged_windows=True)
+    assert window_chunk(layout, 8192) == window_chunk(layout, 2048) == 2048 and window_chunk(layout, 512) == 512
+    bounded = longest_sequence(layout, 6000, window_chunk(layout, 8192))
+    assert bounded == longest_sequence(layout, 6000, 2048) > longest_sequence(layout, 6000, 8192)
+    assert window_chunk(replace(layout, paged_windows=False), 8192) is None
+    blocks = WindowedBlockManager(6000, BS, False, WINDOW, 3, 4.0)
+    sched = Scheduler(blocks, 4, 8192, max_chunk=window_chunk(layout, 8192))
+    seq = Sequence(0, list(range(3000)), SamplingParams(max_tokens=1))
+    sched.add(seq)
+    plan = sched.schedule()
+    assert [(c.start, c.length) for c in plan.prefills] == [(0, 2048)]

@@ -208,6 +208,15 @@ def block_manager(layout: KVLayout, num_blocks: int, prefix_cache: bool) -> Bloc
     return WindowedBlockManager(num_blocks, layout.block_size, prefix_cache, layout.window, layout.local_groups, ratio)
 
 
+WINDOW_CHUNK = 2048  # the most prompt tokens a paged-window sequence computes a step, or its window
+
+
+def window_chunk(layout: KVLayout, budget: int) -> int | None:
+    """The prefill chunk bound of a sequence with paged windows (scheduler `max_chunk`), None without:
+    the step budget up to the window or WINDOW_CHUNK, whichever is larger (the default budget's)."""
+    return min(budget, max(layout.window, WINDOW_CHUNK)) if layout.paged_windows else None
+
+
 def longest_sequence(layout: KVLayout, num_blocks: int, chunk: int | None) -> int:
     """The most tokens one sequence can always hold in `num_blocks` blocks, everything else preempted.
 
