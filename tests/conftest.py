@@ -169,6 +169,14 @@ def tiny_llama(folder: Path, seed: int, prompts: int, max_length: int, text_seed
     return path, info, load_decoder(info, torch.device("cpu"), torch.float32), ids
 
 
+def windows_committed(out: str | Path) -> int:
+    """The windows an output's manifest lists as committed (0 before its first commit)."""
+    try:
+        return len(json.loads((Path(str(out) + ".parts") / "manifest.json").read_text())["windows"])
+    except (OSError, ValueError, KeyError):
+        return 0  # NOTE: not written yet, or caught between the write and the rename's readers
+
+
 def read_output(path: str | Path) -> pa.Table:
     if str(path).endswith(".jsonl"):
         lines = Path(path).read_text(encoding="utf-8").splitlines()

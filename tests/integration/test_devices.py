@@ -24,7 +24,7 @@ from hpcinfer.obs.progress import Progress
 from hpcinfer.place.devices import device_labels, parse_devices
 from hpcinfer.place.dispatch import Dispatcher
 
-from ..conftest import make_texts, read_output, run_job, small_config, write_jsonl
+from ..conftest import make_texts, read_output, run_job, small_config, windows_committed, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 CRASH_RUN = Path(__file__).with_name("crash_run.py")
@@ -109,20 +109,13 @@ class _FailingDevice(SimulatedDevice):
         return _FailingDevice(0, seed=self._settings["seed"], max_delay_s=0.0005)  # broken for good
 
 
-def _windows_committed(out: Path) -> int:
-    try:
-        return len(json.loads((Path(str(out) + ".parts") / "manifest.json").read_text())["windows"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def test_a_device_that_fails_for_good_leaves_the_run_to_the_others(rows_file, tiny_model, tmp_path, one_device):
     out = tmp_path / "out.parquet"
     # NOTE: it fails once a window is committed, so the restart has rows to resume however busy
     # the machine (with a bare count of forwards, a starved writer had committed none yet)
     devices = [
         SimulatedDevice(seed=0, max_delay_s=0.0005),
-        _FailingDevice(after=8, ready=lambda: _windows_committed(out) > 0, seed=1, max_delay_s=0.0005),
+        _FailingDevice(after=8, ready=lambda: windows_committed(out) > 0, seed=1, max_delay_s=0.0005),
         SimulatedDevice(seed=2, max_delay_s=0.0005),
     ]
     stream = io.StringIO()

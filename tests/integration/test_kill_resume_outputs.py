@@ -7,7 +7,6 @@ embeddings and NER token labels."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ..conftest import make_texts, write_jsonl
+from ..conftest import make_texts, windows_committed, write_jsonl
 from ..fixtures.tiny_clip import build_tiny_clip
 from ..unit.test_ner import build_token_classifier
 from ..unit.test_sparse import build_splade
@@ -73,20 +72,13 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "hpcinfer", "run", *args]
 
 
-def _windows_committed(out: Path) -> int:
-    try:
-        return len(json.loads((Path(str(out) + ".parts") / "manifest.json").read_text())["windows"])
-    except (OSError, ValueError, KeyError):
-        return 0  # NOTE: not written yet, or caught between the write and the rename's readers
-
-
 def _kill_after_a_window(args: list[str], out: Path) -> int:
     """Starts a run into `out`, SIGKILLs it once its manifest lists a window; returns the windows then listed."""
     proc = subprocess.Popen(_command(*args, "-o", str(out)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=ENV)  # fmt: skip
     deadline = time.monotonic() + 120
     try:
-        while proc.poll() is None and _windows_committed(out) < 1 and time.monotonic() < deadline:
+        while proc.poll() is None and windows_committed(out) < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         finished_first = proc.poll() is not None
         proc.send_signal(signal.SIGKILL)
@@ -96,7 +88,7 @@ def _kill_after_a_window(args: list[str], out: Path) -> int:
             proc.kill()
     assert not finished_first, f"the run ended (exit {proc.returncode}) before it was killed: {stderr}"
     assert proc.returncode == -signal.SIGKILL
-    return _windows_committed(out)
+    return windows_committed(out)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

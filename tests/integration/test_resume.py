@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ..conftest import make_texts, write_jsonl
+from ..conftest import make_texts, windows_committed, write_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
@@ -97,13 +97,6 @@ def _same_output(out: Path, reference: Path) -> None:
     assert [(r["id"], r["reason"]) for r in rejects] == [("r77", "empty_text")]
 
 
-def _windows_committed(out: Path) -> int:
-    try:
-        return len(json.loads((Path(str(out) + ".parts") / "manifest.json").read_text())["windows"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(job):
     """Eight kills at random moments, each run resuming the last; a run that got to the end before
     its kill (a starved test on a busy machine) is started over, so the kills always happen."""
@@ -120,8 +113,8 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(job):
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0.0, 1.0))
         else:
-            target = _windows_committed(out) + rng.randint(1, 4)
-            while proc.poll() is None and _windows_committed(out) < target:
+            target = windows_committed(out) + rng.randint(1, 4)
+            while proc.poll() is None and windows_committed(out) < target:
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.05))
         if proc.poll() is None:
