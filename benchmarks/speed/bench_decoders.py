@@ -62,11 +62,27 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }  # fmt: skip
 
 
-def build(folder: Path, family: str) -> Path:
+def build(folder: Path, family: str, **overrides: Any) -> Path:
+    """A random checkpoint of `family`'s shape (options in `overrides` replacing the shape's)."""
     from tests.fixtures.tiny_decoder import build_tiny_decoder
 
     arch, shape = FAMILIES[family]
-    return build_tiny_decoder(folder / family, arch, seed=0, max_positions=4096, initializer_range=0.02, **shape)
+    options = {**shape, **overrides}
+    return build_tiny_decoder(folder / family, arch, seed=0, max_positions=4096, initializer_range=0.02, **options)
+
+
+def load_native(family: str, **overrides: Any) -> Any:
+    """`build`'s checkpoint loaded by the native decoder, float32 on the CPU (the folder removed)."""
+    import tempfile
+
+    import torch
+
+    from hpcinfer.models.decoder_checkpoint import load_decoder
+    from hpcinfer.models.decoder_inspect import inspect_decoder
+
+    with tempfile.TemporaryDirectory() as folder:
+        info = inspect_decoder(build(Path(folder), family, **overrides))
+        return load_decoder(info, torch.device("cpu"), torch.float32)
 
 
 def prompts(path: Path, count: int) -> Path:

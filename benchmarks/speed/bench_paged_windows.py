@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from benchmarks.common import lscpu  # noqa: E402
+from benchmarks.common import cpu_line  # noqa: E402
 
 
 def main() -> None:
@@ -38,24 +37,15 @@ def main() -> None:
 
     import torch
 
-    from benchmarks.speed.bench_decoders import FAMILIES
+    from benchmarks.speed.bench_decoders import load_native
     from hpcinfer.engine.engine import Engine, EngineConfig
     from hpcinfer.engine.kvcache.pools import parse_kv_memory
     from hpcinfer.engine.sequence import SamplingParams
-    from hpcinfer.models.decoder_checkpoint import load_decoder
-    from hpcinfer.models.decoder_inspect import inspect_decoder
-    from tests.fixtures.tiny_decoder import build_tiny_decoder
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cpu = lscpu()
-    print(f"cpu: {cpu.get('Model name', '?')} (family {cpu.get('CPU family', '?')}, model {cpu.get('Model', '?')}), "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    arch, shape = FAMILIES["gemma3"]
-    with tempfile.TemporaryDirectory() as folder:
-        path = build_tiny_decoder(Path(folder) / "gemma3", arch, seed=0, max_positions=4096, initializer_range=0.02,
-                                  **{**shape, "sliding_window": args.window})  # fmt: skip
-        model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    print(cpu_line(torch.get_num_threads()))
+    model = load_native("gemma3", sliding_window=args.window)
     windows = model.cfg.layer_windows
     print(f"model: Gemma-3-shaped, {len(windows)} layers, window {args.window} on {sum(w > 0 for w in windows)}")
     g = torch.Generator().manual_seed(0)

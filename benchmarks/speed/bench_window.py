@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from benchmarks.common import lscpu  # noqa: E402
+from benchmarks.common import cpu_line  # noqa: E402
 
 
 def whole_context(self, group, window):  # noqa: ANN001, ANN201
@@ -61,27 +60,22 @@ def main() -> None:
 
     import torch
 
-    from benchmarks.speed.bench_decoders import build
+    from benchmarks.speed.bench_decoders import load_native
     from hpcinfer.engine.attention import paged
     from hpcinfer.engine.attention.paged import TorchPagedAttention
     from hpcinfer.engine.engine import Engine, EngineConfig
     from hpcinfer.engine.sequence import SamplingParams
-    from hpcinfer.models.decoder_checkpoint import load_decoder
-    from hpcinfer.models.decoder_inspect import inspect_decoder
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cpu = lscpu()
-    print(f"cpu: {cpu.get('Model name', '?')} (family {cpu.get('CPU family', '?')}, model {cpu.get('Model', '?')}), "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    with tempfile.TemporaryDirectory() as folder:
-        info = inspect_decoder(build(Path(folder), "gemma3"))
-        model = load_decoder(info, torch.device("cpu"), torch.float32)
+    print(cpu_line(torch.get_num_threads()))
+    model = load_native("gemma3")
     print(f"model: Gemma-3-shaped, windows {sorted(set(model.cfg.layer_windows))}")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1000, 29000, (args.length,), generator=g).tolist() for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
-    config = EngineConfig(max_num_seqs=args.prompts, kv_cache_memory=2 << 30, prefix_cache=False)
+    # NOTE: every layer keeping every key (no paged windows): the reads alone differ, as measured
+    config = EngineConfig(max_num_seqs=args.prompts, kv_cache_memory=2 << 30, prefix_cache=False, page_windows=False)
     windowed, blocked = TorchPagedAttention._window_blocks, paged.windowed_attention
     results = {}
     for name in ("whole", "window", "whole", "window"):  # NOTE: in turn, twice: the second of each counts
