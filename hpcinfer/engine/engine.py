@@ -145,8 +145,8 @@ class Engine:
         usable = num_blocks - (scratch is not None)
         # NOTE: one sequence must always fit the whole pool, or preempting everything else would
         # still not let it grow; longer ones end with finish_reason "length".
-        budget = config.max_num_batched_tokens  # a sequence's chunk at most: its window's bound, if any
-        chunk = (window_chunk(layout, budget) or budget) if config.chunked_prefill else None
+        self.max_chunk = window_chunk(layout, config.max_num_batched_tokens)  # a sequence's prefill chunk at most
+        chunk = (self.max_chunk or config.max_num_batched_tokens) if config.chunked_prefill else None
         self.max_model_len = min(model.cfg.max_model_len, longest_sequence(layout, usable, chunk))
         if self.max_model_len < config.block_size:  # NOTE: paged windows: each window group's blocks too
             raise ConfigError(
@@ -232,9 +232,8 @@ class Engine:
         self.blocks = block_manager(self.cache.layout, usable_blocks, c.prefix_cache)
         self.cache.writer = self.blocks
         self.scheduler = Scheduler(
-            self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras,
-            window_chunk(self.cache.layout, c.max_num_batched_tokens),
-        )  # fmt: skip
+            self.blocks, c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, c.max_loras, self.max_chunk
+        )
         self.sampler = Sampler(device, c.seed)
         self._in_flight: _Launched | None = None
 
