@@ -1,12 +1,13 @@
 """The generation engine: continuous batching over a paged KV cache.
 
-    scheduler.py, block_manager.py, sequence.py   what runs each step, and where its KV lives (no torch)
+    scheduler.py, sequence.py, kvcache/block_manager.py, kvcache/windowed_blocks.py
+                                                  what runs each step, and where its KV lives (no torch)
     engine.py                                     one step: schedule, stage, run, sample, stop
-    runner.py, staging.py, decode_graphs.py       the model's forward, its host inputs, CUDA graphs
-    kv_cache.py, attention.py, paged_kernel.py    the paged KV pool and attention over it
-    sampling.py, penalties.py, logprobs.py,       the next token of each sequence
-    samples.py, stopping.py
-    structured.py, schema_bounds.py               grammar-constrained decoding (llguidance)
+    runner.py, step_rows.py, staging.py,          the model's forward, its host inputs, CUDA graphs
+    decode_graphs.py
+    kvcache/pools.py, attention/                  the paged KV pool and attention over it
+    sample/                                       the next token of each sequence, n samples, stops
+    constrained/                                  grammar-constrained decoding (llguidance)
     engine_stats.py                               what a run's steps did
     hf_engine.py                                  the transformers backend behind the same interface
 

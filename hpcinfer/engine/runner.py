@@ -22,8 +22,9 @@ from .decode_graphs import DecodeGraphs
 from .kvcache.block_manager import blocks_for
 from .kvcache.pools import KVCache
 from .sample.sampling import greedy
-from .scheduler import Chunk, StepPlan
+from .scheduler import StepPlan
 from .staging import InFlightTokens, StepStaging
+from .step_rows import logprob_chunks, media_rows, row_adapters
 
 MAX_DECODE_GROUPS = 4  # decodes split by context length: less padding, a few more attention calls
 MIN_GROUP = 16
@@ -183,7 +184,7 @@ class ModelRunner:
             *kernel,
             *windowed,
         ]
-        logprob_rows = [(start, n) for _, start, n in _logprob_chunks(plan)]
+        logprob_rows = [(start, n) for _, start, n in logprob_chunks(plan)]
         return StepInputs(arrays, nd, offset, bounds, spans, bool(kernel), pending, logprob_rows)
 
     def device_inputs(
@@ -302,8 +303,8 @@ class ModelRunner:
             self.mirror(step)  # NOTE: tensor parallelism: the other ranks run this step's forward too
         ids, positions, batch, sample_at = self.device_inputs(step, ahead)
         if self.lora_rows is not None:
-            self.lora_rows.set(_row_adapters(plan), self.device)
-        embeds = _media_rows(plan, self.device)
+            self.lora_rows.set(row_adapters(plan), self.device)
+        embeds = media_rows(plan, self.device)
         extra = {"embeds": embeds} if embeds is not None else {}
         hidden = self.model(ids, positions, self.attention.bind(batch), **extra)
         if step.logprob_rows:
@@ -338,7 +339,7 @@ class ModelRunner:
         """For the prefill chunks whose requests ask (`prompt_logprobs`): each next prompt token's
         log-probability, rank and the best alternatives, from the same forward (teacher forcing).
         NOTE: the host waits for them (one copy per step that has such chunks)."""
-        for chunk, offset, count in _logprob_chunks(plan):
+        for chunk, offset, count in logprob_chunks(plan):
             seq, start = chunk.seq, chunk.start
             k = seq.params.prompt_logprobs
             assert k is not None
@@ -355,43 +356,3 @@ class ModelRunner:
                 zip(chosen[:, 0].tolist(), ranks.tolist(), values.tolist(), ids.tolist(), strict=True)
             ):
                 seq.prompt_logprobs[start + 1 + j] = (c, r, list(zip(i[:k], v[:k], strict=True)))
-
-
-def _media_rows(plan: StepPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The flat rows of the step's prefill chunks that are image tokens, and their images' vectors
-    (models/vlm.py): they replace those rows' token embeddings; None when the step has none."""
-    rows, vectors = [], []
-    offset = len(plan.decodes)  # prefill chunks follow the decodes in the flat batch
-    for chunk in plan.prefills:
-        media = chunk.seq.params.media
-        if media is not None:
-            lo, hi = np.searchsorted(media.positions, [chunk.start, chunk.start + chunk.length])
-            if hi > lo:
-                rows.append(media.positions[lo:hi] - chunk.start + offset)
-                vectors.append(media.vectors[str(device)][lo:hi])
-        offset += chunk.length
-    if not rows:
-        return None
-    return torch.from_numpy(np.concatenate(rows)).to(device), torch.cat(vectors)
-
-
-def _row_adapters(plan: StepPlan) -> list[int]:
-    """Each row's LoRA adapter, in the step's row order (`host_inputs`: decodes by context width, then prefills)."""
-    decodes = sorted(plan.decodes, key=lambda c: len(c.seq.block_table))
-    rows = [c.seq.params.lora for c in decodes]
-    for chunk in plan.prefills:
-        rows += [chunk.seq.params.lora] * chunk.length
-    return rows
-
-
-def _logprob_chunks(plan: StepPlan) -> list[tuple[Chunk, int, int]]:
-    """The prefill chunks whose requests ask for prompt log-probabilities, with the flat offset and
-    count of their rows that have a next prompt token."""
-    out, offset = [], len(plan.decodes)  # prefill chunks follow the decodes in the flat batch
-    for chunk in plan.prefills:
-        seq, start = chunk.seq, chunk.start
-        stop = min(start + chunk.length, seq.num_prompt - 1)  # a position's next token must be a prompt token
-        if seq.params.prompt_logprobs is not None and stop > start:
-            out.append((chunk, offset, stop - start))
-        offset += chunk.length
-    return out
