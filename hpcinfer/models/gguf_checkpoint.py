@@ -261,10 +261,11 @@ class GGUFFile:
             return fast.reshape(shape)
         try:
             array = dequantize(raw, kind)
-        # NOTE: gguf raises NotImplementedError for a type it reads but cannot dequantize (Q8_1, Q8_K, I8)
-        except NotImplementedError:
+        except NotImplementedError:  # gguf's answer for a type it names but has no dequantizer for (Q8_1, Q8_K, I8)
             raise ModelError(
-                f"GGUF tensor type {kind.name} is not supported (tensor {name})", path=str(self.file)
+                f"GGUF tensor type {kind.name} is not supported (tensor {name}): the gguf package has no "
+                "dequantizer for it; convert the file with another type (Q8_0, Q4_K, F16)",
+                path=str(self.file),
             ) from None
         array = np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
         # An F32 tensor comes back as a read-only view of the mapped file: copy it into the model's own memory.
