@@ -1,10 +1,12 @@
 """Image embeddings, whole process, side by side: `hpcinfer run --image-column` against
 sentence-transformers' `encode` over the same JPEGs (opened with PIL, as its users do), on a
 CLIP-ViT-B/32-shaped checkpoint with random weights; prints images/s, the ratio, hpcinfer's decode
-stage share, and the cosine between the two outputs.
+stage share, and the cosine between the two outputs; then the vision tower alone, transformers'
+module against hpcinfer's (models/vit.py), on the same batches of pixel values in this process.
 
     python benchmarks/speed/bench_images.py                     # 2,000 JPEGs of mixed sizes
     python benchmarks/speed/bench_images.py --images 500 --batch-size 32
+    python benchmarks/speed/bench_images.py --dtype bfloat16   # both sides in bfloat16 (AMX / AVX-512 BF16 CPUs)
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import lscpu, timed_process  # noqa: E402
+from benchmarks.common import cpu_line, timed_process  # noqa: E402
 
 ST_SCRIPT = """
-import sys, numpy as np
+import sys, numpy as np, torch
 from PIL import Image
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(sys.argv[1], device="cpu")
+model = SentenceTransformer(sys.argv[1], device="cpu", model_kwargs={"dtype": getattr(torch, sys.argv[5])})
 paths = open(sys.argv[2]).read().split()
-vectors = model.encode([Image.open(p) for p in paths], batch_size=int(sys.argv[4]))
-np.save(sys.argv[3], vectors)
+vectors = model.encode([Image.open(p) for p in paths], batch_size=int(sys.argv[4]), convert_to_tensor=True)
+np.save(sys.argv[3], vectors.float().cpu().numpy())
 """
 
 
@@ -64,16 +66,56 @@ def pictures(folder: Path, count: int) -> list[Path]:
     return paths
 
 
+def towers(model: Path, batch: int, dtype: str, repeats: int = 5) -> None:
+    """Seconds a batch of `batch` images takes through transformers' tower and through hpcinfer's."""
+    import time
+
+    import torch
+    import transformers
+
+    from hpcinfer.models.vit import native_tower
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    transformers.logging.set_verbosity_error()  # NOTE: the text tower's weights, unused here, are no news
+    config = transformers.CLIPConfig.from_pretrained(model)
+    config.vision_config.projection_dim = config.projection_dim
+
+    def load():  # noqa: ANN202
+        tower = transformers.CLIPVisionModelWithProjection.from_pretrained(model, config=config.vision_config)
+        return tower.to(getattr(torch, dtype)).eval()
+
+    theirs, ours = load(), native_tower(load(), "clip", cpu_fast_path=True)
+    assert ours is not None
+    size = config.vision_config.image_size
+    pixels = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
+    seconds = {}
+    with torch.inference_mode():
+        runs = {"transformers": lambda: theirs(pixel_values=pixels).image_embeds, "hpcinfer": lambda: ours(pixels)}
+        for name, tower in runs.items():
+            tower()  # NOTE: oneDNN builds its kernels on the first call
+            start = time.perf_counter()
+            for _ in range(repeats):
+                out = tower()
+            seconds[name] = (time.perf_counter() - start) / repeats
+            seconds[name + " out"] = out
+    cos = torch.nn.functional.cosine_similarity(seconds["hpcinfer out"].float(), seconds["transformers out"].float())
+    cos = cos.min()
+    print(f"vision tower, {batch} images a batch in {dtype}: transformers {seconds['transformers']:.3f} s, "
+          f"hpcinfer {seconds['hpcinfer']:.3f} s, ratio {seconds['transformers'] / seconds['hpcinfer']:.2f}x, "
+          f"min cosine {cos:.7f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides compute in it")
     args = parser.parse_args()
     import numpy as np
     import pyarrow.parquet as pq
 
-    cpu = lscpu()
-    print(f"cpu: {cpu.get('Model name', '?')}, {os.cpu_count()} cores; {args.images} JPEGs; CLIP ViT-B/32 shape")
+    print(cpu_line(os.cpu_count() or 1))
+    print(f"{args.images} JPEGs; CLIP ViT-B/32 shape; {args.dtype} on both sides")
     with tempfile.TemporaryDirectory(prefix="hpcinfer-bench-images-") as tmp:
         work = Path(tmp)
         model = build(work / "clip")
@@ -85,10 +127,11 @@ def main() -> None:
         rows.write_text("".join(json.dumps({"id": i, "image": f"pics/{p.name}"}) + "\n" for i, p in enumerate(paths)))
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         st_s, _ = timed_process([sys.executable, "-c", ST_SCRIPT, str(model), str(listing), str(work / "st.npy"),
-                                 str(args.batch_size)], env=env)  # fmt: skip
+                                 str(args.batch_size), args.dtype], env=env)  # fmt: skip
         out, report = work / "out.parquet", work / "report.json"
         ours_s, _ = timed_process([sys.executable, "-m", "hpcinfer", "run", str(rows), "-o", str(out), "--model",
                                    str(model), "--image-column", "image", "--max-batch-size", str(args.batch_size),
+                                   "--dtype", args.dtype,
                                    "--report", str(report), "--progress", "off", "-q"], env=env)  # fmt: skip
         ours = np.asarray(pq.read_table(out).column("embedding").to_pylist(), dtype=np.float32)
         theirs = np.load(work / "st.npy")
@@ -100,6 +143,7 @@ def main() -> None:
         print(f"hpcinfer run --image-column   {ours_s:7.1f} s  {n / ours_s:7.1f} images/s  ratio {st_s / ours_s:.2f}x")
         print(f"decode stage: {decode}")
         print(f"min cosine to sentence-transformers {cos.min():.7f}")
+        towers(model, args.batch_size, args.dtype)
 
 
 if __name__ == "__main__":

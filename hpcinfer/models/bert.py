@@ -160,20 +160,21 @@ def bucket_rows(m: int) -> int:
 
 
 class PackedLinear(nn.Module):
-    """A CPU linear layer on oneDNN with its weight reordered once, optionally with GELU fused.
+    """A CPU linear layer on oneDNN with its weight reordered once, optionally with an activation
+    fused (`post`: oneDNN's name for it, "gelu" or "swish"; `algorithm`: "tanh" for GELU's tanh form).
 
-    NOTE: the same math as nn.Linear (+ exact GELU) in float32, to rounding; on AVX-512 CPUs it
+    NOTE: the same math as nn.Linear (+ the activation) in float32, to rounding; on AVX-512 CPUs it
     is ~15% faster because the weight layout is prepared once instead of per call. Inputs are
     padded to `bucket_rows` rows so the number of distinct shapes, and oneDNN's kernel cache,
     stay bounded.
     """
 
-    def __init__(self, linear: nn.Linear, fuse_gelu: bool) -> None:
+    def __init__(self, linear: nn.Linear, post: str = "none", algorithm: str = "") -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.bias = linear.bias.detach() if linear.bias is not None else None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2048)
-        self.post = ("gelu", "none") if fuse_gelu else ("none", "")
+        self.post = (post, algorithm or ("none" if post == "gelu" else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op, algorithm = self.post
@@ -194,7 +195,7 @@ def pack_layers(
     """Each layer's linears `names` as PackedLinear, in place (exact GELU fused into `fuse_gelu`'s)."""
     for layer in layers:
         for name in names:
-            setattr(layer, name, PackedLinear(getattr(layer, name), name == fuse_gelu))
+            setattr(layer, name, PackedLinear(getattr(layer, name), "gelu" if name == fuse_gelu else "none"))
 
 
 def can_pack_for_cpu(model: nn.Module) -> bool:

@@ -41,10 +41,10 @@ def pack_decoder_for_cpu(decoder: LlamaDecoder) -> LlamaDecoder:
     """Every layer's linears as oneDNN linears with their weights reordered once (as the BERT
     encoder's on CPU): embedding batches are thousands of tokens, where the one-off layout pays."""
     for layer in decoder.layers:
-        layer.qkv = PackedLinear(layer.qkv, False)
-        layer.o_proj = PackedLinear(layer.o_proj, False)
-        layer.gate_up = PackedLinear(layer.gate_up, False)
-        layer.down = PackedLinear(layer.down, False)
+        layer.qkv = PackedLinear(layer.qkv)
+        layer.o_proj = PackedLinear(layer.o_proj)
+        layer.gate_up = PackedLinear(layer.gate_up)
+        layer.down = PackedLinear(layer.down)
     return decoder
 
 

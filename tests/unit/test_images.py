@@ -216,3 +216,69 @@ def test_decoded_pixels_follow_the_processor(checkpoint, pictures):
         theirs = processor(images=[image], return_tensors="pt")["pixel_values"]
         step = max(spec.rescale / s for s in spec.std)
         assert (ours - theirs).abs().max() <= 1.01 * step, row["image"]
+
+
+@pytest.mark.parametrize(
+    "packed, dtype", [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)],
+    ids=["onednn", "torch", "onednn-bfloat16"],
+)  # fmt: skip
+def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
+    """hpcinfer's vision transformer (models/vit.py) on transformers' weights: the features of
+    `get_image_features` on the same pixel values, packed for the CPU (quick_gelu fused as a scaled
+    swish) and not, in float32 and (packed where oneDNN has bfloat16 kernels) in bfloat16; an
+    activation it does not know stays on transformers' tower."""
+    import transformers
+
+    from hpcinfer.models.bert import PackedLinear
+    from hpcinfer.models.clip import TOWERS
+    from hpcinfer.models.vit import VisionTower, can_pack, native_tower
+
+    full = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
+    kind = full.config.model_type
+    pixels = torch.randn(5, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = full.get_image_features(pixel_values=pixels)
+    want = want if isinstance(want, torch.Tensor) else want.pooler_output
+
+    def tower():  # noqa: ANN202
+        config = full.config.vision_config
+        if hasattr(full.config, "projection_dim"):
+            config.projection_dim = full.config.projection_dim
+        cls = getattr(transformers, TOWERS[(kind, True)])
+        return cls.from_pretrained(str(checkpoint), config=config).eval().to(dtype)
+
+    native = native_tower(tower(), kind, cpu_fast_path=packed)
+    assert isinstance(native, VisionTower)
+    assert isinstance(native.layers[0].ffn_in, PackedLinear) == (packed and can_pack(native))
+    assert dtype == torch.bfloat16 or isinstance(native.layers[0].ffn_in, PackedLinear) == packed
+    with torch.inference_mode():
+        got = native(pixels.to(dtype)).float()
+    if dtype == torch.bfloat16:  # NOTE: bfloat16 keeps 8 bits of mantissa: ~3 significant digits
+        assert torch.nn.functional.cosine_similarity(got, want).min() >= 0.999
+        return
+    assert torch.nn.functional.cosine_similarity(got, want).min() >= 0.99999
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    unknown = tower()
+    (unknown.vision_model if kind == "clip" else unknown).config.hidden_act = "mish"
+    assert native_tower(unknown, kind, cpu_fast_path=packed) is None
+
+
+def test_a_checkpoint_lacking_a_tower_weight_is_one_line(checkpoint, pictures, tmp_path):
+    """The text tower's weights left over on an image run are expected (nothing printed); a weight
+    the image tower needs and the checkpoint lacks is a ModelError naming it, not random weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from hpcinfer.errors import ModelError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    weights = load_file(broken / "model.safetensors")
+    lost = next(k for k in sorted(weights) if "post_layernorm.weight" in k)
+    save_file({k: v for k, v in weights.items() if k != lost}, broken / "model.safetensors", metadata={"format": "pt"})
+    folder, rows = pictures
+    src = folder / f"lacking-{tmp_path.name}.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
+    with pytest.raises(ModelError, match="lacks weights its .*post_layernorm.weight"):
+        embed(src, tmp_path / "out.parquet", broken)
