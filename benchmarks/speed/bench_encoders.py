@@ -9,7 +9,8 @@ built by the installed transformers and saved by sentence-transformers, embeds t
 - `hpcinfer run --backend transformers` (transformers' own model in hpcinfer's pipeline);
 - sentence-transformers `encode` at its best batch size (picked first on 128 rows per size, not
   counted);
-- with `--bfloat16`, also `hpcinfer run --dtype bfloat16` (on a CPU with AMX or AVX-512 BF16).
+- with `--bfloat16`, also `hpcinfer run --dtype bfloat16` and sentence-transformers with the model
+  in bfloat16 (its own best batch size), both sides' arithmetic on a CPU's AMX or AVX-512 BF16 units.
 
 Each is a fresh process timed from start to exit, so start-up counts as users pay it. Outputs are
 checked against each other (minimum cosine). Then, for ModernBERT, an in-process comparison of
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from benchmarks.common import lscpu, timed_process  # noqa: E402
+from benchmarks.common import cpu_line, timed_process  # noqa: E402
 from benchmarks.speed.bench_pooling_tasks import SCRIPT, write_corpus  # noqa: E402
 
 BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -53,6 +54,11 @@ ARCHITECTURES = {  # name -> (transformers' class prefix, config fields)
     "nomic_bert": ("NomicBert", {**BASE, "max_position_embeddings": 2048}),
 }  # fmt: skip
 ST_SETUP = "from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer({model!r}, device='cpu')"
+ST_SETUP_BF16 = ST_SETUP[:-1] + ", model_kwargs={{'dtype': torch.bfloat16}})"
+ST_RUN_BF16 = (
+    "    result = model.encode([r['text'] for r in rows], batch_size=BATCH, show_progress_bar=False,"
+    " convert_to_tensor=True).float().numpy()"
+)
 ST_RUN = "    result = model.encode([r['text'] for r in rows], batch_size=BATCH, show_progress_bar=False)"
 PICK_ROWS = 128
 
@@ -79,15 +85,24 @@ def bench(name: str, args: argparse.Namespace, folder: Path, env: dict[str, str]
     write_corpus("embed", args.rows, corpus)
     pick_corpus = folder / "pick.jsonl"
     write_corpus("embed", PICK_ROWS, pick_corpus)
-    common = {"threads": args.threads, "setup": ST_SETUP.format(model=str(model)), "run": ST_RUN, "sizes": args.sizes}
-    pick = SCRIPT.format(**common, corpus=str(pick_corpus), pick=True, out="", batch=0).replace("rows[:512]", "rows")
-    chosen = subprocess.run([sys.executable, "-c", pick], env=env, capture_output=True, text=True, check=False)
-    if chosen.returncode != 0:
-        raise SystemExit(chosen.stderr[-2000:])
-    batch = int(chosen.stdout.strip().splitlines()[-1])
-    st_out = folder / f"{name}.npy"
-    encode = SCRIPT.format(**common, corpus=str(corpus), pick=False, out=str(st_out), batch=batch)
-    sides = {"sentence-transformers": [sys.executable, "-c", encode]}
+    sides = {}
+    batches = {}
+    setups = {"sentence-transformers": (ST_SETUP, ST_RUN)}
+    if args.bfloat16:
+        setups["sentence-transformers bfloat16"] = (ST_SETUP_BF16, ST_RUN_BF16)
+    for side, (setup, run) in setups.items():
+        common = {"threads": args.threads, "setup": setup.format(model=str(model)), "run": run, "sizes": args.sizes}
+        pick = SCRIPT.format(**common, corpus=str(pick_corpus), pick=True, out="", batch=0)
+        chosen = subprocess.run([sys.executable, "-c", pick.replace("rows[:512]", "rows")], env=env,
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        if chosen.returncode != 0:
+            raise SystemExit(chosen.stderr[-2000:])
+        batches[side] = int(chosen.stdout.strip().splitlines()[-1])
+        out = folder / f"{name}-{side.replace(' ', '-')}.npy"
+        encode = SCRIPT.format(**common, corpus=str(corpus), pick=False, out=str(out), batch=batches[side])
+        sides[side] = [sys.executable, "-c", encode]
+    batch = batches["sentence-transformers"]
+    st_out = folder / f"{name}-sentence-transformers.npy"
     extras = {"hpcinfer": [], "hpcinfer --backend transformers": ["--backend", "transformers"]}
     if args.bfloat16:
         extras["hpcinfer --dtype bfloat16"] = ["--dtype", "bfloat16"]
@@ -107,8 +122,13 @@ def bench(name: str, args: argparse.Namespace, folder: Path, env: dict[str, str]
     if args.bfloat16:
         half = embeddings(folder / f"{name}---dtype-bfloat16.parquet")
         ratio = s["sentence-transformers"] / s["hpcinfer --dtype bfloat16"]
-        bf16 = {"bfloat16_vs_sentence_transformers": round(ratio, 3)}
-        bf16["min_cosine_bfloat16_st"] = min_cosine(half, theirs)
+        both = s["sentence-transformers bfloat16"] / s["hpcinfer --dtype bfloat16"]
+        theirs_half = np.load(folder / f"{name}-sentence-transformers-bfloat16.npy")
+        bf16 = {"bfloat16_vs_sentence_transformers": round(ratio, 3),
+                "bfloat16_vs_sentence_transformers_bfloat16": round(both, 3),
+                "st_bfloat16_batch_size": batches["sentence-transformers bfloat16"],
+                "min_cosine_bfloat16_st": min_cosine(half, theirs),
+                "min_cosine_st_bfloat16_st": min_cosine(theirs_half, theirs)}  # fmt: skip
     return {
         "architecture": name, "st_batch_size": batch, **{f"{k}_s": round(v, 2) for k, v in s.items()},
         "vs_sentence_transformers": round(s["sentence-transformers"] / s["hpcinfer"], 3),
@@ -169,8 +189,8 @@ def main() -> None:
     args = ap.parse_args()
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
-    cpu = lscpu()
-    print(f"{cpu.get('Model name', '?')}; {args.rows} rows, {args.threads} threads, medians of {args.rounds} rounds")
+    print(cpu_line(args.threads))
+    print(f"{args.rows} rows, {args.threads} threads, medians of {args.rounds} rounds")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.architectures.split(","):
             result = bench(name, args, Path(tmp), env)
@@ -178,6 +198,11 @@ def main() -> None:
             print(f"{name}: hpcinfer {result['hpcinfer_s']:.1f} s; {result['vs_sentence_transformers']:.2f}x "
                   f"sentence-transformers (batch {result['st_batch_size']}), "
                   f"{result['vs_backend_transformers']:.2f}x --backend transformers", flush=True)  # fmt: skip
+            if args.bfloat16:
+                print(f"{name}, bfloat16 on both sides: hpcinfer {result['hpcinfer --dtype bfloat16_s']:.1f} s, "
+                      f"sentence-transformers {result['sentence-transformers bfloat16_s']:.1f} s (batch "
+                      f"{result['st_bfloat16_batch_size']}): "
+                      f"{result['bfloat16_vs_sentence_transformers_bfloat16']:.2f}x", flush=True)  # fmt: skip
             if name == "modernbert" and not args.no_packing:
                 for packed in unpadded_against_padded(args, Path(tmp)):
                     print(json.dumps(packed))

@@ -199,13 +199,16 @@ def pack_layers(
 
 
 def can_pack_for_cpu(model: nn.Module) -> bool:
-    """Whether a float32 CPU model's linears can be oneDNN PackedLinears."""
+    """Whether a CPU model's linears can be oneDNN PackedLinears: every weight in float32, or in
+    bfloat16 where oneDNN has bfloat16 kernels (AVX-512 BF16, AMX)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
     params = list(model.parameters())
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
-    )
+    dtypes = {p.dtype for p in params}
+    on_cpu = all(p.device.type == "cpu" for p in params)
+    if dtypes == {torch.bfloat16}:
+        return on_cpu and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return on_cpu and dtypes == {torch.float32}
 
 
 def pack_for_cpu(encoder: Any) -> Any:

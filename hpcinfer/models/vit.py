@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bert import PackedLinear
+from .bert import PackedLinear, can_pack_for_cpu
 
 QUICK_GELU = 1.702  # CLIP's quick_gelu: x * sigmoid(1.702 x)
 
@@ -135,26 +135,15 @@ class VisionTower(nn.Module):
         return self
 
 
-def can_pack(model: nn.Module) -> bool:
-    """Whether every weight is on the CPU in float32, or in bfloat16 where oneDNN has its kernels."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    dtypes = {p.dtype for p in model.parameters()}
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if dtypes == {torch.bfloat16}:
-        return on_cpu and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return on_cpu and dtypes == {torch.float32}
-
-
 def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTower | None:
     """The native tower of transformers' CLIP / SigLIP image tower (on its device, in its dtype),
-    packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack`); None where it has an
+    packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`); None where it has an
     activation this module does not know, or (SigLIP) no pooling head."""
     clip = model_type == "clip"
     config = (tower.vision_model if clip else tower).config
     if config.hidden_act not in ACTIVATIONS or (not clip and not getattr(config, "vision_use_head", True)):
         return None
     native = VisionTower(tower, clip).eval()
-    if cpu_fast_path and can_pack(native):
+    if cpu_fast_path and can_pack_for_cpu(native):
         native.pack_for_cpu()
     return native

@@ -229,9 +229,9 @@ def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
     activation it does not know stays on transformers' tower."""
     import transformers
 
-    from hpcinfer.models.bert import PackedLinear
+    from hpcinfer.models.bert import PackedLinear, can_pack_for_cpu
     from hpcinfer.models.clip import TOWERS
-    from hpcinfer.models.vit import VisionTower, can_pack, native_tower
+    from hpcinfer.models.vit import VisionTower, native_tower
 
     full = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
     kind = full.config.model_type
@@ -249,7 +249,7 @@ def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
 
     native = native_tower(tower(), kind, cpu_fast_path=packed)
     assert isinstance(native, VisionTower)
-    assert isinstance(native.layers[0].ffn_in, PackedLinear) == (packed and can_pack(native))
+    assert isinstance(native.layers[0].ffn_in, PackedLinear) == (packed and can_pack_for_cpu(native))
     assert dtype == torch.bfloat16 or isinstance(native.layers[0].ffn_in, PackedLinear) == packed
     with torch.inference_mode():
         got = native(pixels.to(dtype)).float()

@@ -110,6 +110,22 @@ def test_packed_cpu_fast_path_equals_plain_linears(tiny_model):
     torch.testing.assert_close(fast(ids, lengths), plain(ids, lengths), rtol=1e-5, atol=1e-6)
 
 
+def test_a_bfloat16_model_is_packed_where_onednn_has_bfloat16_kernels(tiny_model):
+    """In bfloat16 the linears are oneDNN's where the CPU has its bfloat16 kernels (AVX-512 BF16,
+    AMX), torch's elsewhere; either way the embeddings are the float32 model's to bfloat16's
+    precision (8 bits of mantissa: cosine 0.999)."""
+    from hpcinfer.models.bert import PackedLinear
+
+    info = inspect_embedder(tiny_model)
+    half = load_model(info, torch.device("cpu"), torch.bfloat16).embedder
+    full = load_model(info, torch.device("cpu"), torch.float32).embedder
+    packed = any(isinstance(m, PackedLinear) for m in half.encoder.modules())
+    assert packed == bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    ids, lengths = _padded(load_tokenizer(tiny_model, 256), make_texts(30, seed=4))
+    cos = torch.nn.functional.cosine_similarity(half(ids, lengths).float(), full(ids, lengths))
+    assert cos.min() >= 0.999
+
+
 def test_onednn_row_buckets_bound_the_shapes_and_the_padding():
     from hpcinfer.models.bert import bucket_rows
 
