@@ -12,6 +12,7 @@ Each is a fresh process timed from start to exit, so start-up counts as users pa
 are compared token for token (random weights give near-ties, so a few may part late).
 
     python benchmarks/speed/bench_decoders.py [--families gemma3,phi3,llama,qwen3_moe] [--prompts 128]
+    python benchmarks/speed/bench_decoders.py --families gemma3,qwen3_moe --dtype bfloat16  # both sides
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def prompts(path: Path, count: int) -> Path:
     return path
 
 
-def engine_seconds(model_dir: Path, prompts: int, new_tokens: int) -> float:
+def engine_seconds(model_dir: Path, prompts: int, new_tokens: int, dtype: str = "float32") -> float:
     """The native engine's time for the prompts alone, in this process (the model loaded first)."""
     import time
 
@@ -104,7 +105,7 @@ def engine_seconds(model_dir: Path, prompts: int, new_tokens: int) -> float:
     from hpcinfer.models.decoder_inspect import inspect_decoder
 
     info = inspect_decoder(model_dir)
-    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    model = load_decoder(info, torch.device("cpu"), getattr(torch, dtype))
     tokenizer = load_tokenizer(info)
     texts = [json.loads(line)["text"] for line in (ROOT / "sample_data" / "requests.jsonl").open()]
     ids = [tokenizer.encode(" ".join(texts[i % len(texts)].split()[:48])).ids for i in range(prompts)]
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--families", default="gemma3,gemma2,phi3,llama,qwen3_moe")
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides compute in it")
     args = parser.parse_args()
     cpu = lscpu()
     simd = [f for f in cpu.get("Flags", "").split() if f.startswith(("avx", "amx", "fma"))]
@@ -141,13 +143,14 @@ def main() -> None:
                 out = folder / f"{family}-{backend}.jsonl"
                 cmd = [sys.executable, "-m", "hpcinfer", "run", str(src), "-o", str(out), "--model", str(model)]
                 cmd += ["--max-tokens", str(args.new_tokens), "--ignore-eos", "--progress", "off", "--overwrite"]
+                cmd += ["--dtype", args.dtype]
                 if backend == "transformers":
                     cmd += ["--backend", "transformers"]
                 times[backend], _ = timed_process(cmd, env=env)
                 outs[backend] = answers(out)
             same = sum(outs["native"][k] == outs["transformers"].get(k) for k in outs["native"])
             if family in ("llama", "qwen3_moe"):
-                engine_only[family] = engine_seconds(model, args.prompts, args.new_tokens)
+                engine_only[family] = engine_seconds(model, args.prompts, args.new_tokens, args.dtype)
             ratio = times["transformers"] / times["native"]
             rows.append((family, times["native"], times["transformers"], ratio, same))
             print(
@@ -155,7 +158,7 @@ def main() -> None:
                 f"({ratio:.2f}x), same answers {same}/{len(outs['native'])}",
                 flush=True,
             )
-    print(f"\n{args.prompts} prompts, {args.new_tokens} new tokens each, greedy, whole process:")
+    print(f"\n{args.prompts} prompts, {args.new_tokens} new tokens each, greedy, {args.dtype}, whole process:")
     print("| family | native | --backend transformers | native speed-up | same answers |")
     print("|---|---|---|---|---|")
     for family, native, hf, ratio, same in rows:
