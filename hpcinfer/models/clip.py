@@ -6,8 +6,8 @@ A run embeds one modality: each row's image (`--image-column`: the decode stage 
 encoder pipeline gives every text model). The towers are transformers' own modules, run on the
 pipeline's batches; what hpcinfer adds around them is the decode stage beside the forward, the
 pinned uint8 staging, batching, resume and rejects. An image run's tower is taken into hpcinfer's
-own vision transformer (models/vit.py: fused Q/K/V, oneDNN linears with the activation fused on
-a float32 CPU), where transformers' arithmetic is kept and its time cut by a fifth.
+own vision transformer (models/vit.py: fused Q/K/V; on the CPU, oneDNN linears with the MLP's
+activation fused), where transformers' arithmetic is kept and its time cut by a sixth or more.
 
 For an image run the checkpoint's facts describe a row of pixels: `max_position_embeddings` is a
 row's bytes, `vocab_size` 256 (a byte's values), so the pipeline's length checks, batching and

@@ -90,7 +90,8 @@ class VitLayer(nn.Module):
         if self.hidden_act == "quick_gelu":
             with torch.no_grad():
                 self.ffn_in.weight.mul_(QUICK_GELU)
-                self.ffn_in.bias.mul_(QUICK_GELU)
+                if self.ffn_in.bias is not None:
+                    self.ffn_in.bias.mul_(QUICK_GELU)
                 self.ffn_out.weight.div_(QUICK_GELU)
         self.qkv, self.attn_out = PackedLinear(self.qkv), PackedLinear(self.attn_out)
         self.ffn_in, self.ffn_out = PackedLinear(self.ffn_in, post, algorithm), PackedLinear(self.ffn_out)
