@@ -200,7 +200,8 @@ def pack_layers(
 
 def can_pack_for_cpu(model: nn.Module) -> bool:
     """Whether a CPU model's linears can be oneDNN PackedLinears: every weight in float32, or in
-    bfloat16 where oneDNN has bfloat16 kernels (AVX-512 BF16, AMX)."""
+    bfloat16 where oneDNN takes bfloat16 (its own check: AVX-512 CPUs, natively with AVX-512 BF16
+    or AMX; torch's own bfloat16 linears ask the same)."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     params = list(model.parameters())

@@ -5,7 +5,8 @@ transformers' towers (`CLIPVisionModelWithProjection`, `SiglipVisionModel`) are 
 their weights are taken into this module, which runs the same arithmetic faster:
 
 - Q, K and V are one fused projection (one matrix product where there were three);
-- on the CPU, in float32 (and in bfloat16 where oneDNN has bfloat16 kernels: AVX-512 BF16, AMX),
+- on the CPU, in float32 (and in bfloat16 where oneDNN takes it: AVX-512 CPUs, natively with
+  AVX-512 BF16 or AMX),
   every linear is a oneDNN linear with its weight reordered once (models/bert.py's `PackedLinear`),
   with the MLP's activation fused into its first product. CLIP's `quick_gelu`, x * sigmoid(1.702 x),
   is not an activation oneDNN has; it is `swish` (x * sigmoid(x)) of 1.702 x divided by 1.702, so
@@ -54,9 +55,12 @@ ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[str, 
 
 
 def _fused_qkv(attention: Any) -> nn.Linear:
+    """Q, K and V as one linear, on their device in their dtype (no float32 copy made on the way)."""
     q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-    fused = nn.Linear(q.in_features, 3 * q.out_features, bias=q.bias is not None)
-    fused.to(device=q.weight.device, dtype=q.weight.dtype)
+    fused = torch.nn.utils.skip_init(
+        nn.Linear, q.in_features, 3 * q.out_features, bias=q.bias is not None, device=q.weight.device,
+        dtype=q.weight.dtype,
+    )  # fmt: skip
     with torch.no_grad():
         fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
         if fused.bias is not None:
@@ -68,12 +72,18 @@ class VitLayer(nn.Module):
     """A pre-norm encoder layer: x + attention(norm1(x)), then + mlp(norm2(x))."""
 
     def __init__(self, layer: Any, hidden_act: str) -> None:
+        """Takes `layer`'s modules out of it (transformers' layer is left empty), so that the
+        weights this layer replaces, Q/K/V now and each linear when packed, are freed at once
+        instead of staying alive in transformers' tower until the load ends."""
         super().__init__()
-        self.heads = layer.self_attn.num_heads
+        attention, mlp = layer.self_attn, layer.mlp
+        self.heads = attention.num_heads
         self.norm1, self.norm2 = layer.layer_norm1, layer.layer_norm2
-        self.qkv = _fused_qkv(layer.self_attn)
-        self.attn_out = layer.self_attn.out_proj
-        self.ffn_in, self.ffn_out = layer.mlp.fc1, layer.mlp.fc2
+        self.qkv = _fused_qkv(attention)
+        self.attn_out = attention.out_proj
+        self.ffn_in, self.ffn_out = mlp.fc1, mlp.fc2
+        attention.q_proj = attention.k_proj = attention.v_proj = attention.out_proj = None
+        mlp.fc1 = mlp.fc2 = None
         self.hidden_act = hidden_act
         self.act = ACTIVATIONS[hidden_act][0]
 

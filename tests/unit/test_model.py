@@ -111,8 +111,8 @@ def test_packed_cpu_fast_path_equals_plain_linears(tiny_model):
 
 
 def test_a_bfloat16_model_is_packed_where_onednn_has_bfloat16_kernels(tiny_model):
-    """In bfloat16 the linears are oneDNN's where the CPU has its bfloat16 kernels (AVX-512 BF16,
-    AMX), torch's elsewhere; either way the embeddings are the float32 model's to bfloat16's
+    """In bfloat16 the linears are oneDNN's where oneDNN takes bfloat16 (its own check: AVX-512
+    CPUs), torch's elsewhere; either way the embeddings are the float32 model's to bfloat16's
     precision (8 bits of mantissa: cosine 0.999)."""
     from hpcinfer.models.bert import PackedLinear
 
