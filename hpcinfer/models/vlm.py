@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelError, UnsupportedModel
+from .hf_load import quiet_from_pretrained
 
 VLM_ARCHITECTURES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
 TEXT_PREFIX = "model.text_model."
@@ -91,7 +92,7 @@ class VisionTower:
         import transformers
 
         cls = getattr(transformers, info.architecture)
-        model = cls.from_pretrained(str(path), dtype=dtype)
+        model = quiet_from_pretrained(cls, path, dtype)  # NOTE: the run's progress is hpcinfer's, not transformers'
         inner = model.model
         inner.text_model = None  # NOTE: the native engine runs the text model
         self.model = inner.to(device).eval()
