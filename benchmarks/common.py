@@ -26,13 +26,13 @@ def lscpu() -> dict[str, str]:
     return fields
 
 
-
 def cpu_line(threads: int) -> str:
     """The CPU a figure was measured on: its name, family and model, the threads, its SIMD flags."""
     cpu = lscpu()
     simd = " ".join(f for f in cpu.get("Flags", "").split() if f.startswith(("avx", "amx", "fma")))
     return (f"cpu: {cpu.get('Model name', '?')} (family {cpu.get('CPU family', '?')}, model {cpu.get('Model', '?')}), "
             f"{threads} threads; {simd}")  # fmt: skip
+
 
 def timed_process(
     cmd: list[str], env: dict[str, str] | None = None, check: bool = True

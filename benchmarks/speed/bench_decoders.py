@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # NOTE: runs from a checkout, installed or not
 
-from benchmarks.common import lscpu, timed_process  # noqa: E402
+from benchmarks.common import cpu_line, timed_process  # noqa: E402
 
 # family -> (transformers class, shape and family options). Gemma 3 270M's layout (640 hidden, 4
 # heads of 256, 1 KV head, 2048 MLP, a 512-token window, 5 local layers per global one) with 12
@@ -127,9 +127,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both sides compute in it")
     args = parser.parse_args()
-    cpu = lscpu()
-    simd = [f for f in cpu.get("Flags", "").split() if f.startswith(("avx", "amx", "fma"))]
-    print(f"cpu: {cpu.get('Model name')}, {os.cpu_count()} cores; {' '.join(simd)}")
+    print(cpu_line(os.cpu_count() or 1))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     rows = []
     engine_only: dict[str, float] = {}

@@ -73,20 +73,19 @@ def towers(model: Path, batch: int, dtype: str, repeats: int = 5) -> None:
     import torch
     import transformers
 
+    from hpcinfer.models.clip import tower_class
     from hpcinfer.models.vit import native_tower
 
     torch.set_num_threads(os.cpu_count() or 1)
     transformers.logging.set_verbosity_error()  # NOTE: the text tower's weights, unused here, are no news
-    config = transformers.CLIPConfig.from_pretrained(model)
-    config.vision_config.projection_dim = config.projection_dim
+    cls, config = tower_class(model, "clip", images=True)
 
     def load():  # noqa: ANN202
-        tower = transformers.CLIPVisionModelWithProjection.from_pretrained(model, config=config.vision_config)
-        return tower.to(getattr(torch, dtype)).eval()
+        return cls.from_pretrained(model, config=config).to(getattr(torch, dtype)).eval()
 
     theirs, ours = load(), native_tower(load(), "clip", cpu_fast_path=True)
     assert ours is not None
-    size = config.vision_config.image_size
+    size = config.image_size
     pixels = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
     seconds = {}
     with torch.inference_mode():

@@ -123,7 +123,7 @@ class BertEncoder(nn.Module):
         pack_layers(self.layers, fuse_gelu="ffn_in" if fuse else None)
         if fuse:
             for layer in self.layers:
-                layer.act = _identity
+                layer.act = identity
         return self
 
 
@@ -217,5 +217,6 @@ def pack_for_cpu(encoder: Any) -> Any:
     return encoder.pack_for_cpu()
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """A layer's activation once it is fused into its linear."""
     return x

@@ -70,16 +70,12 @@ class ClipHead:
     def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> BatchSteps:
         """The one tower the run uses (its weights only: an image run never loads the text tower)."""
         try:
-            import transformers
+            import transformers  # noqa: F401  (checked here: a missing install is one line)
         except ImportError:
             kind = info.config.model_type
             raise ModelError(f"{kind} runs on transformers' towers: pip install 'hpcinfer[images]'") from None
-        name = TOWERS[(info.config.model_type, self.images)]
-        full = transformers.AutoConfig.from_pretrained(str(info.path))
-        sub = full.vision_config if self.images else full.text_config
-        if hasattr(full, "projection_dim"):  # NOTE: CLIP names the shared space's size once, at the top
-            sub.projection_dim = full.projection_dim
-        tower = tower_from_pretrained(getattr(transformers, name), info.path, dtype, sub)
+        cls, sub = tower_class(info.path, info.config.model_type, self.images)
+        tower = tower_from_pretrained(cls, info.path, dtype, sub)
         model = tower.to(device).eval()
         if self.images:
             size = sub.image_size
@@ -92,6 +88,17 @@ class ClipHead:
             native = native_tower(model, info.config.model_type, cpu_fast_path)
             return ClipImageEmbedder(native or model, info.config, info.pooling, dtype)
         return ClipTextEmbedder(model, info.config, info.pooling)
+
+
+def tower_class(path: Path, model_type: str, images: bool) -> tuple[Any, Any]:
+    """transformers' class of the checkpoint's image or text tower, and that tower's config."""
+    import transformers
+
+    full = transformers.AutoConfig.from_pretrained(str(path))
+    sub = full.vision_config if images else full.text_config
+    if hasattr(full, "projection_dim"):  # NOTE: CLIP names the shared space's size once, at the top
+        sub.projection_dim = full.projection_dim
+    return getattr(transformers, TOWERS[(model_type, images)]), sub
 
 
 def is_clip(path: Path) -> bool:

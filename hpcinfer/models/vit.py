@@ -24,14 +24,14 @@ returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bert import PackedLinear, can_pack_for_cpu
+from .bert import ACTIVATIONS as BERT_ACTIVATIONS
+from .bert import PackedLinear, can_pack_for_cpu, identity
 
 QUICK_GELU = 1.702  # CLIP's quick_gelu: x * sigmoid(1.702 x)
 
@@ -40,17 +40,14 @@ def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(QUICK_GELU * x)
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-# hidden_act -> (the activation, oneDNN's fused form as (post-op, algorithm))
-ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[str, str]]] = {
-    "quick_gelu": (_quick_gelu, ("swish", "")),  # NOTE: with the weights scaled (module docstring)
-    "gelu": (F.gelu, ("gelu", "none")),
-    "gelu_pytorch_tanh": (lambda x: F.gelu(x, approximate="tanh"), ("gelu", "tanh")),
-    "gelu_new": (lambda x: F.gelu(x, approximate="tanh"), ("gelu", "tanh")),
-    "gelu_fast": (lambda x: F.gelu(x, approximate="tanh"), ("gelu", "tanh")),
+# hidden_act -> its eager form, and oneDNN's fused form as (post-op, algorithm)
+ACTIVATIONS = {**BERT_ACTIVATIONS, "quick_gelu": _quick_gelu}
+FUSED = {
+    "quick_gelu": ("swish", ""),  # NOTE: with the weights scaled (module docstring)
+    "gelu": ("gelu", "none"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_fast": ("gelu", "tanh"),
 }
 
 
@@ -85,7 +82,7 @@ class VitLayer(nn.Module):
         attention.q_proj = attention.k_proj = attention.v_proj = attention.out_proj = None
         mlp.fc1 = mlp.fc2 = None
         self.hidden_act = hidden_act
-        self.act = ACTIVATIONS[hidden_act][0]
+        self.act = ACTIVATIONS[hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
@@ -96,7 +93,7 @@ class VitLayer(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """oneDNN linears, the activation fused into ffn_in's (quick_gelu as swish, weights scaled)."""
-        post, algorithm = ACTIVATIONS[self.hidden_act][1]
+        post, algorithm = FUSED[self.hidden_act]
         if self.hidden_act == "quick_gelu":
             with torch.no_grad():
                 self.ffn_in.weight.mul_(QUICK_GELU)
@@ -105,7 +102,7 @@ class VitLayer(nn.Module):
                 self.ffn_out.weight.div_(QUICK_GELU)
         self.qkv, self.attn_out = PackedLinear(self.qkv), PackedLinear(self.attn_out)
         self.ffn_in, self.ffn_out = PackedLinear(self.ffn_in, post, algorithm), PackedLinear(self.ffn_out)
-        self.act = _identity
+        self.act = identity
 
 
 class VisionTower(nn.Module):
@@ -152,7 +149,7 @@ def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTowe
     activation this module does not know, or (SigLIP) no pooling head."""
     clip = model_type == "clip"
     config = (tower.vision_model if clip else tower).config
-    if config.hidden_act not in ACTIVATIONS or (not clip and not getattr(config, "vision_use_head", True)):
+    if config.hidden_act not in FUSED or (not clip and not getattr(config, "vision_use_head", True)):
         return None
     native = VisionTower(tower, clip).eval()
     if cpu_fast_path and can_pack_for_cpu(native):

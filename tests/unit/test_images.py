@@ -230,7 +230,7 @@ def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
     import transformers
 
     from hpcinfer.models.bert import PackedLinear, can_pack_for_cpu
-    from hpcinfer.models.clip import TOWERS
+    from hpcinfer.models.clip import tower_class
     from hpcinfer.models.vit import VisionTower, native_tower
 
     full = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
@@ -241,10 +241,7 @@ def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
     want = want if isinstance(want, torch.Tensor) else want.pooler_output
 
     def tower():  # noqa: ANN202
-        config = full.config.vision_config
-        if hasattr(full.config, "projection_dim"):
-            config.projection_dim = full.config.projection_dim
-        cls = getattr(transformers, TOWERS[(kind, True)])
+        cls, config = tower_class(checkpoint, kind, images=True)
         return cls.from_pretrained(str(checkpoint), config=config).eval().to(dtype)
 
     native = native_tower(tower(), kind, cpu_fast_path=packed)
