@@ -9,6 +9,7 @@ default `--backend auto` runs it natively and the report says so.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import jsonschema
@@ -195,6 +196,33 @@ def test_the_cli_default_runs_it_natively(family, tmp_path):
     assert report.backend == "native" and report.to_dict()["backend"] == "native"
     assert table.num_rows == 3
     assert read_output(tmp_path / "out.jsonl").num_rows == 3
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "mixtral", "qwen3_moe"], indirect=True)
+def test_bfloat16_experts_batched_over_a_decode_step_equal_transformers_bfloat16_block(family, monkeypatch):
+    """On a CPU in bfloat16, a decode step's experts run as one batched matmul (each expert its
+    slots, a busier expert's rows beyond them on their own): the layer's output is transformers'
+    sparse MoE block's in bfloat16 with the same weights, to bfloat16's rounding."""
+    from hpcinfer.models import moe as moe_module
+
+    _, _, _, model, _, _, ref = family
+    index = next(i for i, layer in enumerate(model.layers) if layer.moe is not None)
+    ours = copy.deepcopy(model.layers[index].moe).to(torch.bfloat16)
+    theirs = copy.deepcopy(ref.model.layers[index].mlp).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(96, ours.router.shape[1], generator=g).to(torch.bfloat16)  # one token of 96 sequences
+    monkeypatch.setattr(moe_module, "SLOTS_PER_MEAN_ROW", 1.0)  # fewer slots: some rows run past them
+    experts, _ = ours.route(h)
+    counts = torch.bincount(experts.flatten(), minlength=ours.router.shape[0])
+    width = ours._batch_width(h, counts)
+    assert 0 < width < int(counts.max())
+    with torch.inference_mode():
+        got = ours(h).float()
+        want = theirs(h[None])
+        want = (want[0] if isinstance(want, tuple) else want)[0].float()
+    # bfloat16 keeps 8 significant bits: a few roundings of the largest output apart at most
+    assert (got - want).abs().max() <= 2**-6 * want.abs().max()
+    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.999
 
 
 def test_tensor_parallel_refuses_a_mixture_of_experts_in_one_line():
