@@ -20,8 +20,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # NOTE: `pytest -n 2` runs two workers on the machine's two cores: two torch threads each would
-    # put four busy threads on two cores. Subprocesses a test starts keep torch's default.
+    # NOTE: `pytest -n 4` runs four workers on the machine's two cores: more torch threads each would
+    # only contend for them. Subprocesses a test starts keep torch's default.
     torch.set_num_threads(1)
 
 from hpcinfer.api import run

