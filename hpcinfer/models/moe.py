@@ -14,6 +14,7 @@ intermediate]): the loader stacks a checkpoint's per-expert tensors once (decode
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -29,6 +30,13 @@ from torch import nn
 SLOTS_PER_MEAN_ROW = 2.0
 MOST_SLOTS = 80
 LEAST_BUSY = 0.5
+
+
+@functools.cache
+def _onednn_bfloat16() -> bool:
+    """Whether oneDNN has bfloat16 kernels here (AVX-512 CPUs; natively with AVX-512 BF16 or AMX):
+    elsewhere bfloat16 matmuls are emulated, and the batch's padding would only add work."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class MoE(nn.Module):
@@ -99,12 +107,13 @@ class MoE(nn.Module):
         """The row slots each expert gets in one batched matmul over all experts, or 0: expert by
         expert.
 
-        NOTE: measured on CPUs (benchmarks/speed/bench_decoders.py's MoE step): in bfloat16, where
-        oneDNN runs batched matmuls on AMX / AVX-512 BF16, a decode step's few rows per expert run
-        2.2-2.6x faster batched (each expert's own matmul is too small to use the cores); in
-        float32 MKL's per-expert matmuls are as fast as the padded batch, so the loop is kept.
+        NOTE: measured on CPUs (benchmarks/speed/bench_moe.py, and bench_decoders.py's MoE step):
+        in bfloat16, where oneDNN runs batched matmuls on AMX / AVX-512 BF16, a decode step's few
+        rows per expert run 2.2-2.6x faster batched (each expert's own matmul is too small to use
+        the cores); in float32 MKL's per-expert matmuls are as fast as the padded batch, so the
+        loop is kept (float16 is not measured: it keeps the loop too).
         """
-        if h.device.type != "cpu" or h.dtype not in (torch.bfloat16, torch.float16):
+        if h.device.type != "cpu" or h.dtype != torch.bfloat16 or not _onednn_bfloat16():
             return 0
         if int((counts > 0).sum()) < LEAST_BUSY * counts.numel():
             return 0
