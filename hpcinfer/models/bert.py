@@ -7,6 +7,7 @@ ids and lengths ever cross the bus.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,13 @@ def pack_layers(
             setattr(layer, name, PackedLinear(getattr(layer, name), "gelu" if name == fuse_gelu else "none"))
 
 
+@functools.cache
+def onednn_bfloat16() -> bool:
+    """Whether oneDNN has bfloat16 kernels here (its own check: AVX-512 CPUs, natively with AVX-512
+    BF16 or AMX); elsewhere bfloat16 matmuls are emulated."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def can_pack_for_cpu(model: nn.Module) -> bool:
     """Whether a CPU model's linears can be oneDNN PackedLinears: every weight in float32, or in
     bfloat16 where oneDNN takes bfloat16 (its own check: AVX-512 CPUs, natively with AVX-512 BF16
@@ -208,7 +216,7 @@ def can_pack_for_cpu(model: nn.Module) -> bool:
     dtypes = {p.dtype for p in params}
     on_cpu = all(p.device.type == "cpu" for p in params)
     if dtypes == {torch.bfloat16}:
-        return on_cpu and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return on_cpu and onednn_bfloat16()
     return on_cpu and dtypes == {torch.float32}
 
 

@@ -14,13 +14,14 @@ intermediate]): the loader stacks a checkpoint's per-expert tensors once (decode
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .bert import onednn_bfloat16
 
 # The batched form gives every expert the same number of row slots: twice a step's mean rows per
 # expert (a busier expert's rows beyond them run on their own after), and only while that fills
@@ -30,13 +31,6 @@ from torch import nn
 SLOTS_PER_MEAN_ROW = 2.0
 MOST_SLOTS = 80
 LEAST_BUSY = 0.5
-
-
-@functools.cache
-def _onednn_bfloat16() -> bool:
-    """Whether oneDNN has bfloat16 kernels here (AVX-512 CPUs; natively with AVX-512 BF16 or AMX):
-    elsewhere bfloat16 matmuls are emulated, and the batch's padding would only add work."""
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class MoE(nn.Module):
@@ -111,9 +105,10 @@ class MoE(nn.Module):
         in bfloat16, where oneDNN runs batched matmuls on AMX / AVX-512 BF16, a decode step's few
         rows per expert run 2.2-2.6x faster batched (each expert's own matmul is too small to use
         the cores); in float32 MKL's per-expert matmuls are as fast as the padded batch, so the
-        loop is kept (float16 is not measured: it keeps the loop too).
+        loop is kept (float16 is not measured: it keeps the loop too), and so it is where oneDNN has
+        no bfloat16 kernels: emulated, the batch's padding would only add work.
         """
-        if h.device.type != "cpu" or h.dtype != torch.bfloat16 or not _onednn_bfloat16():
+        if h.device.type != "cpu" or h.dtype != torch.bfloat16 or not onednn_bfloat16():
             return 0
         if int((counts > 0).sum()) < LEAST_BUSY * counts.numel():
             return 0
@@ -141,9 +136,9 @@ class MoE(nn.Module):
         x[expert_of[fits], :, slot[fits]] = routed[fits]
         y = torch.empty_like(routed)
         y[fits] = self.experts_batched(x)[expert_of[fits], :, slot[fits]]
-        for expert in (counts > width).nonzero().flatten().tolist():
-            rows = slice(int(starts[expert]) + width, int(starts[expert] + counts[expert]))
-            self.expert(expert, routed[rows], y[rows])
+        for expert, (start, count) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True)):
+            if count > width:
+                self.expert(expert, routed[start + width : start + count], y[start + width : start + count])
         return self._add_shares(h, y, tokens, share)
 
 

@@ -213,7 +213,7 @@ def test_bfloat16_experts_batched_over_a_decode_step_equal_transformers_bfloat16
     h = torch.randn(96, ours.router.shape[1], generator=g).to(torch.bfloat16)  # one token of 96 sequences
     monkeypatch.setattr(moe_module, "SLOTS_PER_MEAN_ROW", 1.0)  # fewer slots: some rows run past them
     # the batch is chosen where oneDNN has bfloat16 kernels; its arithmetic is checked on any CPU
-    monkeypatch.setattr(moe_module, "_onednn_bfloat16", lambda: True)
+    monkeypatch.setattr(moe_module, "onednn_bfloat16", lambda: True)
     experts, _ = ours.route(h)
     counts = torch.bincount(experts.flatten(), minlength=ours.router.shape[0])
     width = ours._batch_width(h, counts)
