@@ -1,10 +1,11 @@
 """Each decoder family beyond Llama/Mistral/Qwen in the paged engine, natively and with no flag.
 
 Per family, a tiny random checkpoint saved by the installed transformers, 64 prompts of 16-300
-token ids: greedy tokens equal transformers' `generate` (float32, one prompt at a time); top-5
-log-probabilities within 1e-4 of transformers' log-softmax on 8; n=2 seeded sampling held to a JSON
-schema gives valid JSON (jsonschema); prefix caching on and off give the same tokens; the CLI's
-default `--backend auto` runs it natively and the report says so.
+token ids: greedy tokens equal transformers' `generate` (float32; tests/fixtures/tiny_decoder.py's
+`transformers_greedy`: each answer confirmed by an unbatched forward, near ties generated one prompt
+at a time); top-5 log-probabilities within 1e-4 of transformers' log-softmax on 8; n=2 seeded
+sampling held to a JSON schema gives valid JSON (jsonschema); prefix caching on and off give the
+same tokens; the CLI's default `--backend auto` runs it natively and the report says so.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Exactness: continuous batching over the paged cache gives transformers' greedy tokens.
 
-The oracle is `transformers` `generate`, one prompt at a time, float32. Random checkpoints use an
-initializer_range of 0.1 so greedy outputs vary (at 0.02 they repeat one token and prove nothing).
+The oracle is `transformers` `generate` in float32 (tests/fixtures/tiny_decoder.py's
+`transformers_greedy`: one batch, each answer confirmed by an unbatched forward, near ties generated
+one prompt at a time). Random checkpoints use an initializer_range of 0.1 so greedy outputs vary (at
+0.02 they repeat one token and prove nothing).
 """
 
 from __future__ import annotations
