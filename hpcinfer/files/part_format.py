@@ -30,6 +30,14 @@ def results_table(ids: list[Any], values: np.ndarray, dim: int) -> pa.Table:
     return pa.table({"id": id_array(ids), "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
 
 
+def settle_arrow() -> None:
+    """pyarrow imports pandas, where it is installed, the first time it converts Python objects
+    (0.2-0.35 s of one core): a run pays it here, before its clock starts, not inside its first
+    commit, where it would stall the loop that commits and land in the latency of every row
+    waiting then (under `--rate`)."""
+    pa.array([0])
+
+
 def id_array(ids: list[Any]) -> pa.Array:
     """Ids as one Arrow column: integers or strings, nulls kept as nulls."""
     try:

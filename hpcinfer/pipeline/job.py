@@ -17,6 +17,7 @@ from ..device import Device, resolve_dtype
 from ..errors import ConfigError, Interrupted
 from ..files.arrivals import ArrivalReplay
 from ..files.fingerprint import fingerprint
+from ..files.part_format import settle_arrow
 from ..files.parts import PartStore
 from ..job.accounting import settle, watch_output
 from ..job.claim import claimed, open_store, recorded_fingerprint
@@ -129,6 +130,7 @@ def execute_job(job: EmbedJob, extras: RunExtras) -> RunReport:
     try:
         stages, thread_init, planner, writer, budget = run.stages(first_window, extras.batch_profiler, extras.model)
         rate = config.input.rate
+        settle_arrow()
         source = reader if rate is None else ArrivalReplay(reader.produce, rate, config.input.rate_seed, stop=run.stop)
         start, start_ns = time.perf_counter(), time.perf_counter_ns()
         with signals_stop(run.stop) as interrupted:

@@ -141,11 +141,15 @@ def test_under_rate_above_capacity_the_high_class_has_the_lower_p99(tmp_path, ck
     rows = shared_rows(80, seed=6)
     for i, r in enumerate(rows):
         r["priority"] = 1 if i % 4 == 1 else 0
-    report, got = run(tmp_path, "rate", rows, rate=400.0, model=ckpt, window_rows=16, max_num_seqs=2, max_tokens=6)
+    # NOTE: 80 rows arrive in ~16 ms, far faster than any CPU serves them two at a time
+    report, got = run(tmp_path, "rate", rows, rate=5000.0, model=ckpt, window_rows=16, max_num_seqs=2, max_tokens=6)
     assert [r["id"] for r in got] == [r["id"] for r in rows]  # every row once, in input order
     assert report.rows == 80 and report.windows == 5
+    # saturated, by the engine's steps rather than the clock: it never ran short of sequences
+    # (0.996 here; 0.55 with the same rows at 20 a second)
+    assert report.mean_occupancy > 0.9
     lat = report.latency_by_priority
-    print(f"--rate 400: p99 latency priority 1 {lat['1']['p99_ms']:.0f} ms, priority 0 {lat['0']['p99_ms']:.0f} ms")
-    assert lat["1"]["p99_ms"] < lat["0"]["p99_ms"]
-    # saturated: the low class waited far longer than the run takes to serve one row
-    assert lat["0"]["p99_ms"] > 4 * lat["1"]["p50_ms"]
+    print(f"--rate 5000: p99 latency priority 1 {lat['1']['p99_ms']:.0f} ms, priority 0 {lat['0']['p99_ms']:.0f} ms")
+    # the high class is served first: its slowest row before the low class's median one (a pause
+    # of the whole process delays both alike)
+    assert lat["1"]["p99_ms"] < lat["0"]["p50_ms"]

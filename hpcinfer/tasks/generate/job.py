@@ -35,6 +35,7 @@ from ...engine.runtime.loop import EngineSink, run_loop
 from ...engine.runtime.pool import run_on_devices
 from ...engine.sequence import Sequence
 from ...errors import Interrupted
+from ...files.part_format import settle_arrow
 from ...files.sources import estimate_file_rows
 from ...job.accounting import settle, watch_output
 from ...job.claim import claimed, open_store, recorded_fingerprint
@@ -232,6 +233,7 @@ class GenerationJob:
         try:
             # NOTE: a KV pool smaller than the model's context bounds the prompts too.
             self.reader.max_prompt = min(self.reader.max_prompt, *(e.max_model_len - 1 for e in engines))
+            settle_arrow()
             start = time.perf_counter()
             plan = self.affinity
             if len(engines) == 1:
