@@ -103,7 +103,7 @@ def write_parquet(path: Path, rows: list[dict[str, Any]], row_group_size: int = 
 @pytest.fixture(scope="session", autouse=True)
 def _cli_processes_start_warm():
     """`python -m hpcinfer ...` in a test forks from a server that imported torch and hpcinfer once
-    (tests/fixtures/warm_cli.py): a real process, without ~1.5 s of imports each."""
+    (tests/fixtures/warm_cli.py): a real process, without ~2 s of imports each."""
     with tempfile.TemporaryDirectory(prefix="hpcinfer-cli-") as folder, warm_cli(Path(folder)):
         yield
 
