@@ -56,36 +56,45 @@ def test_greedy_answers_equal_one_token_a_step(tiny, seqs, monkeypatch):
     assert again == want
 
 
+# NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token was
+# seen, and the tokens after it are proposed (the prefix caches, the model's and the draft's,
+# prefill the prompt once)
+SPEC_PROMPT = list(range(8, 260))
+SPEC_PARAMS = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
+
+
+@pytest.fixture(scope="module")
+def unspeculated(tmp_path_factory):  # noqa: ANN201
+    """A tiny GGUF model and its 800 seeded answers drawn without speculation: both proposers'
+    reference distribution, drawn once, 64 answers a step (speculation runs at most
+    MOST_SPECULATING sequences; a distribution does not depend on the batch)."""
+    from hpcinfer.models.decoder_checkpoint import load_decoder
+    from hpcinfer.models.decoder_inspect import inspect_decoder
+    from tests.fixtures.tiny_gguf import build_tiny_gguf
+
+    info = inspect_decoder(build_tiny_gguf(tmp_path_factory.mktemp("spec") / "tiny.gguf", seed=11))
+    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    engine = Engine(model, EngineConfig(max_num_seqs=64), info.eos_token_ids)
+    return info, model, [s.completion for s in engine.generate([SPEC_PROMPT] * len(SPEC_PARAMS), SPEC_PARAMS)]
+
+
 @pytest.mark.parametrize("proposer", ["ngram", "draft"])
-def test_sampled_answers_keep_their_distribution(tmp_path, proposer, monkeypatch):
+def test_sampled_answers_keep_their_distribution(unspeculated, proposer, monkeypatch):
     """Sampled rows speculate too (a proposal kept with the model's probability for it, else a draw
     without it): the tokens of 800 seeded answers, with and without, are one distribution (a
     chi-square test per position, on a 268-token vocabulary); proposals by prompt lookup, or by a
     draft model (the model itself: its greedy guess is the distribution's mode, kept or refused)."""
     from scipy.stats import chi2_contingency
 
-    from hpcinfer.models.decoder_checkpoint import load_decoder
-    from hpcinfer.models.decoder_inspect import inspect_decoder
-    from tests.fixtures.tiny_gguf import build_tiny_gguf
-
-    info = inspect_decoder(build_tiny_gguf(tmp_path / "tiny.gguf", seed=11))
-    model = load_decoder(info, torch.device("cpu"), torch.float32)
+    info, model, plain = unspeculated
     draft = model if proposer == "draft" else None
     monkeypatch.setattr(speculate, "LOW_RATE", 0.0)  # NOTE: propose every step, however few are kept
-    # NOTE: every token in the prompt, followed by the next: whatever an answer draws, its last token
-    # was seen, and the tokens after it are proposed (the prefix caches, the model's and the
-    # draft's, prefill the prompt once)
-    prompt = list(range(8, 260))
-    params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=6, seed=s, ignore_eos=True) for s in range(800)]
-    answers = {}
-    for k in (0, 4):
-        engine = Engine(model, EngineConfig(max_num_seqs=4, speculative_tokens=k), info.eos_token_ids, draft=draft)
-        answers[k] = [s.completion for s in engine.generate([prompt] * len(params), params)]
-        if k:
-            assert engine.speculation.proposed > 1000 and engine.speculation.accepted > 10  # both paths run
-            assert engine.speculation.accepted < 0.9 * engine.speculation.proposed
-            if draft is not None:  # the prompt's full blocks prefilled by the draft once, then shared
-                assert engine.speculation.draft.cached >= 799 * (len(prompt) // 16 * 16)
+    engine = Engine(model, EngineConfig(max_num_seqs=4, speculative_tokens=4), info.eos_token_ids, draft=draft)
+    answers = {0: plain, 4: [s.completion for s in engine.generate([SPEC_PROMPT] * len(SPEC_PARAMS), SPEC_PARAMS)]}
+    assert engine.speculation.proposed > 1000 and engine.speculation.accepted > 10  # both paths run
+    assert engine.speculation.accepted < 0.9 * engine.speculation.proposed
+    if draft is not None:  # the prompt's full blocks prefilled by the draft once, then shared
+        assert engine.speculation.draft.cached >= 799 * (len(SPEC_PROMPT) // 16 * 16)
     assert answers[0] != answers[4]  # NOTE: other draws; the same distribution below
     for position in range(1, 5):
         tokens = sorted({a[position] for k in answers for a in answers[k]})
