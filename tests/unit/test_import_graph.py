@@ -7,6 +7,7 @@ dependency, and a cycle through one is still two modules that each need the othe
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpcinfer"
@@ -50,6 +51,16 @@ def import_graph(package: Path) -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
+def _package_edges() -> tuple[tuple[str, frozenset[str]], ...]:
+    return tuple((name, frozenset(edges)) for name, edges in import_graph(PACKAGE).items())
+
+
+def package_graph() -> dict[str, set[str]]:
+    """hpcinfer's import graph, its sources read once per test session (a fresh copy each call)."""
+    return {name: set(edges) for name, edges in _package_edges()}
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of the graph as [a, b, ..., a], or None for a DAG (iterative depth-first search)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -73,7 +84,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_package_imports_form_no_cycle():
-    graph = import_graph(PACKAGE)
+    graph = package_graph()
     assert len(graph) > 50  # every module was read
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -95,7 +106,7 @@ ENTRY_POINTS = ("hpcinfer.cli", "hpcinfer.serve")  # the command line, and the s
 
 
 def test_nothing_below_the_api_imports_it():
-    graph = import_graph(PACKAGE)
+    graph = package_graph()
     users = sorted(name for name, edges in graph.items() if "hpcinfer.api" in edges)
     assert users and all(u.startswith(ENTRY_POINTS) for u in users), users
 
@@ -121,7 +132,7 @@ def test_the_engine_imports_no_task_file_job_or_command_line_module():
     """engine/ is the generation engine alone: requests in, finished sequences out. Its runtime
     (engine/runtime/: engines driven across devices) meets the job (its window book, the arrival
     clock of --rate) but knows no task either."""
-    graph = import_graph(PACKAGE)
+    graph = package_graph()
     core = {name: edges for name, edges in graph.items() if not name.startswith("hpcinfer.engine.runtime")}
     assert layer_violations(core, "hpcinfer.engine", ENGINE_MAY_NOT_IMPORT) == []
     assert layer_violations(graph, "hpcinfer.engine.runtime", RUNTIME_MAY_NOT_IMPORT) == []
@@ -152,11 +163,11 @@ KNOWN_FOLDER_CYCLES: set[tuple[str, ...]] = set()
 
 
 def test_folders_import_each_other_no_more_than_known():
-    assert folder_cycles(import_graph(PACKAGE)) <= KNOWN_FOLDER_CYCLES
+    assert folder_cycles(package_graph()) <= KNOWN_FOLDER_CYCLES
 
 
 def test_the_folder_check_sees_a_back_edge():
-    graph = import_graph(PACKAGE)
+    graph = package_graph()
     graph["hpcinfer.files.parts"] = graph["hpcinfer.files.parts"] | {"hpcinfer.job.claim"}  # files -> job
     assert ("files", "job") in folder_cycles(graph) - KNOWN_FOLDER_CYCLES
 
@@ -210,6 +221,6 @@ def task_crossings(graph: dict[str, set[str]]) -> list[str]:
 def test_no_task_imports_another():
     """What two tasks share lives outside tasks/ (the encoder pipeline, the engine), so a task folder
     can be read, changed or removed alone."""
-    assert task_crossings(import_graph(PACKAGE)) == []
+    assert task_crossings(package_graph()) == []
     crossing = {"hpcinfer.tasks.score.task": {"hpcinfer.tasks.classify.labels", "hpcinfer.pipeline.task"}}
     assert task_crossings(crossing) == ["hpcinfer.tasks.score.task -> hpcinfer.tasks.classify.labels"]
