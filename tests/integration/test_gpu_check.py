@@ -30,7 +30,7 @@ def test_the_environment_step_names_a_missing_module_before_any_work(tmp_path, m
     done = subprocess.run(
         [sys.executable, str(GPU_CHECK / "gpu_env_check.py"), "--dry-run"], capture_output=True, text=True, env=env
     )
-    assert done.returncode == 1
+    assert done.returncode == 1 and "missing: " in done.stdout, done.stdout
     named = done.stdout.split("missing: ", 1)[1]
     assert [part.split(" (")[0] for part in named.strip().split("; ")] == list(absent), done.stdout
     assert "numpy " in done.stdout and "pyarrow " in done.stdout  # the others' versions, as usual
