@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -210,6 +212,15 @@ def assert_a_late_fault_resumes_to_the_whole_run(tmp_path: Path, src: Path, mode
     assert has_commits(str(out))  # NOTE: windows committed before the fault are what the resume skips
     run_job(small_config(src, out, model, **over, output={"resume": True}))
     assert read_output(str(out)).to_pylist() == whole.to_pylist()
+
+
+@pytest.fixture()
+def children_left() -> Callable[[], list[psutil.Process]]:
+    """The processes this test started that are still this process's children, when called: those
+    it had before the test (what an earlier test left, as multiprocessing's resource tracker) are
+    not the test's."""
+    before = {p.pid for p in psutil.Process().children()}
+    return lambda: [p for p in psutil.Process().children() if p.pid not in before]
 
 
 @pytest.fixture(scope="module")

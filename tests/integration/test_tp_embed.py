@@ -8,7 +8,6 @@ import re
 from dataclasses import replace
 
 import numpy as np
-import psutil
 import pytest
 
 from hpcinfer.api import run
@@ -39,7 +38,7 @@ def _config(src, out, model, **device) -> RunConfig:
     )
 
 
-def test_two_ranks_embed_as_one_process(tmp_path, embedder):
+def test_two_ranks_embed_as_one_process(tmp_path, embedder, children_left):
     rows = [{"id": i, "text": t[: 20 + 7 * i]} for i, t in enumerate(make_texts(24, seed=8))]
     rows.append({"id": 99, "text": ""})  # a reject, the same with --tp
     src = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -54,7 +53,7 @@ def test_two_ranks_embed_as_one_process(tmp_path, embedder):
     ranks = two.tensor_parallel
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] == two.batches > 0
     assert all(r["collective_calls"] > 0 and r["weight_bytes"] > 0 for r in ranks)
-    assert not psutil.Process().children(), "rank 1 ended with the run"
+    assert not children_left(), "rank 1 ended with the run"
 
 
 @pytest.mark.parametrize(
@@ -65,12 +64,12 @@ def test_two_ranks_embed_as_one_process(tmp_path, embedder):
         ({"tensor_parallel": 3}, "--tp 3 must divide"),
     ],
 )
-def test_what_is_not_built_is_refused(tmp_path, embedder, device, says):
+def test_what_is_not_built_is_refused(tmp_path, embedder, device, says, children_left):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "a short text"}])
     config = _config(src, tmp_path / "o.parquet", embedder, **{"tensor_parallel": 2, **device})
     with pytest.raises(ConfigError, match=re.escape(says)):
         run(config)
-    assert not psutil.Process().children()
+    assert not children_left()
 
 
 def test_an_encoder_is_refused(tmp_path):

@@ -150,11 +150,11 @@ def test_ctrl_c_stops_every_rank(tmp_path, ckpt):
     rank1.wait(timeout=30)
 
 
-def test_a_model_that_does_not_divide_is_one_line(tmp_path, ckpt):
+def test_a_model_that_does_not_divide_is_one_line(tmp_path, ckpt, children_left):
     src = write_jsonl(tmp_path / "in.jsonl", _rows(2))
     done = _run(str(src), "--model", str(ckpt), "-o", str(tmp_path / "o.jsonl"), *BASE, "--tp", "4", timeout=120)
     assert done.returncode == 2 and "--tp 4 must divide the model's KV heads (2)" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr and not psutil.Process().children()
+    assert "Traceback" not in done.stderr and not children_left()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-import psutil
 import pytest
 
 from hpcinfer.config import DeviceConfig
@@ -26,7 +25,7 @@ def ckpt(tmp_path_factory):
     return build_tiny_decoder(tmp_path_factory.mktemp("tp"), "Qwen2ForCausalLM", seed=4, max_positions=128)
 
 
-def test_two_groups_of_two_ranks_write_what_one_process_writes(tmp_path, ckpt):
+def test_two_groups_of_two_ranks_write_what_one_process_writes(tmp_path, ckpt, children_left):
     src = write_jsonl(tmp_path / "in.jsonl", _rows(10))
     run_generate(_config(src, tmp_path / "ref.jsonl", ckpt))
     config = _config(src, tmp_path / "tp.jsonl", ckpt, tp=2, window_rows=5, max_num_seqs=2)
@@ -37,7 +36,7 @@ def test_two_groups_of_two_ranks_write_what_one_process_writes(tmp_path, ckpt):
     assert [d["device"] for d in report.devices] == ["cpu#0", "cpu#1"]
     assert all(d["rows"] > 0 and d["steps"] > 0 for d in report.devices), report.devices
     assert sum(d["rows"] for d in report.devices) == report.rows
-    assert not psutil.Process().children(), "every group's ranks ended"
+    assert not children_left(), "every group's ranks ended"
 
 
 def test_a_device_count_that_does_not_divide_is_one_line(tmp_path, ckpt):
