@@ -98,8 +98,8 @@ def test_a_gemma3_on_two_ranks_with_paged_windows_writes_what_one_process_writes
     assert report.peak_kv_blocks_full_attention > report.peak_kv_blocks > 0  # the windows were paged
 
 
-def _start_until_committed(args: list[str], manifest: Path, windows: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(_cli(*args), env=ENV, stderr=subprocess.PIPE, text=True)
+def _start_until_committed(args: list[str], manifest: Path, windows: int, env: dict = ENV) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(_cli(*args), env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -113,19 +113,24 @@ def _start_until_committed(args: list[str], manifest: Path, windows: int) -> sub
 
 
 def test_a_rank_killed_ends_the_run_and_resume_finishes_it(tmp_path, ckpt):
-    """kill -9 of rank 1, then of rank 0 in the resumed run; a last --resume writes what one process writes."""
+    """kill -9 of rank 1, then of rank 0 in the resumed run; a last --resume writes what one process
+    writes. Neither kill leaves anything in the temporary folder (rank 0's stats folder)."""
     src = write_jsonl(tmp_path / "in.jsonl", _rows(36))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**ENV, "TMPDIR": str(temp)}
     ref = tmp_path / "ref.jsonl"
     run_generate(_config(src, ref, ckpt, window_rows=3, max_num_seqs=2))
     args = [str(src), "--model", str(ckpt), "--window-rows", "3", "--max-num-seqs", "2", "--tp", "2", *BASE]
     out = tmp_path / "out.jsonl"
     manifest = Path(str(out) + ".parts") / "manifest.json"
     for victim, windows, more in ((1, 2, []), (0, 5, ["--resume"])):
-        proc = _start_until_committed([*args, "-o", str(out), *more], manifest, windows)
+        proc = _start_until_committed([*args, "-o", str(out), *more], manifest, windows, env)
         rank1 = psutil.Process(proc.pid).children()[0]
         (rank1 if victim == 1 else psutil.Process(proc.pid)).send_signal(signal.SIGKILL)
         _, stderr = proc.communicate(timeout=60)
         rank1.wait(timeout=30)  # no rank is left behind
+        assert not list(temp.iterdir()), f"kill -9 of rank {victim} left {[p.name for p in temp.iterdir()]}"
         if victim == 1:
             assert proc.returncode == 1, stderr
             assert "tensor-parallel rank 1 (cpu) died (killed by SIGKILL)" in stderr and "--resume" in stderr
