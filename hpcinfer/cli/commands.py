@@ -117,15 +117,14 @@ def profile(**opts: Any) -> None:
     Example:
       hpcinfer profile sample_data/requests.parquet --limit 1000 --torch-profile prof/
     """
-    import tempfile
-
     from ..api import run as api_run
+    from ..files.scratch import scratch_dir
     from ..obs.profile import run_profiled
     from ..obs.render import render
 
     opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
     console = _stderr_console()
-    with tempfile.TemporaryDirectory(prefix="hpcinfer-profile-") as scratch:
+    with scratch_dir("profile") as scratch:
         if not opts["output"]:
             opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
             if opts.get("report_html") in (None, "auto"):  # NOTE: not beside a scratch output that is removed

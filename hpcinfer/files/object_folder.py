@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import IO, Any
 from ..errors import OutputError
 from . import storage
 from .lease import LEASE_NAME, Lease
+from .scratch import scratch_dir
 
 _MANIFEST = re.compile(r"_manifest-(\d{8})\.json$")
 
@@ -59,7 +59,7 @@ class ObjectFolder:
 
     def write(self, name: str, write: Any) -> None:
         """The file `write` makes, uploaded as one object (overwriting: a part's name is its window's)."""
-        with tempfile.TemporaryDirectory(prefix="hpcinfer-part-") as spool:
+        with scratch_dir("part") as spool:
             tmp = Path(spool) / name
             write(tmp)
             try:

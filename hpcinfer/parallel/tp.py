@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 
 from ..engine.kvcache.pools import KVLayout, size_pool
 from ..engine.runner import StepInputs
+from ..files.scratch import make_scratch_dir
 from ..models.decoder_inspect import DecoderInfo
 from .decoder import ShardedDecoder
 from .group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
@@ -129,7 +129,7 @@ class RankProcesses:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each step, watches them, stops them."""
 
     def __init__(self, setup: RankSetup) -> None:
-        self.stats_dir = Path(tempfile.mkdtemp(prefix="hpcinfer-tp-"))
+        self.stats_dir = Path(make_scratch_dir("tp"))
         self.setup = setup = replace(setup, stats_dir=str(self.stats_dir))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.failed: RankFailed | None = None

@@ -230,9 +230,15 @@ def test_kill_9_then_resume_from_another_process_writes_nothing_twice(tmp_path, 
     assert 2 <= committed < 20, committed
     assert "emb/_lease.json" in s3.keys("resume", "emb/")  # a killed run cannot let go of its lease
 
+    # a kill during an upload leaves the part's local spool: the next run removes it
+    temp = tmp_path / "temp"
+    spool = temp / f"hpcinfer-part-{proc.pid}-killed"
+    spool.mkdir(parents=True)
+    (spool / f"part-{committed:06d}.parquet").write_bytes(b"PAR1")
     resumed = subprocess.run(_command("s3://long/in.jsonl", *common, "-o", out, "--resume"),
-                             capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+                             capture_output=True, text=True, env={**ENV, "TMPDIR": str(temp)}, timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
+    assert not list(temp.iterdir())
     table = ds.dataset("resume/emb/", filesystem=s3.fs, format="parquet").to_table()
     want = pq.read_table(reference)
     assert table.equals(want.cast(table.schema))
