@@ -18,6 +18,7 @@ from .device import Device
 from .device.machine import machine_facts
 from .errors import ConfigError, Interrupted
 from .files import storage
+from .files.scratch import sweep_once
 from .models.registry import LoadedModel
 from .models.shelf import ModelShelf
 from .obs.observed import Observed, ReportFiles
@@ -56,6 +57,7 @@ def run(
     """
     config.validate()
     storage.configure(config.storage())  # NOTE: before any input is opened or output looked at
+    sweep_once()  # what runs killed earlier left in $TMPDIR (files/scratch.py)
     config = replace(config, output=replace(config.output, path=storage.local_path(config.output.path)))
     task = task_named(pick_task(config))
     config, fallback = settle_backend(task, replace(config, task=task.name))  # NOTE: before the task settles

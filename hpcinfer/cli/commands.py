@@ -118,13 +118,13 @@ def profile(**opts: Any) -> None:
       hpcinfer profile sample_data/requests.parquet --limit 1000 --torch-profile prof/
     """
     from ..api import run as api_run
-    from ..files.scratch import scratch_dir
+    from ..files.scratch import ScratchDir
     from ..obs.profile import run_profiled
     from ..obs.render import render
 
     opts["trace_path"] = opts["trace_path"] or "hpcinfer-trace.json"
     console = _stderr_console()
-    with scratch_dir("profile") as scratch:
+    with ScratchDir("profile") as scratch:
         if not opts["output"]:
             opts = {**opts, "output": os.path.join(scratch, "results.parquet"), "overwrite": False, "resume": False}
             if opts.get("report_html") in (None, "auto"):  # NOTE: not beside a scratch output that is removed

@@ -27,7 +27,7 @@ from typing import IO, Any
 from ..errors import OutputError
 from . import storage
 from .lease import LEASE_NAME, Lease
-from .scratch import scratch_dir
+from .scratch import ScratchDir
 
 _MANIFEST = re.compile(r"_manifest-(\d{8})\.json$")
 
@@ -59,7 +59,7 @@ class ObjectFolder:
 
     def write(self, name: str, write: Any) -> None:
         """The file `write` makes, uploaded as one object (overwriting: a part's name is its window's)."""
-        with scratch_dir("part") as spool:
+        with ScratchDir("part") as spool:
             tmp = Path(spool) / name
             write(tmp)
             try:

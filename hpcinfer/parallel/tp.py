@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import torch
 
 from ..engine.kvcache.pools import KVLayout, size_pool
 from ..engine.runner import StepInputs
-from ..files.scratch import make_scratch_dir
+from ..files.scratch import ScratchDir
 from ..models.decoder_inspect import DecoderInfo
 from .decoder import ShardedDecoder
 from .group import Backend, Collectives, RankFailed, Rendezvous, end_group, free_port
@@ -129,7 +128,8 @@ class RankProcesses:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each step, watches them, stops them."""
 
     def __init__(self, setup: RankSetup) -> None:
-        self.stats_dir = Path(make_scratch_dir("tp"))
+        self.scratch = ScratchDir("tp")
+        self.stats_dir = Path(self.scratch.name)
         self.setup = setup = replace(setup, stats_dir=str(self.stats_dir))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.failed: RankFailed | None = None
@@ -191,7 +191,7 @@ class RankProcesses:
             file = self.stats_dir / f"rank{rank}.json"
             if file.is_file():
                 figures.append(RankFigures(**json.loads(file.read_text())))
-        shutil.rmtree(self.stats_dir, ignore_errors=True)
+        self.scratch.cleanup()
         return figures
 
     def _write(self, rank: int, message: object) -> None:

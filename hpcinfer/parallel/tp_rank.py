@@ -74,8 +74,9 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
 
 
 def rank0_gone(inbox: BinaryIO, wait_s: float = ORPHAN_WAIT_S) -> bool:
-    """True when rank 0 has closed this rank's stdin within `wait_s`: it died. (Alive, rank 0 closes
-    a failed rank's stdin only once that rank has exited, so a live rank 0 never reads as gone.)"""
+    """True when this rank's stdin reaches its end within `wait_s`: rank 0 died, or is ending the
+    run itself. Either way the stats folder may go: rank 0 reads a rank's log only before it closes
+    any rank's stdin, and a failed rank writes no figures."""
     try:
         fd = inbox.fileno()
         deadline = time.monotonic() + wait_s
@@ -105,7 +106,7 @@ def main() -> None:
         print(f"hpcinfer: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 1
     # NOTE: rank 0 reads this rank's log from its stats folder and removes the folder; killed (kill -9),
-    # it can do neither, and no one else would: the folder goes with the last rank that notices
+    # it can do neither: the folder goes now, with the rank that notices, not at the next run's sweep
     if setup is not None and setup.stats_dir and rank0_gone(inbox):
         shutil.rmtree(setup.stats_dir, ignore_errors=True)
     sys.exit(code)

@@ -25,7 +25,7 @@ from ..config import InputConfig, PlanConfig, RunConfig, resolve_plan
 from ..device import accelerators, dtype_for, make_device, resolve_dtype
 from ..errors import InputError
 from ..files.part_format import id_array
-from ..files.scratch import scratch_dir
+from ..files.scratch import ScratchDir
 from ..models.registry import LoadedModel, load_model, load_tokenizer
 from ..obs.progress import Progress
 from ..tune.options import TuneOptions
@@ -59,7 +59,7 @@ class EmbedTuning:
         kind = device_kind(base.device.devices.split(",")[0].strip() if base.device.devices else base.device.device)
         info = embed_checkpoint(base)
         max_length = base.tokenize.max_length or info.max_seq_length
-        with scratch_dir("tune") as tmp:
+        with ScratchDir("tune") as tmp:
             workdir = Path(tmp)
             sample = draw_sample(base, opts.sample_rows, opts.sample_seed, workdir / "sample.parquet", opts.scan_rows)
             if on_sample is not None:

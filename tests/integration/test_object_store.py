@@ -211,8 +211,11 @@ def test_kill_9_then_resume_from_another_process_writes_nothing_twice(tmp_path, 
     uninterrupted = subprocess.Popen(_command(str(long_input), *common, "-o", str(reference)),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
     out = "s3://resume/emb/"
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**ENV, "TMPDIR": str(temp)}
     proc = subprocess.Popen(_command("s3://long/in.jsonl", *common, "-o", out), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while proc.poll() is None and _committed_windows(s3, "resume", "emb/") < 2 and time.monotonic() < deadline:
@@ -230,15 +233,16 @@ def test_kill_9_then_resume_from_another_process_writes_nothing_twice(tmp_path, 
     assert 2 <= committed < 20, committed
     assert "emb/_lease.json" in s3.keys("resume", "emb/")  # a killed run cannot let go of its lease
 
-    # a kill during an upload leaves the part's local spool: the next run removes it
-    temp = tmp_path / "temp"
-    spool = temp / f"hpcinfer-part-{proc.pid}-killed"
-    spool.mkdir(parents=True)
+    # a kill during an upload leaves the part's local spool (its lock dropped with the process):
+    # the next run removes it
+    spool = temp / "hpcinfer-part-killed00"
+    spool.mkdir(exist_ok=True)
+    (spool / ".held").touch()
     (spool / f"part-{committed:06d}.parquet").write_bytes(b"PAR1")
     resumed = subprocess.run(_command("s3://long/in.jsonl", *common, "-o", out, "--resume"),
-                             capture_output=True, text=True, env={**ENV, "TMPDIR": str(temp)}, timeout=300)  # fmt: skip
+                             capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
-    assert not list(temp.iterdir())
+    assert not list(temp.glob("hpcinfer-*"))
     table = ds.dataset("resume/emb/", filesystem=s3.fs, format="parquet").to_table()
     want = pq.read_table(reference)
     assert table.equals(want.cast(table.schema))

@@ -1,9 +1,12 @@
-"""Scratch folders carry their process id; the first one a run makes removes those a killed run left."""
+"""Scratch folders hold a lock while in use; a run's sweep removes those whose lock nobody holds
+(what a killed run left), and nothing else."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -18,38 +21,70 @@ def temp(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
     return tmp_path
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
+def _left_by_a_killed_run(folder, *kinds: str) -> list[str]:  # noqa: ANN001
+    """Scratch folders made by another process that then died without cleaning up (os._exit)."""
+    code = (
+        "import os, sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+        "from hpcinfer.files.scratch import ScratchDir\n"
+        "for kind in sys.argv[2:]:\n"
+        "    d = ScratchDir(kind); open(os.path.join(d.name, 'part-000003.parquet'), 'wb').write(b'x' * 1000)\n"
+        "    print(os.path.basename(d.name), flush=True)\n"
+        "os._exit(9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(folder), *kinds], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    return done.stdout.split()
 
 
-def test_a_killed_runs_scratch_goes_and_the_others_stay(temp):
-    dead, alive = _dead_pid(), os.getpid()
-    killed = temp / f"hpcinfer-part-{dead}-abc123"
-    killed.mkdir()
-    (killed / "part-000003.parquet").write_bytes(b"x" * 1000)
-    (temp / f"hpcinfer-tp-{dead}-q1").mkdir()
-    live = temp / f"hpcinfer-tune-{alive}-zz"  # a run still running: its scratch is its own
-    live.mkdir()
-    others = [temp / "hpcinfer-notes", temp / f"hpcinfer-part-{dead}-file", temp / f"mine-{dead}-x"]
-    others[0].mkdir()
-    others[1].write_text("a file, not a scratch folder")
-    others[2].mkdir()
+def test_a_killed_runs_scratch_goes_and_everything_else_stays(temp):
+    live = scratch.ScratchDir("tune")  # in use (held) by this process
+    killed = _left_by_a_killed_run(temp, "part", "tp")
+    assert all((temp / name / "part-000003.parquet").is_file() for name in killed)
+    mine = [
+        temp / "hpcinfer-part-results",  # the user's own folders and files, named alike
+        temp / "hpcinfer-results-2024-05-01",
+        temp / "hpcinfer-part-abcd1234-old",
+        temp / "hpcinfer-tp-unlocked",
+    ]
+    for folder in mine:
+        folder.mkdir()
+    (temp / "hpcinfer-part-nolock12").mkdir()  # a scratch name without its lock file: being made
+    (temp / "hpcinfer-part-afile123").write_text("a file, not a folder")
+    target = temp / "elsewhere"
+    target.mkdir()
+    (target / scratch.HELD).write_text("")
+    (temp / "hpcinfer-part-alink123").symlink_to(target)  # a link is never followed
 
-    with scratch.scratch_dir("part") as made:
-        assert os.path.basename(made).startswith(f"hpcinfer-part-{alive}-")
-        left = sorted(p.name for p in temp.iterdir())
-    assert left == sorted([live.name, os.path.basename(made), *(p.name for p in others)])
+    assert sorted(scratch.sweep(str(temp))) == sorted(killed)
+    left = {p.name for p in temp.iterdir()}
+    assert not left & set(killed)
+    assert {os.path.basename(live.name), *(p.name for p in mine)} <= left
+    assert {"hpcinfer-part-nolock12", "hpcinfer-part-afile123", "hpcinfer-part-alink123", "elsewhere"} <= left
+    assert (target / scratch.HELD).exists()
+    live.cleanup()
+    assert not os.path.exists(live.name)
+
+
+def test_a_folder_in_use_holds_its_lock_until_cleanup(temp):
+    with scratch.ScratchDir("part") as made:
+        assert os.path.basename(made).startswith("hpcinfer-part-")
+        fd = os.open(os.path.join(made, scratch.HELD), os.O_RDONLY)
+        with pytest.raises(BlockingIOError):  # what a sweep from any process meets
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+        assert scratch.sweep(str(temp)) == []
     assert not os.path.exists(made)
 
 
-def test_the_sweep_runs_once_per_temporary_folder(temp):
-    dead = _dead_pid()
-    made = scratch.make_scratch_dir("tp")
-    assert os.path.basename(made).startswith(f"hpcinfer-tp-{os.getpid()}-")
-    (temp / f"hpcinfer-part-{dead}-later").mkdir()  # left after this process's sweep: the next run's
-    with scratch.scratch_dir("part"):
-        assert (temp / f"hpcinfer-part-{dead}-later").is_dir()
-    assert scratch.sweep(str(temp)) == [f"hpcinfer-part-{dead}-later"]
-    os.rmdir(made)
+def test_each_temporary_folder_is_swept_once_per_process(temp, tmp_path_factory, monkeypatch):
+    [first] = _left_by_a_killed_run(temp, "part")
+    with scratch.ScratchDir("part"):
+        assert not (temp / first).exists()
+    [later] = _left_by_a_killed_run(temp, "part")  # after this process's sweep: the next run's to take
+    scratch.sweep_once()
+    assert (temp / later).is_dir()
+    other = tmp_path_factory.mktemp("other-tmpdir")  # $TMPDIR moved: that folder is swept too
+    [in_other] = _left_by_a_killed_run(other, "profile")
+    monkeypatch.setattr(tempfile, "tempdir", str(other))
+    scratch.sweep_once()
+    assert not (other / in_other).exists() and (temp / later).is_dir()
