@@ -31,8 +31,8 @@ _swept: set[str] = set()  # the temporary folders this process has swept ($TMPDI
 
 
 class ScratchDir:
-    """A scratch folder `hpcinfer-<kind>-XXXXXXXX` in the temporary folder, held until `cleanup()`
-    (or the end of its `with` block, which yields its path) removes it."""
+    """A scratch folder `hpcinfer-<kind>-` plus tempfile's 8 random characters, in the temporary
+    folder, held until `cleanup()` (or the end of its `with` block, which yields its path) removes it."""
 
     def __init__(self, kind: str) -> None:
         assert kind in KINDS, kind

@@ -24,6 +24,7 @@ import pytest
 
 from hpcinfer.config import ClusterConfig
 from hpcinfer.errors import InputError, OutputError
+from tests.fixtures.killed_scratch import left_by_a_killed_run
 
 from ..conftest import generate_config, make_texts, read_output, run_job, small_config, write_jsonl, write_parquet
 from .s3 import SECRET, loopback_s3, read_only_s3
@@ -235,10 +236,7 @@ def test_kill_9_then_resume_from_another_process_writes_nothing_twice(tmp_path, 
 
     # a kill during an upload leaves the part's local spool (its lock dropped with the process):
     # the next run removes it
-    spool = temp / "hpcinfer-part-killed00"
-    spool.mkdir(exist_ok=True)
-    (spool / ".held").touch()
-    (spool / f"part-{committed:06d}.parquet").write_bytes(b"PAR1")
+    left_by_a_killed_run(temp, "part")
     resumed = subprocess.run(_command("s3://long/in.jsonl", *common, "-o", out, "--resume"),
                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
 
 from hpcinfer.files import scratch
+from tests.fixtures.killed_scratch import left_by_a_killed_run
 
 
 @pytest.fixture
@@ -21,24 +20,9 @@ def temp(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
     return tmp_path
 
 
-def _left_by_a_killed_run(folder, *kinds: str) -> list[str]:  # noqa: ANN001
-    """Scratch folders made by another process that then died without cleaning up (os._exit)."""
-    code = (
-        "import os, sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
-        "from hpcinfer.files.scratch import ScratchDir\n"
-        "for kind in sys.argv[2:]:\n"
-        "    d = ScratchDir(kind); open(os.path.join(d.name, 'part-000003.parquet'), 'wb').write(b'x' * 1000)\n"
-        "    print(os.path.basename(d.name), flush=True)\n"
-        "os._exit(9)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(folder), *kinds], capture_output=True, text=True)
-    assert done.returncode == 9, done.stderr
-    return done.stdout.split()
-
-
 def test_a_killed_runs_scratch_goes_and_everything_else_stays(temp):
     live = scratch.ScratchDir("tune")  # in use (held) by this process
-    killed = _left_by_a_killed_run(temp, "part", "tp")
+    killed = left_by_a_killed_run(temp, "part", "tp")
     assert all((temp / name / "part-000003.parquet").is_file() for name in killed)
     mine = [
         temp / "hpcinfer-part-results",  # the user's own folders and files, named alike
@@ -77,14 +61,14 @@ def test_a_folder_in_use_holds_its_lock_until_cleanup(temp):
 
 
 def test_each_temporary_folder_is_swept_once_per_process(temp, tmp_path_factory, monkeypatch):
-    [first] = _left_by_a_killed_run(temp, "part")
+    [first] = left_by_a_killed_run(temp, "part")
     with scratch.ScratchDir("part"):
         assert not (temp / first).exists()
-    [later] = _left_by_a_killed_run(temp, "part")  # after this process's sweep: the next run's to take
+    [later] = left_by_a_killed_run(temp, "part")  # after this process's sweep: the next run's to take
     scratch.sweep_once()
     assert (temp / later).is_dir()
     other = tmp_path_factory.mktemp("other-tmpdir")  # $TMPDIR moved: that folder is swept too
-    [in_other] = _left_by_a_killed_run(other, "profile")
+    [in_other] = left_by_a_killed_run(other, "profile")
     monkeypatch.setattr(tempfile, "tempdir", str(other))
     scratch.sweep_once()
     assert not (other / in_other).exists() and (temp / later).is_dir()
