@@ -8,16 +8,12 @@ the run is over (None) or goes away (the end of stdin). Its figures go to a JSON
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import select
 import shutil
 import signal
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
@@ -29,8 +25,6 @@ from ..errors import HpcinferError
 from ..models.decoder_embedder import padded_hidden
 from .group import Collectives, RankFailed, Rendezvous, end_group
 from .tp import EmbedBatch, RankSetup, load_rank
-
-ORPHAN_WAIT_S = 0.5  # how long a failed rank waits to see whether rank 0 is gone (its stdin closed)
 
 
 def serve(setup: RankSetup, rank: int, inbox: object) -> None:
@@ -54,7 +48,8 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
         while True:
             try:
                 message = pickle.load(inbox)  # type: ignore[arg-type]
-            except EOFError:  # NOTE: rank 0 died (a kill, a Ray actor ended)
+            except EOFError:  # NOTE: rank 0 died (a kill, a Ray actor ended): no one reads its stats dir now
+                shutil.rmtree(setup.stats_dir, ignore_errors=True)
                 raise RankFailed("rank 0 went away") from None
             if message is None:
                 break
@@ -73,43 +68,19 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
     end_group(group)
 
 
-def rank0_gone(inbox: BinaryIO, wait_s: float = ORPHAN_WAIT_S) -> bool:
-    """True when this rank's stdin reaches its end within `wait_s`: rank 0 died, or is ending the
-    run itself. Either way the stats folder may go: rank 0 reads a rank's log only before it closes
-    any rank's stdin, and a failed rank writes no figures."""
-    try:
-        fd = inbox.fileno()
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([fd], [], [], left)[0]:
-                return False
-            if not os.read(fd, 1 << 16):  # NOTE: steps rank 0 sent before it died are drained unread
-                return True
-    except (OSError, ValueError):  # NOTE: a stdin select cannot watch: leave the folder to rank 0
-        return False
-    return False
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C stops rank 0, which ends this rank
     rank = int(sys.argv[1])
     inbox = sys.stdin.buffer
-    setup: RankSetup | None = None
     try:
         setup = pickle.load(inbox)
         serve(setup, rank, inbox)
-        return
     except HpcinferError as exc:
         print(f"hpcinfer: rank {rank}: {exc}", file=sys.stderr, flush=True)
-        code = exc.exit_code
+        sys.exit(exc.exit_code)
     except Exception as exc:
         print(f"hpcinfer: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        code = 1
-    # NOTE: rank 0 reads this rank's log from its stats folder and removes the folder; killed (kill -9),
-    # it can do neither: the folder goes now, with the rank that notices, not at the next run's sweep
-    if setup is not None and setup.stats_dir and rank0_gone(inbox):
-        shutil.rmtree(setup.stats_dir, ignore_errors=True)
-    sys.exit(code)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
