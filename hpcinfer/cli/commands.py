@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import __version__
+from ..device.heap import keep_freed_memory
 from ..errors import ConfigError, HpcinferError
 from .declare import SectionedCommand
 from .errors import user_errors
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 @click.version_option(__version__, prog_name="hpcinfer")
 def main() -> None:
     """hpcinfer: fast offline batch inference for transformer models."""
+    keep_freed_memory()  # NOTE: each batch's activations reuse the last one's memory (device/heap.py)
 
 
 def _stderr_console(**kwargs: Any) -> Console:

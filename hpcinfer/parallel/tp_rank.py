@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..device import accelerators
+from ..device.heap import keep_freed_memory
 from ..device.threads import set_torch_threads
 from ..engine.kvcache.pools import KVCache
 from ..engine.runner import ModelRunner
@@ -71,6 +72,7 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C stops rank 0, which ends this rank
     rank = int(sys.argv[1])
+    keep_freed_memory()
     inbox = sys.stdin.buffer
     try:
         setup = pickle.load(inbox)

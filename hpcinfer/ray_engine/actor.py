@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RunConfig
+from ..device.heap import keep_freed_memory
 from ..device.threads import set_torch_threads
 from ..errors import HpcinferError
 from ..files import storage
@@ -42,6 +43,7 @@ class ReplicaActor:
     """
 
     def __init__(self, config: RunConfig, workdir: str, threads: int | None, replica: str) -> None:
+        keep_freed_memory()  # NOTE: a replica's process is its own, as a CLI process is
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.threads = threads
         self.beat = Beat()
