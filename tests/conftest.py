@@ -42,8 +42,8 @@ from tests.fixtures.tiny import build_tiny_bert
 from tests.fixtures.warm_cli import warm_cli
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-keep_freed_memory()  # NOTE: the runs in this process keep their heap, as the command line's do
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+keep_freed_memory()  # NOTE: the runs in this process keep their heap, as the command line's do
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_JSONL = REPO / "sample_data" / "requests.jsonl"

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import __version__
-from ..device.heap import keep_freed_memory
 from ..errors import ConfigError, HpcinferError
 from .declare import SectionedCommand
 from .errors import user_errors
@@ -31,13 +30,22 @@ if TYPE_CHECKING:
 @click.version_option(__version__, prog_name="hpcinfer")
 def main() -> None:
     """hpcinfer: fast offline batch inference for transformer models."""
-    keep_freed_memory()  # NOTE: each batch's activations reuse the last one's memory (device/heap.py)
 
 
 def _stderr_console(**kwargs: Any) -> Console:
     from rich.console import Console
 
     return Console(stderr=True, **kwargs)
+
+
+def start_computing(threads: int | None) -> None:
+    """What a command that computes settles once, before its model loads: a heap that keeps freed
+    memory for the next batch (device/heap.py) and its thread count (device/threads.py)."""
+    from ..device.heap import keep_freed_memory
+    from ..device.threads import PROCESS
+
+    keep_freed_memory()
+    PROCESS.settle(threads)  # NOTE: a busy machine's cores are not ours
 
 
 def apply_recipe(ctx: click.Context, opts: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +92,7 @@ def run(**opts: Any) -> None:
     try:
         storage.configure(config.storage())
         check_resume_of_complete(output, config.output.resume, has_commits(output))  # before loading anything
-        from ..device.threads import PROCESS
-
-        PROCESS.settle(config.device.threads)  # NOTE: before the model loads: a busy machine's cores are not ours
+        start_computing(config.device.threads)
         report = api_run(config, progress=progress)
     except OutputComplete as exc:
         click.echo(f"hpcinfer: {exc}", err=True)
@@ -120,6 +126,7 @@ def profile(**opts: Any) -> None:
       hpcinfer profile sample_data/requests.parquet --limit 1000 --torch-profile prof/
     """
     from ..api import run as api_run
+    from ..device.heap import keep_freed_memory
     from ..files.scratch import ScratchDir
     from ..obs.profile import run_profiled
     from ..obs.render import render
@@ -132,6 +139,7 @@ def profile(**opts: Any) -> None:
             if opts.get("report_html") in (None, "auto"):  # NOTE: not beside a scratch output that is removed
                 opts["report_html"] = "off"
         config = build_run_config(apply_recipe(click.get_current_context(), opts), "profile")
+        keep_freed_memory()  # NOTE: the profiled job's memory as `run`'s
         report, notes = run_profiled(api_run, config, sys.argv[2:], opts["torch_profile"])
 
     if not opts["quiet"]:
@@ -172,9 +180,7 @@ def tune(**opts: Any) -> None:
 
     base = build_run_config(opts, "tune")
     base = replace(base, pipeline=replace(base.pipeline, progress="off"))
-    from ..device.threads import PROCESS
-
-    PROCESS.settle(base.device.threads)
+    start_computing(base.device.threads)
     show_tuning(base.validate(), build_tune_options(opts), opts)
 
 
@@ -295,12 +301,11 @@ def serve(model: str, host: str, allowed_hosts: tuple[str, ...], port: int, data
     """
     from pathlib import Path
 
-    from ..device.threads import PROCESS
     from ..serve.command import Access, Limits
     from ..serve.command import serve as run_server
 
     base = batch_run_config(model, recipe)
-    PROCESS.settle(base.device.threads)
+    start_computing(base.device.threads)
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
     access = Access(keys, no_auth, allowed_hosts)
     limits = Limits(max_file_bytes, max_requests, max_key_bytes)

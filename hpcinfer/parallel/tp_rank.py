@@ -72,7 +72,7 @@ def serve(setup: RankSetup, rank: int, inbox: object) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C stops rank 0, which ends this rank
     rank = int(sys.argv[1])
-    keep_freed_memory()
+    keep_freed_memory()  # NOTE: a rank's process computes as the command line's does
     inbox = sys.stdin.buffer
     try:
         setup = pickle.load(inbox)
