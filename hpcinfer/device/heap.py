@@ -43,19 +43,17 @@ def keep_freed_memory() -> bool:
     effect (False: `HPCINFER_HEAP=system`, another malloc or the user's own settings, not glibc)."""
     global _kept
     if _kept is None:
-        _kept = _users_choice() is None and _mallopt_all()
+        _kept = not _user_chose() and _mallopt_all()
     return _kept
 
 
-def _users_choice() -> str | None:
-    """What says the user chose how memory is allocated, or None."""
-    if os.environ.get(ENV, "").strip().lower() == "system":
-        return ENV
-    if "malloc" in os.environ.get("LD_PRELOAD", ""):  # NOTE: jemalloc, tcmalloc, mimalloc: their own rules
-        return "LD_PRELOAD"
-    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return "GLIBC_TUNABLES"
-    return next((name for name in os.environ if name.startswith("MALLOC_") and name.endswith("_")), None)
+def _user_chose() -> bool:
+    """Whether the user chose how this process allocates: `HPCINFER_HEAP=system`, a malloc of
+    their own in LD_PRELOAD (jemalloc, tcmalloc, mimalloc: their own rules), glibc's settings."""
+    env = os.environ
+    return (env.get(ENV, "").strip().lower() == "system" or "malloc" in env.get("LD_PRELOAD", "")
+            or "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
+            or any(name.startswith("MALLOC_") and name.endswith("_") for name in env))  # fmt: skip
 
 
 def _mallopt_all() -> bool:
