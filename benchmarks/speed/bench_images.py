@@ -74,7 +74,7 @@ def towers(model: Path, batch: int, dtype: str, repeats: int = 5) -> None:
     import transformers
 
     from hpcinfer.models.clip import tower_class
-    from hpcinfer.models.vit import native_tower
+    from hpcinfer.models.vit_load import native_tower
 
     torch.set_num_threads(os.cpu_count() or 1)
     transformers.logging.set_verbosity_error()  # NOTE: the text tower's weights, unused here, are no news

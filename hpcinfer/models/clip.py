@@ -3,11 +3,12 @@ an image or a text embedded into the shared space, as `get_image_features` / `ge
 
 A run embeds one modality: each row's image (`--image-column`: the decode stage gives uint8 pixels
 [rows, height * width * 3], normalised here on the device) or each row's text (token ids as the
-encoder pipeline gives every text model). The towers are transformers' own modules, run on the
-pipeline's batches; what hpcinfer adds around them is the decode stage beside the forward, the
-pinned uint8 staging, batching, resume and rejects. An image run's tower is taken into hpcinfer's
+encoder pipeline gives every text model), run on the pipeline's batches beside the decode stage,
+with the pinned uint8 staging, batching, resume and rejects. An image run's tower is hpcinfer's
 own vision transformer (models/vit.py: fused Q/K/V; on the CPU, oneDNN linears with the MLP's
-activation fused), where transformers' arithmetic is kept and its time cut by a sixth or more.
+activation fused), built from the checkpoint's files without importing transformers (its CLIP
+modules took ~3.5 s of a run's start), with transformers' arithmetic and its time cut by a sixth
+or more; a text run's tower, and an image tower vit.py cannot run, are transformers' own modules.
 
 For an image run the checkpoint's facts describe a row of pixels: `max_position_embeddings` is a
 row's bytes, `vocab_size` 256 (a byte's values), so the pipeline's length checks, batching and
@@ -32,7 +33,8 @@ from .batch_model import BatchSteps
 from .checkpoint import CheckpointInfo, read_model_json, require_weights, sentence_transformers_info
 from .hf_load import tower_from_pretrained
 from .vision import ImageSpec, read_image_spec
-from .vit import VisionTower, native_tower
+from .vit import VisionTower
+from .vit_load import load_vision_tower, native_tower
 
 CLIP_TYPES = ("clip", "siglip")
 # (model_type, images) -> transformers' tower: its embeddings are get_image_features' / get_text_features'
@@ -68,7 +70,16 @@ class ClipHead:
         return info.pooling.dimensions or info.config.hidden_size
 
     def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> BatchSteps:
-        """The one tower the run uses (its weights only: an image run never loads the text tower)."""
+        """The one tower the run uses (its weights only: an image run never loads the text tower).
+        An image tower hpcinfer runs natively is built from the checkpoint's files alone (no
+        transformers: models/vit_load.py); the rest are transformers' towers."""
+        spec = info.config.image
+        if self.images:
+            raw = read_model_json(info.path / "config.json")
+            native = load_vision_tower(info.path, raw, device, dtype, cpu_fast_path)
+            if native is not None:
+                _check_size(native.shape.image_size, spec, info.path)
+                return ClipImageEmbedder(native, info.config, info.pooling, dtype)
         try:
             import transformers  # noqa: F401  (checked here: a missing install is one line)
         except ImportError:
@@ -78,16 +89,19 @@ class ClipHead:
         tower = tower_from_pretrained(cls, info.path, dtype, sub)
         model = tower.to(device).eval()
         if self.images:
-            size = sub.image_size
-            spec = info.config.image
-            if (spec.height, spec.width) != (size, size):
-                raise ModelError(
-                    f"its image processor makes {spec.width}x{spec.height} images; its tower takes {size}x{size}",
-                    path=str(info.path),
-                )
+            _check_size(sub.image_size, spec, info.path)
             native = native_tower(model, info.config.model_type, cpu_fast_path)
             return ClipImageEmbedder(native or model, info.config, info.pooling, dtype)
         return ClipTextEmbedder(model, info.config, info.pooling)
+
+
+def _check_size(size: int, spec: ImageSpec, path: Path) -> None:
+    """The image processor's output size is the tower's input size."""
+    if (spec.height, spec.width) != (size, size):
+        raise ModelError(
+            f"its image processor makes {spec.width}x{spec.height} images; its tower takes {size}x{size}",
+            path=str(path),
+        )
 
 
 def tower_class(path: Path, model_type: str, images: bool) -> tuple[Any, Any]:

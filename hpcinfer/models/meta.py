@@ -13,21 +13,28 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-_INITIALISED = (nn.Linear, nn.Embedding, nn.LayerNorm)
+# each module class made here and the method its __init__ initialises its parameters with
+_INITIALISED = (
+    (nn.Linear, "reset_parameters"),
+    (nn.Embedding, "reset_parameters"),
+    (nn.LayerNorm, "reset_parameters"),
+    (nn.Conv2d, "reset_parameters"),
+    (nn.MultiheadAttention, "_reset_parameters"),
+)
 
 
 @contextmanager
 def empty_modules() -> Iterator[None]:
-    """Modules made inside are on the meta device and skip `reset_parameters`."""
-    saved = {cls: cls.reset_parameters for cls in _INITIALISED}
-    for cls in _INITIALISED:
-        cls.reset_parameters = _skip  # type: ignore[method-assign]
+    """Modules made inside are on the meta device and skip their initialisers."""
+    saved = [(cls, name, getattr(cls, name)) for cls, name in _INITIALISED]
+    for cls, name in _INITIALISED:
+        setattr(cls, name, _skip)
     try:
         with torch.device("meta"):
             yield
     finally:
-        for cls, method in saved.items():
-            cls.reset_parameters = method  # type: ignore[method-assign]
+        for cls, name, method in saved:
+            setattr(cls, name, method)
 
 
 def _skip(self: nn.Module) -> None:

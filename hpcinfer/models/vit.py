@@ -1,8 +1,7 @@
-"""A native vision transformer: CLIP's and SigLIP's image towers, built from transformers' modules.
+"""A native vision transformer: CLIP's and SigLIP's image towers, built from their weights.
 
-transformers' towers (`CLIPVisionModelWithProjection`, `SiglipVisionModel`) are loaded as they are
-(so every checkpoint layout they read, sentence-transformers' CLIP folders included, loads), then
-their weights are taken into this module, which runs the same arithmetic faster:
+The tower is built from the checkpoint's own files, with no transformers at all (models/vit_load.py),
+and runs the same arithmetic as transformers' towers, faster:
 
 - Q, K and V are one fused projection (one matrix product where there were three);
 - on the CPU, in float32 (and in bfloat16 where oneDNN takes it: AVX-512 CPUs, natively with
@@ -18,20 +17,20 @@ On 32 ViT-B/32 images (2 AVX-512 cores with AMX) that is 0.96-0.99 s a batch aga
 tower spent 14% of its time in the MLP's three activation kernels and 6% in copies
 (benchmarks/speed/bench_images.py prints both towers' times).
 
-An activation this module does not know leaves the checkpoint on transformers' tower (`native_tower`
-returns None).
+An activation this module does not know leaves the checkpoint on transformers' tower, and so does
+a SigLIP tower without its pooling head (vit_load.py's `vision_shape` says None).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .bert import ACTIVATIONS as BERT_ACTIVATIONS
-from .bert import PackedLinear, can_pack_for_cpu, identity
+from .bert import PackedLinear, identity
 
 QUICK_GELU = 1.702  # CLIP's quick_gelu: x * sigmoid(1.702 x)
 
@@ -51,38 +50,42 @@ FUSED = {
 }
 
 
-def _fused_qkv(attention: Any) -> nn.Linear:
-    """Q, K and V as one linear, on their device in their dtype (no float32 copy made on the way)."""
-    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-    fused = torch.nn.utils.skip_init(
-        nn.Linear, q.in_features, 3 * q.out_features, bias=q.bias is not None, device=q.weight.device,
-        dtype=q.weight.dtype,
-    )  # fmt: skip
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-        if fused.bias is not None:
-            fused.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-    return fused
+@dataclass(frozen=True, slots=True)
+class VitShape:
+    """An image tower's sizes (from its tensors) and what its config says of the rest."""
+
+    clip: bool
+    hidden: int
+    heads: int
+    layers: int
+    intermediate: int
+    channels: int
+    patch: int
+    positions: int  # CLIP's class token's included
+    projection: int  # CLIP's shared space; 0 for SigLIP (its pooling head's output is the embedding)
+    act: str
+    eps: float
+    patch_bias: bool
+
+    @property
+    def image_size(self) -> int:
+        patches = self.positions - (1 if self.clip else 0)
+        return round(patches**0.5) * self.patch
 
 
 class VitLayer(nn.Module):
     """A pre-norm encoder layer: x + attention(norm1(x)), then + mlp(norm2(x))."""
 
-    def __init__(self, layer: Any, hidden_act: str) -> None:
-        """Takes `layer`'s modules out of it (transformers' layer is left empty), so that the
-        weights this layer replaces, Q/K/V now and each linear when packed, are freed at once
-        instead of staying alive in transformers' tower until the load ends."""
+    def __init__(self, shape: VitShape) -> None:
         super().__init__()
-        attention, mlp = layer.self_attn, layer.mlp
-        self.heads = attention.num_heads
-        self.norm1, self.norm2 = layer.layer_norm1, layer.layer_norm2
-        self.qkv = _fused_qkv(attention)
-        self.attn_out = attention.out_proj
-        self.ffn_in, self.ffn_out = mlp.fc1, mlp.fc2
-        attention.q_proj = attention.k_proj = attention.v_proj = attention.out_proj = None
-        mlp.fc1 = mlp.fc2 = None
-        self.hidden_act = hidden_act
-        self.act = ACTIVATIONS[hidden_act]
+        h = shape.hidden
+        self.heads = shape.heads
+        self.norm1, self.norm2 = nn.LayerNorm(h, eps=shape.eps), nn.LayerNorm(h, eps=shape.eps)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.attn_out = nn.Linear(h, h)
+        self.ffn_in, self.ffn_out = nn.Linear(h, shape.intermediate), nn.Linear(shape.intermediate, h)
+        self.hidden_act = shape.act
+        self.act = ACTIVATIONS[shape.act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
@@ -105,23 +108,48 @@ class VitLayer(nn.Module):
         self.act = identity
 
 
+class HeadMlp(nn.Module):
+    def __init__(self, shape: VitShape) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(shape.hidden, shape.intermediate), nn.Linear(shape.intermediate, shape.hidden)
+        self.act = ACTIVATIONS[shape.act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class AttentionPoolingHead(nn.Module):
+    """SigLIP's pooling head: one learnt query (`probe`) attends over every patch, then a residual
+    MLP; torch's own multi-head attention module, as transformers' head uses."""
+
+    def __init__(self, shape: VitShape) -> None:
+        super().__init__()
+        self.probe = nn.Parameter(torch.empty(1, 1, shape.hidden))
+        self.attention = nn.MultiheadAttention(shape.hidden, shape.heads, batch_first=True)
+        self.layernorm = nn.LayerNorm(shape.hidden, eps=shape.eps)
+        self.mlp = HeadMlp(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.attention(self.probe.expand(x.shape[0], -1, -1), x, x, need_weights=False)[0]
+        return (pooled + self.mlp(self.layernorm(pooled)))[:, 0]
+
+
 class VisionTower(nn.Module):
     """Pixel values [b, 3, height, width] -> the image embeddings `get_image_features` gives:
     CLIP's class token, normed and projected; SigLIP's attention-pooling head over every patch."""
 
-    def __init__(self, tower: Any, clip: bool) -> None:
+    def __init__(self, shape: VitShape) -> None:
         super().__init__()
-        vision = tower.vision_model if clip else tower
-        config = vision.config
-        self.clip = clip
-        self.patch = vision.embeddings.patch_embedding
-        self.positions = vision.embeddings.position_embedding
-        self.class_embedding = vision.embeddings.class_embedding if clip else None
-        self.pre_norm = vision.pre_layrnorm if clip else None
-        self.layers = nn.ModuleList(VitLayer(layer, config.hidden_act) for layer in vision.encoder.layers)
-        self.post_norm = vision.post_layernorm
-        self.projection = tower.visual_projection if clip else None
-        self.head = None if clip else vision.head  # NOTE: one query per image: transformers' own module
+        h = shape.hidden
+        self.shape, self.clip = shape, shape.clip
+        self.patch = nn.Conv2d(shape.channels, h, shape.patch, stride=shape.patch, bias=shape.patch_bias)
+        self.positions = nn.Embedding(shape.positions, h)
+        self.class_embedding = nn.Parameter(torch.empty(h)) if shape.clip else None
+        self.pre_norm = nn.LayerNorm(h, eps=shape.eps) if shape.clip else None
+        self.layers = nn.ModuleList(VitLayer(shape) for _ in range(shape.layers))
+        self.post_norm = nn.LayerNorm(h, eps=shape.eps)
+        self.projection = nn.Linear(h, shape.projection, bias=False) if shape.clip else None
+        self.head = None if shape.clip else AttentionPoolingHead(shape)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = self.patch(pixels).flatten(2).transpose(1, 2)  # [b, patches, hidden]
@@ -132,26 +160,12 @@ class VisionTower(nn.Module):
             x = self.pre_norm(x)
         for layer in self.layers:
             x = layer(x)
-        if self.clip:
-            assert self.projection is not None
+        if self.projection is not None:
             return self.projection(self.post_norm(x[:, 0]))
+        assert self.head is not None
         return self.head(self.post_norm(x))
 
     def pack_for_cpu(self) -> VisionTower:
         for layer in self.layers:
             layer.pack_for_cpu()
         return self
-
-
-def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTower | None:
-    """The native tower of transformers' CLIP / SigLIP image tower (on its device, in its dtype),
-    packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`); None where it has an
-    activation this module does not know, or (SigLIP) no pooling head."""
-    clip = model_type == "clip"
-    config = (tower.vision_model if clip else tower).config
-    if config.hidden_act not in FUSED or (not clip and not getattr(config, "vision_use_head", True)):
-        return None
-    native = VisionTower(tower, clip).eval()
-    if cpu_fast_path and can_pack_for_cpu(native):
-        native.pack_for_cpu()
-    return native

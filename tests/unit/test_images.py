@@ -231,7 +231,8 @@ def test_the_native_tower_gives_get_image_features(checkpoint, packed, dtype):
 
     from hpcinfer.models.bert import PackedLinear, can_pack_for_cpu
     from hpcinfer.models.clip import tower_class
-    from hpcinfer.models.vit import VisionTower, native_tower
+    from hpcinfer.models.vit import VisionTower
+    from hpcinfer.models.vit_load import native_tower
 
     full = transformers.AutoModel.from_pretrained(str(checkpoint)).eval()
     kind = full.config.model_type
@@ -286,3 +287,27 @@ def test_a_checkpoint_lacking_a_tower_weight_is_one_line(checkpoint, pictures, t
     assert "text_model" not in printed and "UNEXPECTED" not in printed and "Loading weights" not in printed
     with pytest.raises(ModelError, match="lacks weights its .*post_layernorm.weight"):
         embed(src, tmp_path / "out.parquet", broken)
+
+
+def test_an_image_run_builds_its_tower_without_importing_transformers(checkpoint, pictures, tmp_path):
+    """The image tower is built from the checkpoint's own files (models/vit.py): importing
+    transformers' CLIP / SigLIP modules for it took seconds of every image run's start."""
+    import subprocess
+    import sys
+
+    folder, rows = pictures
+    src = folder / f"fresh-{tmp_path.name}.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
+    script = (
+        "import sys\n"
+        "from hpcinfer.api import run\n"
+        "from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig\n"
+        "from hpcinfer.obs.progress import Progress\n"
+        f"config = RunConfig(input=InputConfig(({str(src)!r},), image_column='image'), model={str(checkpoint)!r},\n"
+        f"    output=OutputConfig({str(tmp_path / 'out.parquet')!r}), pipeline=PipelineConfig(progress='off'))\n"
+        "report = run(config, progress=Progress('off'))\n"
+        "print(report.rows, report.backend, sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "native", "[]"]

@@ -1,0 +1,213 @@
+"""CLIP's and SigLIP's image towers (models/vit.py) built from a checkpoint's own files, or from
+transformers' tower where transformers already loaded one.
+
+From the files: config.json's `vision_config` and the image tower's tensors of model.safetensors /
+pytorch_model.bin, read alone (an image run never reads the text tower), with no transformers at
+all: importing transformers' CLIP modules and building its tower took ~3.5 s of every image run's
+start (2 cores). Every CLIP / SigLIP layout names its image tower's tensors alike (`CLIPModel`,
+`CLIPVisionModelWithProjection`, sentence-transformers' CLIP folders, `SiglipModel`); the sizes are
+read from the tensors' shapes, so only the head count, the activation and the norms' epsilon come
+from the config (transformers' defaults where it is silent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ModelError
+from .bert import can_pack_for_cpu
+from .meta import empty_modules
+from .vit import FUSED, VisionTower, VitShape
+
+# transformers' CLIPVisionConfig / SiglipVisionConfig defaults, for a config.json silent on them
+DEFAULTS = {
+    "clip": {"num_attention_heads": 12, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5},
+    "siglip": {"num_attention_heads": 12, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+}
+VISION = "vision_model."  # the image tower's tensors in every layout; CLIP's projection beside it
+PROJECTION = "visual_projection.weight"
+
+
+def vision_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json's image tower config: `vision_config`, with a legacy `vision_config_dict` over it
+    (transformers lets the latter win)."""
+    return {**(raw.get("vision_config") or {}), **(raw.get("vision_config_dict") or {})}
+
+
+def vision_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> VitShape | None:
+    """The tower's shape from its tensors' shapes (`shapes`, by checkpoint name) and its config;
+    None where this module cannot run it (an unknown activation; SigLIP without its pooling head).
+    A tensor the tower needs and `shapes` lacks is a ModelError naming it."""
+    clip = model_type == "clip"
+    settings = {**DEFAULTS["clip" if clip else "siglip"], **config}
+    act = str(settings["hidden_act"])
+    if act not in FUSED or (not clip and not settings.get("vision_use_head", True)):
+        return None
+    layers = 0
+    while f"{VISION}encoder.layers.{layers}.layer_norm1.weight" in shapes:
+        layers += 1
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in shapes:
+            raise ModelError(f"the checkpoint lacks weights its vision tower needs: {name}")
+        return tuple(shapes[name])
+
+    hidden, channels, patch, _ = shape(f"{VISION}embeddings.patch_embedding.weight")
+    return VitShape(
+        clip=clip,
+        hidden=hidden,
+        heads=int(settings["num_attention_heads"]),
+        layers=layers,
+        intermediate=shape(f"{VISION}encoder.layers.0.mlp.fc1.weight")[0] if layers else 0,
+        channels=channels,
+        patch=patch,
+        positions=shape(f"{VISION}embeddings.position_embedding.weight")[0],
+        projection=shape(PROJECTION)[0] if clip else 0,
+        act=act,
+        eps=float(settings["layer_norm_eps"]),
+        patch_bias=f"{VISION}embeddings.patch_embedding.bias" in shapes,
+    )
+
+
+# a checkpoint layer's tensor -> this module's (Q, K and V become parts of `qkv`)
+LAYER_NAMES = {
+    "layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.out_proj": "attn_out",
+    "mlp.fc1": "ffn_in", "mlp.fc2": "ffn_out",
+}  # fmt: skip
+TOP_NAMES = {
+    "embeddings.patch_embedding": "patch", "embeddings.position_embedding": "positions",
+    "embeddings.class_embedding": "class_embedding", "pre_layrnorm": "pre_norm", "post_layernorm": "post_norm",
+}  # fmt: skip
+
+
+def native_state(weights: Mapping[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's image tower tensors (by their names in every CLIP / SigLIP layout) as this
+    module's state dict: Q, K and V concatenated into `qkv`, the rest renamed."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if name == PROJECTION:
+            state["projection.weight"] = tensor
+            continue
+        if not name.startswith(VISION):
+            continue
+        local = name[len(VISION) :]
+        if local.startswith("head."):
+            state[local] = tensor
+        elif local.startswith("encoder.layers."):
+            index, _, rest = local[len("encoder.layers.") :].partition(".")
+            module, _, param = rest.rpartition(".")
+            if module in LAYER_NAMES:
+                state[f"layers.{index}.{LAYER_NAMES[module]}.{param}"] = tensor
+        else:
+            module, _, param = local.rpartition(".")
+            if module in TOP_NAMES:
+                state[f"{TOP_NAMES[module]}.{param}"] = tensor
+            elif local in TOP_NAMES:  # CLIP's class embedding: a parameter, not a module's
+                state[TOP_NAMES[local]] = tensor
+    for i in range(layers):
+        for param in ("weight", "bias"):
+            parts = [f"{VISION}encoder.layers.{i}.self_attn.{p}_proj.{param}" for p in "qkv"]
+            state[f"layers.{i}.qkv.{param}"] = torch.cat([weights[p] for p in parts])
+    return state
+
+
+def checkpoint_names(shape: VitShape) -> list[str]:
+    """The tensors a checkpoint must hold for a tower of `shape`, by their checkpoint names."""
+    pair = ("weight", "bias")
+    names = [f"{VISION}embeddings.patch_embedding.weight", f"{VISION}embeddings.position_embedding.weight"]
+    if shape.clip:
+        names += [f"{VISION}embeddings.class_embedding", PROJECTION]
+        names += [f"{VISION}pre_layrnorm.{p}" for p in pair]
+    for i in range(shape.layers):
+        modules = ["layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2"] + [f"self_attn.{x}_proj" for x in "qkvo"]
+        names += [f"{VISION}encoder.layers.{i}.{m.replace('o_proj', 'out_proj')}.{p}" for m in modules for p in pair]
+    names += [f"{VISION}post_layernorm.{p}" for p in pair]
+    if not shape.clip:
+        head = ["probe", "attention.in_proj_weight", "attention.in_proj_bias"]
+        head += [f"{m}.{p}" for m in ("attention.out_proj", "layernorm", "mlp.fc1", "mlp.fc2") for p in pair]
+        names += [f"{VISION}head.{name}" for name in head]
+    return names
+
+
+def build_tower(
+    shape: VitShape, weights: Mapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
+) -> VisionTower:
+    """The tower of `shape` holding `weights` (checkpoint names) on `device` in `dtype`, packed for
+    the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`)."""
+    missing = [name for name in checkpoint_names(shape) if name not in weights]
+    if missing:
+        raise ModelError(f"the checkpoint lacks weights its vision tower needs: {missing[0]}")
+    with empty_modules():
+        tower = VisionTower(shape)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in native_state(weights, shape.layers).items()}
+    wanted = tower.state_dict()
+    missing = sorted(set(wanted) - set(state))
+    if missing:
+        raise ModelError(f"the checkpoint lacks weights its vision tower needs: {missing[0]}")
+    for name, tensor in state.items():
+        if name in wanted and tuple(tensor.shape) != tuple(wanted[name].shape):
+            want = tuple(wanted[name].shape)
+            raise ModelError(f"vision tower weight {name}: shape {tuple(tensor.shape)}, expected {want}")
+    tower.load_state_dict({k: state[k] for k in wanted}, assign=True)
+    tower.eval()
+    if cpu_fast_path and can_pack_for_cpu(tower):
+        tower.pack_for_cpu()
+    return tower
+
+
+def read_vision_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The image tower's tensors of a weights file, the text tower's left unread (safetensors)."""
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                return {k: handle.get_tensor(k) for k in handle.keys() if k.startswith(VISION) or k == PROJECTION}  # noqa: SIM118
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
+    from .checkpoint import load_weights
+
+    return {k: v for k, v in load_weights(file).items() if k.startswith(VISION) or k == PROJECTION}
+
+
+def load_vision_tower(
+    path: Path, raw_config: Mapping[str, Any], device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
+) -> VisionTower | None:
+    """A CLIP / SigLIP checkpoint's image tower, native, from its files alone; None where this
+    module cannot run it (then transformers' tower runs)."""
+    from .checkpoint import weights_file
+
+    file = weights_file(path)
+    if file is None:
+        return None
+    config = vision_config(raw_config)
+    settings = {**DEFAULTS["clip" if raw_config.get("model_type") == "clip" else "siglip"], **config}
+    if str(settings["hidden_act"]) not in FUSED:
+        return None  # NOTE: before reading any weights
+    weights = read_vision_weights(file)
+    shape = vision_shape(str(raw_config.get("model_type")), config, {k: tuple(v.shape) for k, v in weights.items()})
+    if shape is None:
+        return None
+    try:
+        return build_tower(shape, weights, device, dtype, cpu_fast_path)
+    except ModelError as error:
+        raise ModelError(error.reason, path=str(path)) from None
+
+
+def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTower | None:
+    """The native tower of transformers' CLIP / SigLIP image tower (on its device, in its dtype),
+    packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`); None where it has an
+    activation this module does not know, or (SigLIP) no pooling head."""
+    config = (tower.vision_model if model_type == "clip" else tower).config.to_dict()
+    weights = tower.state_dict()
+    if not any(name.startswith(VISION) for name in weights):  # NOTE: transformers 5's SiglipVisionModel
+        weights = {VISION + name: tensor for name, tensor in weights.items()}
+    shape = vision_shape(model_type, config, {k: tuple(v.shape) for k, v in weights.items()})
+    if shape is None:
+        return None
+    first = next(iter(weights.values()))
+    return build_tower(shape, weights, first.device, first.dtype, cpu_fast_path)
