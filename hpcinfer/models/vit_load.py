@@ -25,9 +25,11 @@ from .vit import FUSED, VisionTower, VitShape
 
 # transformers' CLIPVisionConfig / SiglipVisionConfig defaults, for a config.json silent on them
 DEFAULTS = {
-    "clip": {"num_attention_heads": 12, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5},
-    "siglip": {"num_attention_heads": 12, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
-}
+    "clip": {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5},
+    "siglip": {
+        "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6,
+    },
+}  # fmt: skip
 VISION = "vision_model."  # the image tower's tensors in every layout; CLIP's projection beside it
 PROJECTION = "visual_projection.weight"
 
@@ -47,9 +49,7 @@ def vision_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str
     act = str(settings["hidden_act"])
     if act not in FUSED or (not clip and not settings.get("vision_use_head", True)):
         return None
-    layers = 0
-    while f"{VISION}encoder.layers.{layers}.layer_norm1.weight" in shapes:
-        layers += 1
+    layers = int(settings["num_hidden_layers"])  # NOTE: as transformers builds it; a layer lacking is named below
 
     def shape(name: str) -> tuple[int, ...]:
         if name not in shapes:

@@ -311,3 +311,28 @@ def test_an_image_run_builds_its_tower_without_importing_transformers(checkpoint
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["3", "native", "[]"]
+
+
+def test_the_tower_reads_transformers_defaults_and_names_a_missing_layer(checkpoint, tmp_path):
+    """Where config.json is silent, the native tower takes transformers' own defaults; a layer the
+    config counts and the weights lack is a ModelError naming its first tensor, not a shorter tower."""
+    import shutil
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from hpcinfer.errors import ModelError
+    from hpcinfer.models.vit_load import DEFAULTS, load_vision_tower
+
+    for kind, config in (("clip", transformers.CLIPVisionConfig()), ("siglip", transformers.SiglipVisionConfig())):
+        assert {k: getattr(config, k) for k in DEFAULTS[kind]} == DEFAULTS[kind]
+    raw = json.loads((checkpoint / "config.json").read_text())
+    cpu = torch.device("cpu")
+    assert load_vision_tower(checkpoint, raw, cpu, torch.float32, cpu_fast_path=False) is not None
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    weights = load_file(broken / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if ".encoder.layers.1." not in k or k.startswith("text_model.")}
+    save_file(kept, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"lacks weights its vision tower needs: vision_model\.encoder\.layers\.1\."):
+        load_vision_tower(broken, raw, cpu, torch.float32, cpu_fast_path=False)
