@@ -189,12 +189,10 @@ def load_vision_tower(
     if str(settings["hidden_act"]) not in FUSED:
         return None  # NOTE: before reading any weights
     weights = read_vision_weights(file)
-    shape = vision_shape(str(raw_config.get("model_type")), config, {k: tuple(v.shape) for k, v in weights.items()})
-    if shape is None:
-        return None
     try:
-        return build_tower(shape, weights, device, dtype, cpu_fast_path)
-    except ModelError as error:
+        shape = vision_shape(str(raw_config.get("model_type")), config, {k: tuple(v.shape) for k, v in weights.items()})
+        return None if shape is None else build_tower(shape, weights, device, dtype, cpu_fast_path)
+    except ModelError as error:  # NOTE: named with the checkpoint, as the other loaders' errors are
         raise ModelError(error.reason, path=str(path)) from None
 
 
