@@ -8,7 +8,8 @@ with the pinned uint8 staging, batching, resume and rejects. An image run's towe
 own vision transformer (models/vit.py: fused Q/K/V; on the CPU, oneDNN linears with the MLP's
 activation fused), built from the checkpoint's files without importing transformers (its CLIP
 modules took ~3.5 s of a run's start), with transformers' arithmetic and its time cut by a sixth
-or more; a text run's tower, and an image tower vit.py cannot run, are transformers' own modules.
+or more; a text run's tower is built so too (models/clip_text.py), and a tower with an activation
+vit.py does not fuse is transformers' own modules.
 
 For an image run the checkpoint's facts describe a row of pixels: `max_position_embeddings` is a
 row's bytes, `vocab_size` 256 (a byte's values), so the pipeline's length checks, batching and
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from ..errors import ModelError
 from .batch_model import BatchSteps
 from .checkpoint import CheckpointInfo, read_model_json, require_weights, sentence_transformers_info
+from .clip_text import TextTower, load_text_tower
 from .hf_load import tower_from_pretrained
 from .vision import ImageSpec, read_image_spec
 from .vit import VisionTower
@@ -71,15 +73,19 @@ class ClipHead:
 
     def load(self, info: Any, device: torch.device, dtype: torch.dtype, cpu_fast_path: bool) -> BatchSteps:
         """The one tower the run uses (its weights only: an image run never loads the text tower).
-        An image tower hpcinfer runs natively is built from the checkpoint's files alone (no
-        transformers: models/vit_load.py); the rest are transformers' towers."""
+        A tower hpcinfer runs natively is built from the checkpoint's files alone, without
+        transformers (models/vit_load.py, models/clip_text.py); the rest are transformers' towers."""
         spec = info.config.image
+        raw = read_model_json(info.path / "config.json")
         if self.images:
-            raw = read_model_json(info.path / "config.json")
             native = load_vision_tower(info.path, raw, device, dtype, cpu_fast_path)
             if native is not None:
                 _check_size(native.shape.image_size, spec, info.path)
                 return ClipImageEmbedder(native, info.config, info.pooling, dtype)
+        else:
+            text = load_text_tower(info.path, raw, device, dtype, cpu_fast_path)
+            if text is not None:
+                return ClipTextEmbedder(text, info.config, info.pooling)
         try:
             import transformers  # noqa: F401  (checked here: a missing install is one line)
         except ImportError:
@@ -180,7 +186,9 @@ class ClipTextEmbedder(BatchSteps):
             full = ids.new_full((ids.shape[0], self.config.max_position_embeddings), self.config.pad_token_id)
             keep = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
             full[:, : ids.shape[1]] = torch.where(keep, ids, self.config.pad_token_id)
-            return _features(self.model(input_ids=full))
+            return self.model(full) if isinstance(self.model, TextTower) else _features(self.model(input_ids=full))
+        if isinstance(self.model, TextTower):
+            return self.model(ids, lengths)
         mask = (torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]).long()
         return _features(self.model(input_ids=ids, attention_mask=mask))
 

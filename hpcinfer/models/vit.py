@@ -76,21 +76,22 @@ class VitShape:
 class VitLayer(nn.Module):
     """A pre-norm encoder layer: x + attention(norm1(x)), then + mlp(norm2(x))."""
 
-    def __init__(self, shape: VitShape) -> None:
+    def __init__(self, hidden: int, heads: int, intermediate: int, act: str, eps: float, causal: bool = False) -> None:
+        """`causal`: each position attends to those before it (CLIP's text tower); else to all."""
         super().__init__()
-        h = shape.hidden
-        self.heads = shape.heads
-        self.norm1, self.norm2 = nn.LayerNorm(h, eps=shape.eps), nn.LayerNorm(h, eps=shape.eps)
+        h = hidden
+        self.heads, self.causal = heads, causal
+        self.norm1, self.norm2 = nn.LayerNorm(h, eps=eps), nn.LayerNorm(h, eps=eps)
         self.qkv = nn.Linear(h, 3 * h)
         self.attn_out = nn.Linear(h, h)
-        self.ffn_in, self.ffn_out = nn.Linear(h, shape.intermediate), nn.Linear(shape.intermediate, h)
-        self.hidden_act = shape.act
-        self.act = ACTIVATIONS[shape.act]
+        self.ffn_in, self.ffn_out = nn.Linear(h, intermediate), nn.Linear(intermediate, h)
+        self.hidden_act = act
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v)  # NOTE: every image has every patch: no mask
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # NOTE: an image has every patch
         x = x + self.attn_out(a.transpose(1, 2).reshape(b, n, h))
         return x + self.ffn_out(self.act(self.ffn_in(self.norm2(x))))
 
@@ -146,7 +147,9 @@ class VisionTower(nn.Module):
         self.positions = nn.Embedding(shape.positions, h)
         self.class_embedding = nn.Parameter(torch.empty(h)) if shape.clip else None
         self.pre_norm = nn.LayerNorm(h, eps=shape.eps) if shape.clip else None
-        self.layers = nn.ModuleList(VitLayer(shape) for _ in range(shape.layers))
+        self.layers = nn.ModuleList(
+            VitLayer(h, shape.heads, shape.intermediate, shape.act, shape.eps) for _ in range(shape.layers)
+        )
         self.post_norm = nn.LayerNorm(h, eps=shape.eps)
         self.projection = nn.Linear(h, shape.projection, bias=False) if shape.clip else None
         self.head = None if shape.clip else AttentionPoolingHead(shape)

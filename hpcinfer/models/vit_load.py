@@ -84,34 +84,48 @@ TOP_NAMES = {
 }  # fmt: skip
 
 
-def native_state(weights: Mapping[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
-    """The checkpoint's image tower tensors (by their names in every CLIP / SigLIP layout) as this
-    module's state dict: Q, K and V concatenated into `qkv`, the rest renamed."""
+def layer_state(weights: Mapping[str, torch.Tensor], prefix: str, layers: int) -> dict[str, torch.Tensor]:
+    """The encoder layers' tensors under `prefix` (CLIP's and SigLIP's image and text towers name
+    them alike) as VitLayers' state: Q, K and V concatenated into `qkv`, the rest renamed."""
     state: dict[str, torch.Tensor] = {}
+    start = f"{prefix}encoder.layers."
     for name, tensor in weights.items():
-        if name == PROJECTION:
-            state["projection.weight"] = tensor
-            continue
-        if not name.startswith(VISION):
-            continue
-        local = name[len(VISION) :]
-        if local.startswith("head."):
-            state[local] = tensor
-        elif local.startswith("encoder.layers."):
-            index, _, rest = local[len("encoder.layers.") :].partition(".")
+        if name.startswith(start):
+            index, _, rest = name[len(start) :].partition(".")
             module, _, param = rest.rpartition(".")
             if module in LAYER_NAMES:
                 state[f"layers.{index}.{LAYER_NAMES[module]}.{param}"] = tensor
-        else:
+    for i in range(layers):
+        for param in ("weight", "bias"):
+            parts = [f"{start}{i}.self_attn.{p}_proj.{param}" for p in "qkv"]
+            state[f"layers.{i}.qkv.{param}"] = torch.cat([weights[p] for p in parts])
+    return state
+
+
+def layer_names(prefix: str, layers: int) -> list[str]:
+    """The tensors `layers` encoder layers under `prefix` must have, by their checkpoint names."""
+    modules = ["layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2"] + [
+        f"self_attn.{x}_proj" for x in ("q", "k", "v", "out")
+    ]
+    return [f"{prefix}encoder.layers.{i}.{m}.{p}" for i in range(layers) for m in modules for p in ("weight", "bias")]
+
+
+def native_state(weights: Mapping[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's image tower tensors (by their names in every CLIP / SigLIP layout) as this
+    module's state dict: Q, K and V concatenated into `qkv`, the rest renamed."""
+    state = layer_state(weights, VISION, layers)
+    for name, tensor in weights.items():
+        if name == PROJECTION:
+            state["projection.weight"] = tensor
+        elif name.startswith(VISION) and not name.startswith(f"{VISION}encoder."):
+            local = name[len(VISION) :]
             module, _, param = local.rpartition(".")
-            if module in TOP_NAMES:
+            if local.startswith("head."):
+                state[local] = tensor
+            elif module in TOP_NAMES:
                 state[f"{TOP_NAMES[module]}.{param}"] = tensor
             elif local in TOP_NAMES:  # CLIP's class embedding: a parameter, not a module's
                 state[TOP_NAMES[local]] = tensor
-    for i in range(layers):
-        for param in ("weight", "bias"):
-            parts = [f"{VISION}encoder.layers.{i}.self_attn.{p}_proj.{param}" for p in "qkv"]
-            state[f"layers.{i}.qkv.{param}"] = torch.cat([weights[p] for p in parts])
     return state
 
 
@@ -122,9 +136,7 @@ def checkpoint_names(shape: VitShape) -> list[str]:
     if shape.clip:
         names += [f"{VISION}embeddings.class_embedding", PROJECTION]
         names += [f"{VISION}pre_layrnorm.{p}" for p in pair]
-    for i in range(shape.layers):
-        modules = ["layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2"] + [f"self_attn.{x}_proj" for x in "qkvo"]
-        names += [f"{VISION}encoder.layers.{i}.{m.replace('o_proj', 'out_proj')}.{p}" for m in modules for p in pair]
+    names += layer_names(VISION, shape.layers)
     names += [f"{VISION}post_layernorm.{p}" for p in pair]
     if not shape.clip:
         head = ["probe", "attention.in_proj_weight", "attention.in_proj_bias"]
@@ -143,15 +155,23 @@ def build_tower(
         raise ModelError(f"the checkpoint lacks weights its vision tower needs: {missing[0]}")
     with empty_modules():
         tower = VisionTower(shape)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in native_state(weights, shape.layers).items()}
+    return adopt(tower, native_state(weights, shape.layers), device, dtype, cpu_fast_path)
+
+
+def adopt(
+    tower: Any, state: Mapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
+) -> Any:
+    """`tower` (made on empty modules) holding `state` on `device` in `dtype`, in eval mode, its
+    layers packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`)."""
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     wanted = tower.state_dict()
     missing = sorted(set(wanted) - set(state))
     if missing:
-        raise ModelError(f"the checkpoint lacks weights its vision tower needs: {missing[0]}")
+        raise ModelError(f"the checkpoint lacks weights its tower needs: {missing[0]}")
     for name, tensor in state.items():
         if name in wanted and tuple(tensor.shape) != tuple(wanted[name].shape):
             want = tuple(wanted[name].shape)
-            raise ModelError(f"vision tower weight {name}: shape {tuple(tensor.shape)}, expected {want}")
+            raise ModelError(f"tower weight {name}: shape {tuple(tensor.shape)}, expected {want}")
     tower.load_state_dict({k: state[k] for k in wanted}, assign=True)
     tower.eval()
     if cpu_fast_path and can_pack_for_cpu(tower):
@@ -159,19 +179,24 @@ def build_tower(
     return tower
 
 
-def read_vision_weights(file: Path) -> dict[str, torch.Tensor]:
-    """The image tower's tensors of a weights file, the text tower's left unread (safetensors)."""
+def read_tower_weights(file: Path, prefix: str, projection: str) -> dict[str, torch.Tensor]:
+    """One tower's tensors of a weights file (those under `prefix`, and `projection`), the other
+    tower's left unread (safetensors)."""
+
+    def wanted(name: str) -> bool:
+        return name.startswith(prefix) or name == projection
+
     if file.suffix == ".safetensors":
         from safetensors import safe_open
 
         try:
             with safe_open(str(file), framework="pt") as handle:
-                return {k: handle.get_tensor(k) for k in handle.keys() if k.startswith(VISION) or k == PROJECTION}  # noqa: SIM118
+                return {k: handle.get_tensor(k) for k in handle.keys() if wanted(k)}  # noqa: SIM118
         except Exception as exc:  # safetensors raises its own error types
             raise ModelError(f"cannot load weights ({exc})", path=str(file)) from None
     from .checkpoint import load_weights
 
-    return {k: v for k, v in load_weights(file).items() if k.startswith(VISION) or k == PROJECTION}
+    return {k: v for k, v in load_weights(file).items() if wanted(k)}
 
 
 def load_vision_tower(
@@ -188,7 +213,7 @@ def load_vision_tower(
     settings = {**DEFAULTS["clip" if raw_config.get("model_type") == "clip" else "siglip"], **config}
     if str(settings["hidden_act"]) not in FUSED:
         return None  # NOTE: before reading any weights
-    weights = read_vision_weights(file)
+    weights = read_tower_weights(file, VISION, PROJECTION)
     try:
         shape = vision_shape(str(raw_config.get("model_type")), config, {k: tuple(v.shape) for k, v in weights.items()})
         return None if shape is None else build_tower(shape, weights, device, dtype, cpu_fast_path)

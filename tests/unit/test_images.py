@@ -289,28 +289,33 @@ def test_a_checkpoint_lacking_a_tower_weight_is_one_line(checkpoint, pictures, t
         embed(src, tmp_path / "out.parquet", broken)
 
 
-def test_an_image_run_builds_its_tower_without_importing_transformers(checkpoint, pictures, tmp_path):
-    """The image tower is built from the checkpoint's own files (models/vit.py): importing
-    transformers' CLIP / SigLIP modules for it took seconds of every image run's start."""
+def test_image_and_text_runs_build_their_towers_without_importing_transformers(checkpoint, pictures, tmp_path):
+    """The image and text towers are built from the checkpoint's own files (models/vit_load.py,
+    models/clip_text.py): importing transformers' CLIP / SigLIP modules took seconds of every run's
+    start."""
     import subprocess
     import sys
 
     folder, rows = pictures
     src = folder / f"fresh-{tmp_path.name}.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]), encoding="utf-8")
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(["a red car", "sky"])))
     script = (
         "import sys\n"
         "from hpcinfer.api import run\n"
         "from hpcinfer.config import InputConfig, OutputConfig, PipelineConfig, RunConfig\n"
         "from hpcinfer.obs.progress import Progress\n"
-        f"config = RunConfig(input=InputConfig(({str(src)!r},), image_column='image'), model={str(checkpoint)!r},\n"
-        f"    output=OutputConfig({str(tmp_path / 'out.parquet')!r}), pipeline=PipelineConfig(progress='off'))\n"
-        "report = run(config, progress=Progress('off'))\n"
-        "print(report.rows, report.backend, sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')[:3])\n"
+        f"for src, column, out in (({str(src)!r}, 'image', 'images'), ({str(texts)!r}, None, 'texts')):\n"
+        f"    config = RunConfig(input=InputConfig((src,), image_column=column), model={str(checkpoint)!r},\n"
+        f"        output=OutputConfig({str(tmp_path)!r} + f'/{{out}}.parquet'),\n"
+        "        pipeline=PipelineConfig(progress='off'))\n"
+        "    report = run(config, progress=Progress('off'))\n"
+        "    print(report.rows, report.backend, [m for m in sys.modules if m.split('.')[0] == 'transformers'][:3])\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["3", "native", "[]"]
+    assert done.stdout.split() == ["3", "native", "[]", "2", "native", "[]"]
 
 
 def test_the_tower_reads_transformers_defaults_and_names_a_missing_layer(checkpoint, tmp_path):
