@@ -7,6 +7,7 @@ on the meta device `normal_` goes through torch's Python reference ops, whose fi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,19 +23,29 @@ _INITIALISED = (
     (nn.MultiheadAttention, "_reset_parameters"),
 )
 
+_PATCHING = threading.RLock()  # NOTE: reentrant: a loader may build a part inside another's
+
 
 @contextmanager
 def empty_modules() -> Iterator[None]:
-    """Modules made inside are on the meta device and skip their initialisers."""
-    saved = [(cls, name, getattr(cls, name)) for cls, name in _INITIALISED]
-    for cls, name in _INITIALISED:
-        setattr(cls, name, _skip)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        for cls, name, method in saved:
-            setattr(cls, name, method)
+    """Modules made inside are on the meta device and skip their initialisers.
+
+    NOTE: the initialisers are class attributes, so one thread at a time patches them (a loader
+    on another thread waits here), and one a class inherits (Conv2d's) is inherited again after.
+    """
+    with _PATCHING:
+        saved = [(cls, name, cls.__dict__.get(name)) for cls, name in _INITIALISED]
+        for cls, name in _INITIALISED:
+            setattr(cls, name, _skip)
+        try:
+            with torch.device("meta"):
+                yield
+        finally:
+            for cls, name, method in saved:
+                if method is None:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, method)
 
 
 def _skip(self: nn.Module) -> None:
