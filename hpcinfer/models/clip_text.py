@@ -1,4 +1,5 @@
-"""CLIP's and SigLIP's text towers, native, built from a checkpoint's own files (no transformers):
+"""CLIP's and SigLIP's text towers, native, built from a checkpoint's own files (no transformers; a
+sharded checkpoint stays on transformers' tower):
 a text run of a CLIP / SigLIP model (the queries of an image search) no longer imports
 transformers' CLIP modules, ~3.5 s of every such run's start on 2 cores.
 
@@ -24,7 +25,7 @@ from torch import nn
 from ..errors import ModelError
 from .meta import empty_modules
 from .vit import FUSED, VitLayer
-from .vit_load import adopt, layer_names, layer_state, read_tower_weights
+from .vit_load import adopt, layer_names, layer_state, number, read_tower_weights, tower_settings
 
 TEXT = "text_model."
 CLIP_PROJECTION = "text_projection.weight"
@@ -90,19 +91,14 @@ class TextTower(nn.Module):
         return self
 
 
-def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """config.json's text tower config, a legacy `text_config_dict` over it (as transformers reads it)."""
-    return {**(raw.get("text_config") or {}), **(raw.get("text_config_dict") or {})}
-
-
-def text_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> TextShape | None:
-    """The text tower's shape from its tensors' shapes and its config; None for an activation
-    vit.py does not fuse. A tensor it needs and `shapes` lacks is a ModelError naming it."""
+def text_shape(model_type: str, settings: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> TextShape | None:
+    """The text tower's shape from its tensors' shapes and its settings (vit_load's
+    `tower_settings`); None for an activation vit.py does not fuse. A tensor it needs and `shapes`
+    lacks, or sizes that do not fit, are a ModelError naming them."""
     clip = model_type == "clip"
-    settings = {**TEXT_DEFAULTS["clip" if clip else "siglip"], **config}
     if str(settings["hidden_act"]) not in FUSED:
         return None
-    layers = int(settings["num_hidden_layers"])
+    layers = number(settings, "num_hidden_layers")
     out = CLIP_PROJECTION if clip else f"{TEXT}head.weight"
     needed = [f"{TEXT}embeddings.token_embedding.weight", f"{TEXT}embeddings.position_embedding.weight", out]
     needed += [f"{TEXT}final_layer_norm.{p}" for p in ("weight", "bias")] + layer_names(TEXT, layers)
@@ -111,19 +107,25 @@ def text_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str, 
     if missing:
         raise ModelError(f"the checkpoint lacks weights its text tower needs: {missing[0]}")
     vocab, hidden = shapes[f"{TEXT}embeddings.token_embedding.weight"]
+    heads = number(settings, "num_attention_heads")
+    if heads <= 0 or hidden % heads:
+        raise ModelError(f"the text tower's {hidden} hidden units do not divide into {heads} heads")
     eos = settings.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if clip and not isinstance(eos, int):
+        raise ModelError(f"the text config's eos_token_id is {eos!r}: CLIP pools its text at that token")
     return TextShape(
         clip=clip,
         vocab=vocab,
         positions=shapes[f"{TEXT}embeddings.position_embedding.weight"][0],
         hidden=hidden,
-        heads=int(settings["num_attention_heads"]),
+        heads=heads,
         layers=layers,
         intermediate=shapes[f"{TEXT}encoder.layers.0.mlp.fc1.weight"][0] if layers else 0,
         act=str(settings["hidden_act"]),
-        eps=float(settings["layer_norm_eps"]),
+        eps=number(settings, "layer_norm_eps", float),
         out=shapes[out][0],
-        eos=int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1,
+        eos=eos if isinstance(eos, int) else -1,  # NOTE: SigLIP pools the last place, whatever the token
     )
 
 
@@ -149,15 +151,15 @@ def load_text_tower(
 
     file = weights_file(path)
     kind = str(raw_config.get("model_type"))
-    config = text_config(raw_config)
-    if (
-        file is None
-        or str({**TEXT_DEFAULTS["clip" if kind == "clip" else "siglip"], **config}["hidden_act"]) not in FUSED
-    ):
-        return None
+    try:
+        settings = tower_settings(raw_config, "text_config", TEXT_DEFAULTS["clip" if kind == "clip" else "siglip"])
+    except ModelError as error:
+        raise ModelError(error.reason, path=str(path)) from None
+    if file is None or str(settings["hidden_act"]) not in FUSED:
+        return None  # NOTE: before reading any weights
     weights = read_tower_weights(file, TEXT, CLIP_PROJECTION)
     try:
-        shape = text_shape(kind, config, {k: tuple(v.shape) for k, v in weights.items()})
+        shape = text_shape(kind, settings, {k: tuple(v.shape) for k, v in weights.items()})
         if shape is None:
             return None
         with empty_modules():

@@ -1,13 +1,15 @@
 """CLIP's and SigLIP's image towers (models/vit.py) built from a checkpoint's own files, or from
 transformers' tower where transformers already loaded one.
 
-From the files: config.json's `vision_config` and the image tower's tensors of model.safetensors /
-pytorch_model.bin, read alone (an image run never reads the text tower), with no transformers at
-all: importing transformers' CLIP modules and building its tower took ~3.5 s of every image run's
-start (2 cores). Every CLIP / SigLIP layout names its image tower's tensors alike (`CLIPModel`,
-`CLIPVisionModelWithProjection`, sentence-transformers' CLIP folders, `SiglipModel`); the sizes are
-read from the tensors' shapes, so only the head count, the activation and the norms' epsilon come
-from the config (transformers' defaults where it is silent).
+From the files: config.json's `vision_config` and the image tower's tensors (of model.safetensors
+read by name, so an image run never reads the text tower; a pytorch_model.bin is read whole), with
+no transformers at all: importing transformers' CLIP modules and building its tower took ~3.5 s of
+every image run's start (2 cores). `CLIPModel`, sentence-transformers' CLIP folders and
+`SiglipModel` name the tower's tensors alike; the sizes are read from the tensors' shapes, and the
+layer and head counts, the activation, the norms' epsilon and SigLIP's `vision_use_head` from the
+config (transformers' defaults where it is silent, and a legacy `vision_config_dict` over it as
+transformers reads one). A sharded checkpoint, an activation vit.py does not fuse and a SigLIP
+tower without its pooling head stay on transformers' towers (models/clip.py).
 """
 
 from __future__ import annotations
@@ -34,22 +36,40 @@ VISION = "vision_model."  # the image tower's tensors in every layout; CLIP's pr
 PROJECTION = "visual_projection.weight"
 
 
-def vision_config(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """config.json's image tower config: `vision_config`, with a legacy `vision_config_dict` over it
-    (transformers lets the latter win)."""
-    return {**(raw.get("vision_config") or {}), **(raw.get("vision_config_dict") or {})}
+def tower_settings(raw: Mapping[str, Any], key: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """One tower's config as transformers reads config.json's `key` ("vision_config", "text_config"):
+    over `defaults`; where a legacy `{key}_dict` is there too, transformers builds that one whole
+    (every default filled in) and lets it override, so the defaults win over `key` then."""
+    config, legacy = raw.get(key) or {}, raw.get(f"{key}_dict")
+    if not isinstance(config, Mapping) or not isinstance(legacy or {}, Mapping):
+        raise ModelError(f"config.json's {key} is not a mapping")
+    return {**defaults, **config} if legacy is None else {**config, **defaults, **legacy}
 
 
-def vision_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> VitShape | None:
-    """The tower's shape from its tensors' shapes (`shapes`, by checkpoint name) and its config;
-    None where this module cannot run it (an unknown activation; SigLIP without its pooling head).
-    A tensor the tower needs and `shapes` lacks is a ModelError naming it."""
+def number(settings: Mapping[str, Any], key: str, kind: type = int) -> Any:
+    """A config value as a number, or a ModelError naming it (a null or a string where one is due)."""
+    try:
+        return kind(settings[key])
+    except (TypeError, ValueError):
+        raise ModelError(f"config.json: {key} is {settings[key]!r}, not a number") from None
+
+
+def uses_native(settings: Mapping[str, Any], clip: bool) -> bool:
+    """Whether vit.py runs this tower: an activation it fuses, and SigLIP's pooling head."""
+    return str(settings["hidden_act"]) in FUSED and (clip or bool(settings.get("vision_use_head", True)))
+
+
+def vision_shape(
+    model_type: str, settings: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> VitShape | None:
+    """The tower's shape from its tensors' shapes (`shapes`, by checkpoint name) and its settings
+    (`tower_settings`); None where this module cannot run it (`uses_native`). A tensor the tower
+    needs and `shapes` lacks, or sizes that do not fit, are a ModelError naming them."""
     clip = model_type == "clip"
-    settings = {**DEFAULTS["clip" if clip else "siglip"], **config}
-    act = str(settings["hidden_act"])
-    if act not in FUSED or (not clip and not settings.get("vision_use_head", True)):
+    if not uses_native(settings, clip):
         return None
-    layers = int(settings["num_hidden_layers"])  # NOTE: as transformers builds it; a layer lacking is named below
+    act = str(settings["hidden_act"])
+    layers = number(settings, "num_hidden_layers")  # NOTE: as transformers builds it; a layer lacking is named below
 
     def shape(name: str) -> tuple[int, ...]:
         if name not in shapes:
@@ -57,10 +77,13 @@ def vision_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str
         return tuple(shapes[name])
 
     hidden, channels, patch, _ = shape(f"{VISION}embeddings.patch_embedding.weight")
+    heads = number(settings, "num_attention_heads")
+    if heads <= 0 or hidden % heads:
+        raise ModelError(f"the vision tower's {hidden} hidden units do not divide into {heads} heads")
     return VitShape(
         clip=clip,
         hidden=hidden,
-        heads=int(settings["num_attention_heads"]),
+        heads=heads,
         layers=layers,
         intermediate=shape(f"{VISION}encoder.layers.0.mlp.fc1.weight")[0] if layers else 0,
         channels=channels,
@@ -68,7 +91,7 @@ def vision_shape(model_type: str, config: Mapping[str, Any], shapes: Mapping[str
         positions=shape(f"{VISION}embeddings.position_embedding.weight")[0],
         projection=shape(PROJECTION)[0] if clip else 0,
         act=act,
-        eps=float(settings["layer_norm_eps"]),
+        eps=number(settings, "layer_norm_eps", float),
         patch_bias=f"{VISION}embeddings.patch_embedding.bias" in shapes,
     )
 
@@ -207,15 +230,16 @@ def load_vision_tower(
     from .checkpoint import weights_file
 
     file = weights_file(path)
-    if file is None:
-        return None
-    config = vision_config(raw_config)
-    settings = {**DEFAULTS["clip" if raw_config.get("model_type") == "clip" else "siglip"], **config}
-    if str(settings["hidden_act"]) not in FUSED:
+    kind = str(raw_config.get("model_type"))
+    try:
+        settings = tower_settings(raw_config, "vision_config", DEFAULTS["clip" if kind == "clip" else "siglip"])
+    except ModelError as error:
+        raise ModelError(error.reason, path=str(path)) from None
+    if file is None or not uses_native(settings, kind == "clip"):
         return None  # NOTE: before reading any weights
     weights = read_tower_weights(file, VISION, PROJECTION)
     try:
-        shape = vision_shape(str(raw_config.get("model_type")), config, {k: tuple(v.shape) for k, v in weights.items()})
+        shape = vision_shape(kind, settings, {k: tuple(v.shape) for k, v in weights.items()})
         return None if shape is None else build_tower(shape, weights, device, dtype, cpu_fast_path)
     except ModelError as error:  # NOTE: named with the checkpoint, as the other loaders' errors are
         raise ModelError(error.reason, path=str(path)) from None
@@ -224,8 +248,12 @@ def load_vision_tower(
 def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTower | None:
     """The native tower of transformers' CLIP / SigLIP image tower (on its device, in its dtype),
     packed for the CPU where `cpu_fast_path` and the dtype allow (`can_pack_for_cpu`); None where it has an
-    activation this module does not know, or (SigLIP) no pooling head."""
+    activation this module does not know, or (SigLIP) no pooling head.
+
+    NOTE: it consumes `tower`: the native one shares its tensors, and packing rescales CLIP's MLP
+    weights in place (vit.py), so transformers' tower is not to be run after."""
     config = (tower.vision_model if model_type == "clip" else tower).config.to_dict()
+    config = {**DEFAULTS["clip" if model_type == "clip" else "siglip"], **config}
     weights = tower.state_dict()
     if not any(name.startswith(VISION) for name in weights):  # NOTE: transformers 5's SiglipVisionModel
         weights = {VISION + name: tensor for name, tensor in weights.items()}

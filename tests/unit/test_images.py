@@ -327,10 +327,13 @@ def test_the_tower_reads_transformers_defaults_and_names_a_missing_layer(checkpo
     from safetensors.torch import load_file, save_file
 
     from hpcinfer.errors import ModelError
+    from hpcinfer.models.clip_text import TEXT_DEFAULTS
     from hpcinfer.models.vit_load import DEFAULTS, load_vision_tower
 
     for kind, config in (("clip", transformers.CLIPVisionConfig()), ("siglip", transformers.SiglipVisionConfig())):
         assert {k: getattr(config, k) for k in DEFAULTS[kind]} == DEFAULTS[kind]
+    for kind, config in (("clip", transformers.CLIPTextConfig()), ("siglip", transformers.SiglipTextConfig())):
+        assert {k: getattr(config, k) for k in TEXT_DEFAULTS[kind]} == TEXT_DEFAULTS[kind]
     raw = json.loads((checkpoint / "config.json").read_text())
     cpu = torch.device("cpu")
     assert load_vision_tower(checkpoint, raw, cpu, torch.float32, cpu_fast_path=False) is not None
@@ -341,3 +344,34 @@ def test_the_tower_reads_transformers_defaults_and_names_a_missing_layer(checkpo
     save_file(kept, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelError, match=r"lacks weights its vision tower needs: vision_model\.encoder\.layers\.1\."):
         load_vision_tower(broken, raw, cpu, torch.float32, cpu_fast_path=False)
+
+
+@pytest.mark.parametrize("eos", [5, 2], ids=["eos-token", "legacy-eos-2"])
+def test_clip_text_pools_where_transformers_does(eos):
+    """CLIP's text tower pools at the first end-of-text token, or, for an old config whose
+    eos_token_id is 2, at the largest id (as transformers keeps it): rows where the end-of-text
+    token is not the largest id tell the two apart; padding after it changes nothing."""
+    import transformers
+
+    from hpcinfer.models.clip_text import TextTower, text_shape, text_state
+    from hpcinfer.models.vit_load import adopt, tower_settings
+
+    torch.manual_seed(0)
+    config = transformers.CLIPTextConfig(vocab_size=12, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                         num_attention_heads=2, max_position_embeddings=6, projection_dim=4,
+                                         eos_token_id=eos, bos_token_id=1, pad_token_id=0)  # fmt: skip
+    theirs = transformers.CLIPTextModelWithProjection(config).eval()
+    weights = theirs.state_dict()
+    settings = tower_settings({"text_config": config.to_dict()}, "text_config", {})
+    shape = text_shape("clip", settings, {k: tuple(v.shape) for k, v in weights.items()})
+    assert shape is not None and shape.eos == eos
+    ours = adopt(TextTower(shape), text_state(weights, shape), torch.device("cpu"), torch.float32, False)
+    ids = torch.tensor([[1, 9, 5, 11, 0, 0], [1, 5, 3, 0, 0, 0], [1, 11, 4, 5, 7, 0]])
+    lengths = torch.tensor([4, 3, 5])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    with torch.no_grad():
+        want = theirs(input_ids=ids, attention_mask=mask).text_embeds
+        got = ours(ids, lengths)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    first, largest = (ids == 5).int().argmax(-1), (ids * mask).argmax(-1)
+    assert not torch.equal(first, largest)  # NOTE: the rows do tell the two poolings apart
