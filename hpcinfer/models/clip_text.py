@@ -25,7 +25,7 @@ from torch import nn
 from ..errors import ModelError
 from .meta import empty_modules
 from .vit import FUSED, VitLayer
-from .vit_load import adopt, layer_names, layer_state, number, read_tower_weights, tower_settings
+from .vit_load import adopt, layer_names, layer_state, load_tower, number
 
 TEXT = "text_model."
 CLIP_PROJECTION = "text_projection.weight"
@@ -147,23 +147,16 @@ def load_text_tower(
 ) -> TextTower | None:
     """A CLIP / SigLIP checkpoint's text tower, native, from its files alone; None where it cannot
     be (then transformers' tower runs)."""
-    from .checkpoint import weights_file
-
-    file = weights_file(path)
     kind = str(raw_config.get("model_type"))
-    try:
-        settings = tower_settings(raw_config, "text_config", TEXT_DEFAULTS["clip" if kind == "clip" else "siglip"])
-    except ModelError as error:
-        raise ModelError(error.reason, path=str(path)) from None
-    if file is None or str(settings["hidden_act"]) not in FUSED:
-        return None  # NOTE: before reading any weights
-    weights = read_tower_weights(file, TEXT, CLIP_PROJECTION)
-    try:
+
+    def build(settings: dict[str, Any], weights: dict[str, torch.Tensor]) -> TextTower | None:
         shape = text_shape(kind, settings, {k: tuple(v.shape) for k, v in weights.items()})
         if shape is None:
             return None
         with empty_modules():
             tower = TextTower(shape)
         return adopt(tower, text_state(weights, shape), device, dtype, cpu_fast_path)
-    except ModelError as error:  # NOTE: named with the checkpoint, as the other loaders' errors are
-        raise ModelError(error.reason, path=str(path)) from None
+
+    defaults = TEXT_DEFAULTS["clip" if kind == "clip" else "siglip"]
+    runs = lambda settings: str(settings["hidden_act"]) in FUSED  # noqa: E731
+    return load_tower(path, raw_config, "text_config", defaults, runs, TEXT, CLIP_PROJECTION, build)

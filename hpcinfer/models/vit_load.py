@@ -14,7 +14,7 @@ tower without its pooling head stay on transformers' towers (models/clip.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -222,27 +222,46 @@ def read_tower_weights(file: Path, prefix: str, projection: str) -> dict[str, to
     return {k: v for k, v in load_weights(file).items() if wanted(k)}
 
 
+def load_tower(
+    path: Path,
+    raw_config: Mapping[str, Any],
+    key: str,
+    defaults: Mapping[str, Any],
+    runs: Callable[[dict[str, Any]], bool],
+    prefix: str,
+    projection: str,
+    build: Callable[[dict[str, Any], dict[str, torch.Tensor]], Any],
+) -> Any:
+    """One tower of a CLIP / SigLIP checkpoint from its files alone: its settings (config.json's
+    `key` over `defaults`), None where `runs` says they are not native or the weights are sharded
+    (before any weight is read), else `build(settings, its tensors)`; a ModelError names the
+    checkpoint, as the other loaders' errors do."""
+    from .checkpoint import weights_file
+
+    file = weights_file(path)
+    try:
+        settings = tower_settings(raw_config, key, defaults)
+        if file is None or not runs(settings):
+            return None
+        return build(settings, read_tower_weights(file, prefix, projection))
+    except ModelError as error:
+        raise ModelError(error.reason, path=str(path)) from None
+
+
 def load_vision_tower(
     path: Path, raw_config: Mapping[str, Any], device: torch.device, dtype: torch.dtype, cpu_fast_path: bool
 ) -> VisionTower | None:
     """A CLIP / SigLIP checkpoint's image tower, native, from its files alone; None where this
     module cannot run it (then transformers' tower runs)."""
-    from .checkpoint import weights_file
-
-    file = weights_file(path)
     kind = str(raw_config.get("model_type"))
-    try:
-        settings = tower_settings(raw_config, "vision_config", DEFAULTS["clip" if kind == "clip" else "siglip"])
-    except ModelError as error:
-        raise ModelError(error.reason, path=str(path)) from None
-    if file is None or not uses_native(settings, kind == "clip"):
-        return None  # NOTE: before reading any weights
-    weights = read_tower_weights(file, VISION, PROJECTION)
-    try:
+
+    def build(settings: dict[str, Any], weights: dict[str, torch.Tensor]) -> VisionTower | None:
         shape = vision_shape(kind, settings, {k: tuple(v.shape) for k, v in weights.items()})
         return None if shape is None else build_tower(shape, weights, device, dtype, cpu_fast_path)
-    except ModelError as error:  # NOTE: named with the checkpoint, as the other loaders' errors are
-        raise ModelError(error.reason, path=str(path)) from None
+
+    defaults = DEFAULTS["clip" if kind == "clip" else "siglip"]
+    runs = lambda settings: uses_native(settings, kind == "clip")  # noqa: E731
+    return load_tower(path, raw_config, "vision_config", defaults, runs, VISION, PROJECTION, build)
 
 
 def native_tower(tower: Any, model_type: str, cpu_fast_path: bool) -> VisionTower | None:
