@@ -8,8 +8,9 @@ with the pinned uint8 staging, batching, resume and rejects. An image run's towe
 own vision transformer (models/vit.py: fused Q/K/V; on the CPU, oneDNN linears with the MLP's
 activation fused), built from the checkpoint's files without importing transformers (its CLIP
 modules took ~3.5 s of a run's start), with transformers' arithmetic and its time cut by a sixth
-or more; a text run's tower is built so too (models/clip_text.py), and a tower with an activation
-vit.py does not fuse is transformers' own modules.
+or more; a text run's tower is built so too (models/clip_text.py). A sharded checkpoint, a tower
+with an activation vit.py does not fuse, and SigLIP without its pooling head run on transformers'
+own modules.
 
 For an image run the checkpoint's facts describe a row of pixels: `max_position_embeddings` is a
 row's bytes, `vocab_size` 256 (a byte's values), so the pipeline's length checks, batching and
