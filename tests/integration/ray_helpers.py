@@ -27,18 +27,29 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
     """A module fixture's body: one local Ray instance (`cpus` CPUs, a small object store); yields its address."""
     import ray
 
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(
-        num_cpus=cpus,
-        object_store_memory=300 * 2**20,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}},
-        # NOTE: as the local instance a run starts (ray_engine/cluster.py): Ray's workers at nice 15
-        # would get a few percent of a core beside other work, and every timing in a test with it
-        _system_config={"worker_niceness": 0},
-    )
+    # NOTE: the workers inherit the environment of the instance ray.init starts here; a runtime_env
+    # would do the same but sends every worker through Ray's setup_worker.py first, a second
+    # interpreter importing Ray (over a second of CPU per actor, for tens of actors per module)
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HF_HUB_OFFLINE")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"] or "") if p)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        ray.init(
+            num_cpus=cpus,
+            object_store_memory=300 * 2**20,
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=False,
+            # NOTE: as the local instance a run starts (ray_engine/cluster.py): Ray's workers at nice 15
+            # would get a few percent of a core beside other work, and every timing in a test with it
+            _system_config={"worker_niceness": 0},
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
