@@ -61,6 +61,15 @@ def ray_address():  # noqa: ANN201
     yield from local_ray()
 
 
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, ckpt):  # noqa: ANN001, ANN201
+    """(inputs, the local engine's JSONL answers and report) of `_inputs`: what the Ray runs of them equal."""
+    folder = tmp_path_factory.mktemp("local")
+    inputs = _inputs(folder)
+    report = run(_config(inputs, folder / "local.jsonl", ckpt), progress=Progress("off"))
+    return inputs, folder / "local.jsonl", report
+
+
 def _inputs(tmp_path: Path) -> list[Path]:
     """A JSONL file (a BOM, CRLF, blank lines, bad rows) and a Parquet file; an id repeats across windows."""
     rows = []
@@ -140,11 +149,10 @@ def test_unit_readers_read_what_the_whole_input_reader_reads(tmp_path, ckpt):
     assert len(ranged) == len(everything) == 26
 
 
-def test_ray_answers_and_rejects_equal_the_local_engine(tmp_path, ckpt, ray_address):
-    inputs = _inputs(tmp_path)
-    local = run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+def test_ray_answers_and_rejects_equal_the_local_engine(tmp_path, ckpt, ray_address, local_run):
+    inputs, local_out, local = local_run
     report = run(_config(inputs, tmp_path / "ray.jsonl", ckpt, replicas=2), progress=Progress("off"))
-    _same_output(tmp_path / "local.jsonl", tmp_path / "ray.jsonl")
+    _same_output(local_out, tmp_path / "ray.jsonl")
     rejects = [json.loads(x) for x in Path(f"{tmp_path}/ray.jsonl.rejects.jsonl").read_text().splitlines()]
     assert [(r["reason"], r["row"], r.get("line")) for r in rejects] == [
         ("too_long", 2, 3),
@@ -235,9 +243,8 @@ def _env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
-def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, ray_address):
-    inputs = _inputs(tmp_path)
-    run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, ray_address, local_run):
+    inputs, local_out, _ = local_run
     out = tmp_path / "ray.jsonl"
     args = _cli_args(inputs, out, ckpt)
     ray_args = ["--engine", "ray", "--replicas", "1", "--ray-address", ray_address]
@@ -261,12 +268,11 @@ def test_driver_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, ckpt, r
     # NOTE: windows 0-2 (12 input rows, 5 of them rejected then) resumed; 20 rows in the output
     assert report.rows_resumed == report.accounting["rows_resumed"] == 12 and report.rows == 20 - 7
     assert report.accounting["balanced"]
-    _same_output(tmp_path / "local.jsonl", out)
+    _same_output(local_out, out)
 
 
-def test_a_local_run_killed_9_resumes_on_ray_identically(tmp_path, ckpt, ray_address):
-    inputs = _inputs(tmp_path)
-    run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+def test_a_local_run_killed_9_resumes_on_ray_identically(tmp_path, ckpt, ray_address, local_run):
+    inputs, local_out, _ = local_run
     out = tmp_path / "moved.jsonl"
     killed = subprocess.run(
         [sys.executable, str(CRASH_RUN), "manifest_renamed", "3", *_cli_args(inputs, out, ckpt)],
@@ -280,16 +286,15 @@ def test_a_local_run_killed_9_resumes_on_ray_identically(tmp_path, ckpt, ray_add
     resume = {"output": replace(OutputConfig(str(out)), resume=True)}
     report = run(replace(_config(inputs, out, ckpt, replicas=1), **resume), progress=Progress("off"))
     assert report.accounting["rows_resumed"] == 8 and report.accounting["balanced"]
-    _same_output(tmp_path / "local.jsonl", out)
+    _same_output(local_out, out)
 
 
-def test_a_tensor_parallel_replica_equals_the_local_engine(tmp_path, ckpt, ray_address):
+def test_a_tensor_parallel_replica_equals_the_local_engine(tmp_path, ckpt, ray_address, local_run):
     """--tp 2 on Ray: the replica's actor is rank 0 of a group whose rank 1 it starts itself."""
-    inputs = _inputs(tmp_path)
-    local = run(_config(inputs, tmp_path / "local.jsonl", ckpt), progress=Progress("off"))
+    inputs, local_out, local = local_run
     cfg = _config(inputs, tmp_path / "ray.jsonl", ckpt, replicas=1)
     report = run(replace(cfg, device=replace(cfg.device, tensor_parallel=2)), progress=Progress("off"))
-    _same_output(tmp_path / "local.jsonl", tmp_path / "ray.jsonl")
+    _same_output(local_out, tmp_path / "ray.jsonl")
     assert report.rows == local.rows and report.rejects == local.rejects
     gpus = replace(cfg, cluster=replace(cfg.cluster, gpus_per_replica=1), device=replace(cfg.device, tensor_parallel=2))
     with pytest.raises(ConfigError, match=re.escape("--tp 2 with --engine ray on GPUs needs --gpus-per-replica 2")):
