@@ -157,7 +157,8 @@ def test_top5_logprobs_equal_transformers_log_softmax(family):
     worst = 0.0
     with torch.inference_mode():
         for prompt, seq in zip(prompts[:8], seqs, strict=True):
-            logits = ref(torch.tensor([prompt + seq.completion])).logits[0, len(prompt) - 1 : -1]
+            keep = len(seq.completion) + 1  # the positions that predict the answer, and the last
+            logits = ref(torch.tensor([prompt + seq.completion]), logits_to_keep=keep).logits[0, :-1]
             want = torch.log_softmax(logits.double(), dim=-1)
             for step, (chosen, top) in enumerate(seq.logprobs):
                 assert len(top) == 5
