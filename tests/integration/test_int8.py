@@ -365,10 +365,11 @@ def _named_kernels() -> list[str]:
     return names
 
 
-def test_a_resumed_int8_run_goes_on_with_the_kernel_its_output_began_with(tmp_path):
+def test_a_resumed_int8_run_goes_on_with_the_kernel_its_output_began_with(tmp_path, tiny_model):
     """The kernel is recorded in the report and the resume fingerprint; `--int8-kernel auto` on
     --resume takes the recorded one (the rows of one output are computed one way), another named
-    one is refused in one line, naming both."""
+    one is refused in one line, naming both (on the tiny model: the kernel's bookkeeping is tested,
+    the default model's int8 accuracy above)."""
     from hpcinfer.errors import StageError
     from hpcinfer.obs.progress import Progress
 
@@ -382,7 +383,8 @@ def test_a_resumed_int8_run_goes_on_with_the_kernel_its_output_began_with(tmp_pa
         from dataclasses import replace
 
         cfg = embed_config(tmp_path, src, out, **small, int8_kernel=kernel)
-        return replace(cfg, plan=replace(cfg.plan, sort_window=30), output=replace(cfg.output, resume=resume))
+        return replace(cfg, model=str(tiny_model), plan=replace(cfg.plan, sort_window=30),
+                       output=replace(cfg.output, resume=resume))  # fmt: skip
 
     whole = run(config("whole.parquet", began))
     assert whole.quantize["engine"] == began and whole.config["device.int8_kernel"] == began
