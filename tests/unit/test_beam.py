@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("beam"), seed=9, prompts=16, max_length=48, text_seed=3)
+    return tiny_llama(tmp_path_factory.mktemp("beam"), seed=9, prompts=16, max_length=48, text_seed=3, byte_level=True)
 
 
 def hf_beams(ref, prompt: list[int], width: int, max_tokens: int, penalty: float, eos: set[int]) -> list[int]:

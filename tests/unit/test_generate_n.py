@@ -24,7 +24,7 @@ from ..conftest import generate_config, run_job, tiny_llama, write_jsonl
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory, one_torch_thread):  # noqa: ANN201
-    return tiny_llama(tmp_path_factory.mktemp("n"), seed=3, prompts=6, max_length=48, text_seed=4)
+    return tiny_llama(tmp_path_factory.mktemp("n"), seed=3, prompts=6, max_length=48, text_seed=4, byte_level=True)
 
 
 PARAMS = [

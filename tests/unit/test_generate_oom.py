@@ -15,7 +15,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    _, info, model, prompts = tiny_llama(tmp_path_factory.mktemp("oom"), seed=5, prompts=24, max_length=96, text_seed=2)
+    _, info, model, prompts = tiny_llama(
+        tmp_path_factory.mktemp("oom"), seed=5, prompts=24, max_length=96, text_seed=2, byte_level=True
+    )
     params = [SamplingParams(max_tokens=12, temperature=0.9 if i % 2 else 0.0, seed=i) for i in range(len(prompts))]
     return model, info, prompts, params
 
