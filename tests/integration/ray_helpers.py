@@ -28,8 +28,8 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
     import ray
 
     # NOTE: the workers inherit the environment of the instance ray.init starts here; a runtime_env
-    # would do the same but sends every worker through Ray's setup_worker.py first, a second
-    # interpreter importing Ray (over a second of CPU per actor, for tens of actors per module)
+    # would do the same but starts every worker through Ray's setup_worker.py, an interpreter that
+    # imports Ray only to exec the worker's own
     saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HF_HUB_OFFLINE")}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"] or "") if p)
     os.environ["HF_HUB_OFFLINE"] = "1"
