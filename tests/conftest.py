@@ -162,19 +162,13 @@ def generate_config(
 
 def tiny_llama(folder: Path, seed: int, prompts: int, max_length: int, text_seed: int, byte_level: bool = False):  # noqa: ANN201
     """(path, info, float32 model, prompt token ids) of a tiny random Llama and some of make_texts' texts;
-    `byte_level`: with a byte-level vocabulary of 268 tokens instead of MiniLM's 30,522 (each step's
-    logits and draws 100 times smaller, for tests whose vocabulary is not what they check)."""
+    `byte_level`: with build_tiny_decoder's byte-level vocabulary of 268 tokens."""
     from hpcinfer.models.decoder_checkpoint import load_decoder
     from hpcinfer.models.decoder_inspect import inspect_decoder
     from hpcinfer.models.registry import load_tokenizer
     from tests.fixtures.tiny_decoder import build_tiny_decoder
-    from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
 
-    vocabulary = {}
-    if byte_level:
-        tokenizer, eos = write_byte_level_tokenizer(folder / "tokenizer")
-        vocabulary = {"tokenizer_dir": tokenizer, "eos": eos}
-    path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=seed, **vocabulary)
+    path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=seed, byte_level=byte_level)
     info = inspect_decoder(path)
     ids = [load_tokenizer(path, max_length).encode(t).ids for t in make_texts(prompts, seed=text_seed)]
     return path, info, load_decoder(info, torch.device("cpu"), torch.float32), ids

@@ -27,7 +27,7 @@ from hpcinfer.models.decoder_config import DecoderConfig
 from hpcinfer.models.decoder_inspect import inspect_decoder, open_gguf
 from hpcinfer.parallel.decoder import rank_config
 from tests.fixtures.tiny_decoder import build_tiny_decoder, transformers_greedy
-from tests.fixtures.tiny_gguf import build_tiny_gguf, write_byte_level_tokenizer
+from tests.fixtures.tiny_gguf import build_tiny_gguf
 
 from ..conftest import generate_config, read_output, run_job, write_jsonl
 
@@ -172,10 +172,7 @@ def test_top5_logprobs_equal_transformers_log_softmax(family):
 def test_two_seeded_samples_held_to_a_json_schema_are_valid_json(family, tmp_path):
     """The family's checkpoint again, with a byte-level BPE vocabulary (a grammar needs one)."""
     arch, extra = FAMILIES[family[0]]
-    folder, eos = write_byte_level_tokenizer(tmp_path / "tokenizer")
-    path = build_tiny_decoder(
-        tmp_path / "bytes", arch, seed=7, max_positions=2048, tokenizer_dir=folder, eos=eos, **extra
-    )
+    path = build_tiny_decoder(tmp_path / "bytes", arch, seed=7, max_positions=2048, byte_level=True, **extra)
     info = inspect_decoder(path)
     model = load_decoder(info, torch.device("cpu"), torch.float32)
     tokenizer = load_tokenizer(info)

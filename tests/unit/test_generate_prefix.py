@@ -17,7 +17,6 @@ from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from tests.fixtures.tiny_decoder import build_tiny_decoder
-from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
 
 BS = 4
 
@@ -158,9 +157,8 @@ def test_max_hit_rate_counts_each_distinct_block_once():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, one_torch_thread):
     # NOTE: a byte-level vocabulary of 268 tokens (the prompts' ids are below 250): each step's logits and draws small
-    tokenizer, eos = write_byte_level_tokenizer(tmp_path_factory.mktemp("tokenizer"))
     folder = tmp_path_factory.mktemp("prefix")
-    path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=21, max_positions=256, tokenizer_dir=tokenizer, eos=eos)
+    path = build_tiny_decoder(folder, "LlamaForCausalLM", seed=21, max_positions=256, byte_level=True)
     return load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
 
 

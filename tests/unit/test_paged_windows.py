@@ -26,7 +26,6 @@ from hpcinfer.engine.sequence import SamplingParams, Sequence
 from hpcinfer.models.decoder_checkpoint import load_decoder
 from hpcinfer.models.decoder_inspect import inspect_decoder
 from tests.fixtures.tiny_decoder import build_tiny_decoder
-from tests.fixtures.tiny_gguf import write_byte_level_tokenizer
 
 BS, WINDOW = 4, 12
 
@@ -150,10 +149,9 @@ def test_one_sequence_always_fits_the_pool_it_is_sized_for():
 def model(tmp_path_factory, one_torch_thread):
     # NOTE: a byte-level vocabulary of 268 tokens (the prompts' ids are below 250): the logits and
     # the draws of every step over it, where a 30,522-token one made them a third of these tests' time
-    tokenizer, eos = write_byte_level_tokenizer(tmp_path_factory.mktemp("tokenizer"))
     path = build_tiny_decoder(
-        tmp_path_factory.mktemp("gemma2"), "Gemma2ForCausalLM", seed=5, max_positions=1024, tokenizer_dir=tokenizer,
-        eos=eos, layers=4, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        tmp_path_factory.mktemp("gemma2"), "Gemma2ForCausalLM", seed=5, max_positions=1024, byte_level=True,
+        layers=4, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
     )  # fmt: skip
     return load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
 
