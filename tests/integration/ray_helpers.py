@@ -11,6 +11,7 @@ same across its restarts) and how often it failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcinfer.ray_engine.actor import ReplicaActor
+from tests.fixtures.warm_cli import WarmPopen
 
 REPO = Path(__file__).resolve().parents[2]
+WARM_RAY_WORKER = REPO / "tests" / "fixtures" / "warm_ray_worker.py"
 
 
 def local_ray(cpus: int = 2) -> Iterator[str]:
@@ -30,20 +33,22 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
     # NOTE: the workers inherit the environment of the instance ray.init starts here; a runtime_env
     # would do the same but starts every worker through Ray's setup_worker.py, an interpreter that
     # imports Ray only to exec the worker's own
-    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "HF_HUB_OFFLINE")}
+    names = ("PYTHONPATH", "HF_HUB_OFFLINE", "HPCINFER_TEST_WARM_SOCKET", "HPCINFER_TEST_RAY_WORKER")
+    saved = {name: os.environ.get(name) for name in names}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), saved["PYTHONPATH"] or "") if p)
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        ray.init(
-            num_cpus=cpus,
-            object_store_memory=300 * 2**20,
-            include_dashboard=False,
-            logging_level="WARNING",
-            log_to_driver=False,
-            # NOTE: as the local instance a run starts (ray_engine/cluster.py): Ray's workers at nice 15
-            # would get a few percent of a core beside other work, and every timing in a test with it
-            _system_config={"worker_niceness": 0},
-        )
+        with _warm_ray_workers(ray):
+            ray.init(
+                num_cpus=cpus,
+                object_store_memory=300 * 2**20,
+                include_dashboard=False,
+                logging_level="WARNING",
+                log_to_driver=False,
+                # NOTE: as the local instance a run starts (ray_engine/cluster.py): Ray's workers at nice 15
+                # would get a few percent of a core beside other work, and every timing in a test with it
+                _system_config={"worker_niceness": 0},
+            )
     finally:
         for name, value in saved.items():
             if value is None:
@@ -54,6 +59,34 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def _warm_ray_workers(ray: Any) -> Iterator[None]:
+    """While ray.init starts an instance: its raylet's worker command runs warm_ray_worker.py, so
+    each worker (a replica's process) forks from this pytest worker's warm server with torch and
+    hpcinfer imported (tests/fixtures/warm_cli.py), where a fresh interpreter spends ~2.5 s of CPU
+    importing them. Ray has no public option for its worker's file: `RayParams.worker_path` is set
+    as the `Node` it starts reads it; where that changes in another Ray, the workers start cold."""
+    from ray._private import node as ray_node
+
+    server, start = WarmPopen.server_path, ray_node.Node.__init__
+    worker = Path(ray_node.__file__).with_name("workers") / "default_worker.py"
+    if server is None or not worker.is_file():
+        yield
+        return
+    os.environ["HPCINFER_TEST_WARM_SOCKET"], os.environ["HPCINFER_TEST_RAY_WORKER"] = server, str(worker)
+
+    def warm_start(self: Any, ray_params: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(ray_params, "worker_path", "") is None:
+            ray_params.worker_path = str(WARM_RAY_WORKER)
+        start(self, ray_params, *args, **kwargs)
+
+    ray_node.Node.__init__ = warm_start
+    try:
+        yield
+    finally:
+        ray_node.Node.__init__ = start
 
 
 class DiesOnceActor(ReplicaActor):
