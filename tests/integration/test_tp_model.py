@@ -4,11 +4,13 @@ the logits and greedy tokens of the whole model (TP=1)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from hpcinfer.errors import ConfigError
 from hpcinfer.models.attention import DenseCausalAttention
@@ -18,7 +20,7 @@ from hpcinfer.parallel.decoder import rank_config, vocab_rows
 from hpcinfer.parallel.group import free_port
 from tests.fixtures.tiny_decoder import build_tiny_decoder
 
-from .tp_ranks import run_rank
+from ..conftest import REPO
 
 CHECKPOINTS = {
     "llama": ("LlamaForCausalLM", {}),
@@ -59,10 +61,17 @@ def test_two_gloo_ranks_equal_the_whole_model(tmp_path):
         paths.append(build_tiny_decoder(tmp_path / name, arch, seed=3, **extra))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 30000, (n,), generator=g).tolist() for n in (1, 7, 19)]
-    out = tmp_path / "tp.pt"
-    mp.start_processes(
-        run_rank, (2, free_port(), [str(p) for p in paths], prompts, 6, str(out)), nprocs=2, start_method="spawn"
-    )
+    out, arguments = tmp_path / "tp.pt", tmp_path / "ranks.json"
+    ranks = {"world": 2, "port": free_port(), "ckpts": [str(p) for p in paths], "prompts": prompts, "steps": 6}
+    arguments.write_text(json.dumps({**ranks, "out": str(out)}), encoding="utf-8")
+    started = [
+        subprocess.Popen([sys.executable, "-m", "tests.integration.tp_ranks", str(arguments), str(rank)],
+                         cwd=REPO, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)
+    ]  # fmt: skip
+    for rank, process in enumerate(started):
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, f"rank {rank}: {stderr[-2000:]}"
     results = torch.load(out)
     for path in paths:
         want_logits, want_tokens = _reference(path, prompts, 6)

@@ -1,8 +1,14 @@
 """Rank processes for the tensor-parallel model tests: each loads its shard of tiny checkpoints and
-runs whole sequences (no KV cache); rank 0 saves the logits and greedy tokens for the test to compare."""
+runs whole sequences (no KV cache); rank 0 saves the logits and greedy tokens for the test to compare.
+
+`python -m tests.integration.tp_ranks ARGS.json RANK`: one rank, its arguments (`run_rank`'s but
+the rank) in a JSON file; started so, a rank forks from the warm server (tests/fixtures/warm_cli.py).
+"""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import torch
@@ -42,3 +48,8 @@ def run_rank(
     if rank == 0:
         torch.save(results, out)
     end_group(group)
+
+
+if __name__ == "__main__":
+    arguments = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    run_rank(int(sys.argv[2]), **arguments)

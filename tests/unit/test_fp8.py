@@ -103,7 +103,10 @@ def test_the_fp8_kv_pool_holds_twice_the_blocks_and_answers_agree(smollm2):
     for storage in (None, FP8):
         engine = Engine(model, EngineConfig(kv_cache_memory=memory, kv_storage=storage), info.eos_token_ids)
         engines[storage] = engine
-        answers[storage] = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=24))]
+        # NOTE: 8 tokens: what is checked is how the answers start (the agreement of whole answers is
+        # the benchmark's); each further step of the six answers in bfloat16 took ~0.17 s on a CPU
+        # without bfloat16 instructions (24 tokens: 9.9 s, 8 tokens: 4.6 s)
+        answers[storage] = [s.completion for s in engine.generate(prompts, SamplingParams(max_tokens=8))]
     assert (engines[None].cache.num_blocks, engines[FP8].cache.num_blocks) == (24, 48)
     assert engines[FP8].cache.k.dtype == FP8 and engines[FP8].cache.nbytes == engines[None].cache.nbytes
     pairs = list(zip(answers[FP8], answers[None], strict=True))
