@@ -1,7 +1,7 @@
 """The default model on sample_data against sentence-transformers, the oracle.
 
-hpcinfer embeds the sample's first 1,000 rows with every default (they hold rows of every padded
-length: each multiple of 8 tokens up to the model's 256, and 55 rows past it, which truncate);
+hpcinfer embeds the sample's first 300 rows with every default (they hold rows of every padded
+length: each multiple of 8 tokens up to the model's 256, and 15 rows past it, which truncate);
 the oracle encodes a slice holding rows of each of those lengths, so every length bucket the
 planner can cut is compared, without encoding every row twice.
 """
@@ -18,7 +18,7 @@ from hpcinfer.models.registry import resolve_model_path
 
 from ..conftest import SAMPLE_PARQUET, run_job
 
-ROWS = 1000
+ROWS = 300
 
 
 @pytest.fixture(scope="module")
