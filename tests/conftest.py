@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -244,11 +245,42 @@ FOLDER_MARKERS = {"unit": ("unit",), "integration": ("integration",), "gpu": ("g
 TESTS = Path(__file__).resolve().parent
 
 
+# The files a pass spends longest on (seconds of wall time per file, measured with two busy processes
+# beside the suite), longest first. pytest-xdist hands out whole files in collection order
+# (`--dist loadfile`; pytest_configure turns off its reordering by size), so these start first and a
+# pass does not end waiting on a minute-long file handed out last while the other workers idle;
+# every other file follows, the files with more tests first (xdist's own order).
+LONGEST_FIRST = (
+    "unit/test_decoder_families.py",  # 124 s
+    "integration/test_object_store.py",  # 124 s
+    "unit/test_generate_attention.py",  # 110 s
+    "integration/test_tp_generate.py",  # 100 s
+    "integration/test_commit_every.py",  # 97 s
+    "integration/test_ray_generate.py",  # 92 s
+    "unit/test_speculate.py",  # 88 s
+    "integration/test_gguf.py",  # 86 s
+    "integration/test_ray_engine.py",  # 81 s
+    "integration/test_resume.py",  # 76 s
+    "integration/test_serve.py",  # 70 s
+    "unit/test_heap.py",  # 61 s
+    "unit/test_generate_exact.py",  # 61 s
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands out files in the order collection gives them (`--no-loadscope-reorder`),
+    LONGEST_FIRST's."""
+    if hasattr(config.option, "loadscopereorder"):  # NOTE: pytest-xdist is there
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)  # NOTE: after pytest's own grouping of a module's tests by their fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks each test by its folder; GPU-marked tests run only where CUDA exists
-    (benchmarks/gpu_check.sh runs them there)."""
+    (benchmarks/gpu_check.sh runs them there); the longest files first."""
     import torch
 
+    _longest_files_first(items)
     for item in items:
         path = Path(item.path).resolve()
         folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
@@ -261,6 +293,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # NOTE: by marker, not keyword: every test under tests/gpu/ has the keyword "gpu" (its package's name)
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's files in its order, then the others by their number of tests; each file's
+    tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    files = [Path(item.path).resolve() for item in items]
+    names = [path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path) for path in files]
+    tests_in = Counter(names)
+    order = sorted(range(len(items)), key=lambda i: (rank.get(names[i], len(rank)), -tests_in[names[i]], names[i]))
+    items[:] = [items[i] for i in order]
 
 
 _FROZEN_AT: list[Path] = []
