@@ -64,7 +64,7 @@ def local_ray(cpus: int = 2) -> Iterator[str]:
 @contextlib.contextmanager
 def _warm_ray_workers(ray: Any) -> Iterator[None]:
     """While ray.init starts an instance: its raylet's worker command runs warm_ray_worker.py, so
-    each worker (a replica's process) forks from this pytest worker's warm server with torch and
+    each worker (a replica's process) forks from the test run's warm server with torch and
     hpcinfer imported (tests/fixtures/warm_cli.py), where a fresh interpreter spends ~2.5 s of CPU
     importing them. Ray has no public option for its worker's file: `RayParams.worker_path` is set
     as the `Node` it starts reads it; where that changes in another Ray, the workers start cold."""
