@@ -110,7 +110,7 @@ def _cli_processes_start_warm(tmp_path_factory: pytest.TempPathFactory):
     """`python -m hpcinfer ...` in a test forks from a server that imported torch and hpcinfer once
     (tests/fixtures/warm_cli.py): a real process, without ~2 s of imports each. The workers of one
     `pytest -n` share one server, in their run's temporary folder (pytest removes it with the run's
-    others), where each one's would import the same modules (~5 s of CPU apiece)."""
+    others), where each one's would import the same modules (~4 s of CPU apiece)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         with warm_cli(tmp_path_factory.getbasetemp().parent / "warm-cli"):
             yield
