@@ -235,9 +235,9 @@ def _stop_after_a_checkpoint(args: list[str], out: Path, sig: int) -> tuple[subp
 
 @pytest.fixture(scope="module")
 def embed_job(tmp_path_factory, tiny_model):
-    """12,000 rows in one window (the default --sort-window), and the uninterrupted output."""
+    """6,000 rows in one window (the default --sort-window), and the uninterrupted output."""
     tmp = tmp_path_factory.mktemp("commit_every")
-    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(12000, seed=21))]
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(6000, seed=21))]
     rows[77]["text"] = ""  # a reject, so the rejects file is part of what must survive
     src = write_jsonl(tmp / "in.jsonl", rows)
     args = [str(src), "--model", str(tiny_model), "--max-batch-tokens", "512", "--progress", "off", "-q"]
@@ -255,7 +255,7 @@ def test_embedding_killed_after_a_checkpoint_resumes_to_the_uninterrupted_bytes(
     proc, _ = _stop_after_a_checkpoint(args, out, signal.SIGKILL)
     assert proc.returncode == -9
     kept = _partial_rows(out)
-    assert 0 < kept < 12000
+    assert 0 < kept < 6000
     report_path = tmp / "resumed.json"
     done = _hpcinfer(*args, "-o", str(out), "--resume", "--report", str(report_path))
     assert done.returncode == 0, done.stderr
@@ -265,7 +265,7 @@ def test_embedding_killed_after_a_checkpoint_resumes_to_the_uninterrupted_bytes(
     report = json.loads(report_path.read_text())
     assert report["rows_resumed"] == kept  # taken back, not computed again
     assert report["batches"] < ref_report["batches"]
-    assert report["accounting"]["rows_read"] == 12000 and report["accounting"]["balanced"]
+    assert report["accounting"]["rows_read"] == 6000 and report["accounting"]["balanced"]
 
 
 def test_ctrl_c_inside_a_window_keeps_what_landed(embed_job):

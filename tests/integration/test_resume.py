@@ -22,9 +22,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_model):
-    """A job of several seconds: 12,000 rows in 60 windows, its uninterrupted output and duration."""
+    """A job of a few seconds: 6,000 rows in 60 windows, its uninterrupted output and duration."""
     tmp = tmp_path_factory.mktemp("resume")
-    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(12000, seed=21))]
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(make_texts(6000, seed=21))]
     rows[77]["text"] = ""  # a reject, so the rejects file is part of what must survive
     src = write_jsonl(tmp / "in.jsonl", rows)
     args = [
@@ -32,7 +32,7 @@ def job(tmp_path_factory, tiny_model):
         "--model",
         str(tiny_model),
         "--sort-window",
-        "200",
+        "100",
         "--max-batch-tokens",
         "512",
         "--progress",
