@@ -1,8 +1,9 @@
 """Stage 2, tokenize: RowBlocks -> TokenBlocks (flat int32 ids + lengths).
 
 Uses the model's own fast tokenizer (Rust, releases the GIL), truncating exactly as
-sentence-transformers does. Pre-tokenized rows are checked against the vocabulary. A row longer
-than max_length is truncated (and counted) or, with on_long="reject", set aside.
+sentence-transformers does; a text far longer than max_length is tokenized from the prefix that
+keeps the same tokens (long_text.py). Pre-tokenized rows are checked against the vocabulary. A row
+longer than max_length is truncated (and counted) or, with on_long="reject", set aside.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer
 
 from ..types import Reject, RowBlock
 from .fanout import whole_requests
+from .long_text import TextCutter
 from .types import TokenBlock
 
 
@@ -33,6 +35,7 @@ class TokenizeStage:
         self.on_long = on_long
         # Put before every text (--prompt); it counts toward max_length, as in sentence-transformers.
         self.prompt = prompt
+        self.cutter = TextCutter.for_tokenizer(tokenizer, max_length)
 
     def process(self, block: RowBlock) -> Iterator[TokenBlock]:
         """Flat numpy arrays all the way: no per-token Python objects (they would fragment the heap)."""
@@ -87,17 +90,32 @@ class TokenizeStage:
     def _encode(
         self, texts: list[str], prompts: list[str | None] | None = None
     ) -> tuple[list[Any], dict[int, tuple[str, str]]]:
-        """Encodings of every text; a text the tokenizer refuses becomes a reject, not a failed run.
-
-        NOTE: one failing text fails the whole batch call, so only then is the block encoded row by row
-        (a refused row stands in as the encoding of "", and is dropped with the rejects).
-        """
+        """Encodings of every text (a long one from its prefix where that keeps the same tokens); a text
+        the tokenizer refuses becomes a reject, not a failed run."""
         if texts and isinstance(texts[0], list):  # text pairs (--task score): the tokenizer's pair template
             texts = [tuple(pair) for pair in texts]
         elif prompts is not None:  # NOTE: a row's own prompt replaces the run's
             texts = [(self.prompt if p is None else p) + text for p, text in zip(prompts, texts, strict=True)]
         elif self.prompt:
             texts = [self.prompt + text for text in texts]
+        cuts = self.cutter.cut(texts) if self.cutter is not None and texts and isinstance(texts[0], str) else {}
+        if not cuts:
+            return self._encode_all(texts)
+        encodings, bad = self._encode_all([cuts.get(i, text) for i, text in enumerate(texts)])
+        # NOTE: a cut row the check cannot vouch for, or one the tokenizer refused, is tokenized whole
+        whole = [i for i, prefix in cuts.items() if i in bad or not self.cutter.kept_before_cut(encodings[i], prefix)]
+        if whole:
+            again, bad_again = self._encode_all([texts[i] for i in whole])
+            for j, i in enumerate(whole):
+                encodings[i] = again[j]
+                bad.pop(i, None)
+                if j in bad_again:
+                    bad[i] = bad_again[j]
+        return encodings, bad
+
+    def _encode_all(self, texts: list[Any]) -> tuple[list[Any], dict[int, tuple[str, str]]]:
+        """NOTE: one failing text fails the whole batch call, so only then is the block encoded row by
+        row (a refused row stands in as the encoding of "", and is dropped with the rejects)."""
         try:
             return self.tokenizer.encode_batch(texts, add_special_tokens=True), {}
         except Exception:  # noqa: BLE001 - the tokenizer's own error types are not public
