@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import functools
 import random
+from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Regex, SentencePieceUnigramTokenizer, Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    SentencePieceUnigramTokenizer,
+    Tokenizer,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 
 from hpcinfer.models.registry import load_tokenizer, resolve_model_path
-from hpcinfer.pipeline.long_text import TextCutter
+from hpcinfer.pipeline.long_text import KNOWN_SPLITS, TextCutter
 from hpcinfer.pipeline.tokenize import TokenizeStage
 from hpcinfer.types import RowBlock
 
 WORDS = "the quick brown fox jumps over lazy dog naïve café Ünïcode — “quotes” don't 3.14159 x=y+1; {key: [1, 2]}"
 WORDS = WORDS.split() + ["東京", "你好世界", "😀", "🇫🇷", "ﬁne", "e\u0301", "<|endoftext|>", "[SEP]", "\\n", "ab" * 80]
-GAPS = [" "] * 12 + ["  ", "\n", "\n\n", "\t", " \u00a0 ", "   \n  "]
-GPT4_SPLIT = (
+GAPS = [" "] * 12 + ["  ", "\n", "\n\n", "\t", " \u00a0 ", "   \n  ", "\x0c", "\x1c", "\x85", "\x0b", "\u3000"]
+LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"  # Llama 3's split
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -65,7 +75,7 @@ def byte_level() -> Tokenizer:
 def split_then_bytes() -> Tokenizer:
     """Llama 3 / Qwen: a regex split, then bytes without ByteLevel's own regex."""
     tokenizer = byte_level()
-    split = pre_tokenizers.Split(Regex(GPT4_SPLIT), behavior="isolated")
+    split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated")
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(use_regex=False)])
     return tokenizer
 
@@ -135,18 +145,91 @@ def test_a_rows_own_prompt_is_cut_with_its_text():
     assert _tokenized(stage, rows, prompts)[0] == [e.ids for e in whole]
 
 
+def _bpe(separator: str) -> Tokenizer:
+    """A BPE whose merges chain right to left across `separator`: "c" after a cut would change the
+    token of the "a" before it, were the pieces joined there."""
+    tokens = ["[UNK]", "a", "b", "c", "d", " ", "\u2581", separator, separator + "c", "b" + separator + "c"]
+    tokens += [separator + "b" + separator + "c", "a" + separator + "b" + separator + "c"]
+    vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
+    merges = [(separator, "c"), ("b", separator + "c"), (separator, "b" + separator + "c")]
+    merges.append(("a", separator + "b" + separator + "c"))
+    return Tokenizer(models.BPE(vocab, merges, unk_token="[UNK]", fuse_unk=True))
+
+
+def _kept_to_a(tokenizer: Tokenizer, separator: str) -> tuple[str, int]:
+    """A row whose cut lands right after "b" (the prefix's last word is separator + "b") and the
+    max_length that keeps the tokens up to "a", which end exactly where that last word starts."""
+    row = "x" * 4093 + " a" + separator + "b" + separator + "c d"
+    offsets = tokenizer.encode(row[:4097]).offsets
+    return row, next(i for i, span in enumerate(offsets) if span == (4094, 4095)) + 1
+
+
+@pytest.mark.parametrize(
+    ("separator", "pre_tokenizer"),
+    [
+        ("\x1c", pre_tokenizers.WhitespaceSplit()),
+        ("\n", pre_tokenizers.Metaspace()),
+        ("\t", pre_tokenizers.Whitespace()),
+    ],
+    ids=["file-separator", "newline-metaspace", "tab"],
+)
+def test_whitespace_other_than_spaces_is_no_place_to_cut(separator, pre_tokenizer):
+    """Python's whitespace these pre-tokenizers do not split at: taken for a word's end, the cut
+    would change the kept "a"."""
+    tokenizer = _bpe(separator)
+    tokenizer.pre_tokenizer = pre_tokenizer
+    row, max_length = _kept_to_a(tokenizer, separator)
+    tokenizer.enable_truncation(max_length)
+    stage = TokenizeStage(tokenizer, max_length, tokenizer.get_vocab_size())
+    assert stage.cutter is not None
+    assert _tokenized(stage, [row])[0] == [tokenizer.encode(row).ids]
+
+
+def test_a_form_feed_inside_a_word_keeps_the_word_for_bert():
+    """BERT's normalizer deletes a form feed: "gene\\x0cr\\x0cal" is the word "general"."""
+    tokenizer = wordpiece(128)
+    stage = TokenizeStage(tokenizer, 128, tokenizer.get_vocab_size())
+    filler = "x " * 106 + ("a" * 200 + " ") * 18  # 124 tokens: "a" * 200 is one [UNK]
+    filler += "a" * (4091 - len(filler) - 1) + " "  # the 125th; "gene" starts at 4091
+    row = filler + "gene\x0cr\x0cal and more words"
+    whole = tokenizer.encode(row)
+    assert tokenizer.id_to_token(whole.ids[-2]) == "general"
+    assert _tokenized(stage, [row])[0] == [whole.ids]
+
+
+def _with(pre_tokenizer: Any = None, normalizer: Any = None, added: str = "") -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "abc": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizer if pre_tokenizer is not None else pre_tokenizers.WhitespaceSplit()
+    if normalizer is not None:
+        tokenizer.normalizer = normalizer
+    if added:
+        tokenizer.add_tokens([AddedToken(added, normalized=False)])
+    return tokenizer
+
+
 def test_tokenizers_that_may_join_words_are_never_cut():
-    spm = Tokenizer(models.BPE())
-    spm.pre_tokenizer = pre_tokenizers.Metaspace(split=False)  # SentencePiece BPE as GGUF's llama kind builds it
-    joined = Tokenizer(models.BPE())
-    joined.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n"), behavior="isolated")  # words joined within a line
-    bare = Tokenizer(models.BPE())  # no pre-tokenizer: the whole text one piece
+    known = LLAMA3_SPLIT
+    bytes_first = [pre_tokenizers.ByteLevel(use_regex=False), pre_tokenizers.Split(Regex(known), "isolated")]
+    joining = [
+        _with(pre_tokenizers.Metaspace(split=False)),  # SentencePiece BPE as GGUF's llama kind builds it
+        _with(pre_tokenizers.Split(Regex(r"\n"), behavior="isolated")),  # words joined within a line
+        _with(pre_tokenizers.Split(Regex(r"(?:\S+\s+){0,3}\S+"), behavior="isolated")),  # up to four words a piece
+        _with(pre_tokenizers.Sequence(bytes_first)),  # spaces spelled as bytes before the split sees them
+        _with(normalizer=normalizers.Replace("a b c", "abc")),
+        _with(normalizer=normalizers.Replace("\t", "")),  # tabs deleted: "a\tb" one word
+        _with(normalizer=normalizers.Replace(Regex(r"\s+"), "")),
+        _with(added="a b c"),
+        Tokenizer(models.BPE()),  # no pre-tokenizer: the whole text one piece
+    ]
+    for tokenizer in joining:
+        tokenizer.enable_truncation(64)
+        assert TextCutter.for_tokenizer(tokenizer, 64) is None, tokenizer.to_str()[:300]
     kept_end = _truncating("byte-level", 64)
     kept_end.enable_truncation(64, direction="left")
-    for tokenizer in (spm, joined, bare):
-        tokenizer.enable_truncation(64)
-        assert TextCutter.for_tokenizer(tokenizer, 64) is None
     assert TextCutter.for_tokenizer(kept_end, 64) is None
+    split = _with(pre_tokenizers.Sequence(bytes_first[::-1]))
+    split.enable_truncation(64)
+    assert known in KNOWN_SPLITS and TextCutter.for_tokenizer(split, 64) is not None
     assert TextCutter.for_tokenizer(_truncating("unigram", 64), 64) is not None
 
 
