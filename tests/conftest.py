@@ -286,10 +286,11 @@ def _compile_ahead() -> None:
     """Writes the bytecode of hpcinfer and the test fixtures where Python is told not to
     (PYTHONDONTWRITEBYTECODE, as CI images often set).
 
-    NOTE: there, every process of a run compiled hpcinfer from source again as it imported it: each
-    worker, and each process a test starts (the CLI, serve, Ray's workers, tensor-parallel ranks:
-    about a hundred a run). Compiling all of it takes ~0.4 s of CPU once; reading bytecode stays
-    allowed everywhere. Written atomically, and rewritten only where a source is newer.
+    NOTE: there, every process of a run compiled what it imported of hpcinfer from source again:
+    each pytest worker, the warm server (tests/fixtures/warm_cli.py; what it forks inherits its
+    modules) and each process a test starts cold. Compiling all of it takes ~0.4 s of CPU once;
+    reading bytecode stays allowed everywhere. Written atomically, and rewritten only where a source
+    is newer.
     """
     import compileall
     import sys
