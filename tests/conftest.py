@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -280,6 +281,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
     if not hasattr(config, "workerinput"):  # NOTE: once, in the process that starts the workers
         _compile_ahead()
+    config.pluginmanager.register(_LongestFilesFirst(), "hpcinfer-longest-files-first")
 
 
 def _compile_ahead() -> None:
@@ -301,17 +303,14 @@ def _compile_ahead() -> None:
         compileall.compile_dir(folder, quiet=2)
 
 
-@pytest.hookimpl(trylast=True)  # NOTE: after pytest's own grouping of a module's tests by their fixtures
+@pytest.hookimpl(tryfirst=True)  # NOTE: before `-m` deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks each test by its folder; GPU-marked tests run only where CUDA exists
-    (benchmarks/gpu_check.sh runs them there); the longest files first."""
+    (benchmarks/gpu_check.sh runs them there)."""
     import torch
 
-    _longest_files_first(items)
     for item in items:
-        path = Path(item.path).resolve()
-        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
-        for name in FOLDER_MARKERS.get(folder, ()):
+        for name in FOLDER_MARKERS.get(_name_in_tests(item.path).partition("/")[0], ()):
             item.add_marker(name)
     if torch.cuda.is_available():
         return
@@ -322,15 +321,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
 
 
-def _longest_files_first(items: list[pytest.Item]) -> None:
+@functools.cache  # NOTE: each file resolved once, however many tests it holds
+def _name_in_tests(path: Path) -> str:
+    """A test file's path under tests/ ("unit/test_x.py"), or its whole path outside it."""
+    resolved = Path(path).resolve()
+    return resolved.relative_to(TESTS).as_posix() if resolved.is_relative_to(TESTS) else str(resolved)
+
+
+class _LongestFilesFirst:
     """LONGEST_FIRST's files in its order, then the others by their number of tests; each file's
     tests keep their order."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    files = [Path(item.path).resolve() for item in items]
-    names = [path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path) for path in files]
-    tests_in = Counter(names)
-    order = sorted(range(len(items)), key=lambda i: (rank.get(names[i], len(rank)), -tests_in[names[i]], names[i]))
-    items[:] = [items[i] for i in order]
+
+    @pytest.hookimpl(trylast=True)  # NOTE: after pytest's own grouping of a module's tests by their fixtures
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        tests_in = Counter(_name_in_tests(item.path) for item in items)
+
+        def key(i: int) -> tuple[int, int, str]:
+            name = _name_in_tests(items[i].path)
+            return rank.get(name, len(rank)), -tests_in[name], name
+
+        items[:] = [items[i] for i in sorted(range(len(items)), key=key)]
 
 
 _FROZEN_AT: list[Path] = []
