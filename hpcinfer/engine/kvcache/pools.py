@@ -15,12 +15,12 @@ pool serves both, so no split of memory between them has to be guessed at start-
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...device import accelerators
@@ -179,16 +179,25 @@ def _fit_with_reserve(bytes_per_block: int, budget: int, reserve: Callable[[int]
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed pool. On the CPU from calloc (numpy's zeros): the kernel hands out zero pages as
-    they are first touched, so a pool sized for the longest job costs neither the time to clear
-    it (0.2 s a GiB) nor resident memory for blocks a short job never uses."""
+    """A zeroed pool. On the CPU an anonymous mapping of its own: the kernel hands out zero pages as
+    they are first touched, so a pool sized for the longest job costs neither the time to clear it
+    (0.2 s a GiB) nor resident memory for blocks a short job never uses.
+
+    NOTE: not numpy's zeros, which asks for transparent huge pages on arrays over 4 MiB: a first
+    touch then faults in 2 MiB at once, and on a virtual machine whose host takes back the guest's
+    free memory (free page reporting, as Firecracker's) each such fault cost 20-50 ms of system time,
+    ~4 s of a 23 s decode run (benchmarks/speed/bench_kv_pages.py), where 4 KiB pages took 0.8 s.
+    Where the system gives every mapping huge pages (THP `always`) this one gets them too.
+    """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     count = 1
     for n in shape:
         count *= n
-    raw = np.zeros(count * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
-    return torch.from_numpy(raw).view(dtype).view(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    mapping = mmap.mmap(-1, max(nbytes, 1))  # anonymous, private: zero pages until written
+    # NOTE: the tensor holds a reference to the mapping, which is unmapped when the tensor goes
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
 
 
 class KVCache:
