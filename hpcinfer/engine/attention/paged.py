@@ -184,6 +184,16 @@ class TorchPagedAttention(_BoundToStep):
         if window := (self.windows[layer] if self.windows else 0):
             blocks, mask = self._per_step(group, window, lambda: self._window_blocks(group, window))
         kk, vv = self._gather(layer, blocks)  # [n, L, Hkv, D]
+        n, heads, dim = q.shape
+        kv_heads = kk.shape[2]
+        if heads != kv_heads and sinks is None and not self.softcap:
+            # NOTE: one query a row, so a KV head's group of query heads attends as that many queries
+            # of one head (the mask is the same for each): SDPA's CPU kernel then reads each gathered
+            # K and V once for the group, where grouped-query SDPA reads it once a query head (4
+            # query heads a KV head, 11 rows of 112 keys: 81 us against 200-267 us)
+            grouped = q.reshape(n, kv_heads, heads // kv_heads, dim)
+            out = scaled_dot_product_attention(grouped, kk.transpose(1, 2), vv.transpose(1, 2), mask)
+            return out.reshape(n, heads, dim)
         out = scaled_dot_product_attention(
             q.unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask, softcap=self.softcap, sinks=sinks
         )
