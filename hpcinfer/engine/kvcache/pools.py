@@ -185,8 +185,8 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
     NOTE: not numpy's zeros, which asks for transparent huge pages on arrays over 4 MiB: a first
     touch then faults in 2 MiB at once, and on a virtual machine whose host takes back the guest's
-    free memory (free page reporting, as Firecracker's) each such fault cost 20-50 ms of system time,
-    ~4 s of a 23 s decode run (benchmarks/speed/bench_kv_pages.py), where 4 KiB pages took 0.8 s.
+    free memory (free page reporting, as Firecracker's) each such fault cost 20-50 ms of system time:
+    a decode run's steps took 1.18x as long (benchmarks/speed/bench_kv_pages.py).
     Where the system gives every mapping huge pages (THP `always`) this one gets them too.
     """
     if device.type != "cpu":
@@ -195,7 +195,9 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     for n in shape:
         count *= n
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    mapping = mmap.mmap(-1, max(nbytes, 1))  # anonymous, private: zero pages until written
+    # anonymous and private (Python's default is shared: shmem, whose pages a forked child would write)
+    private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}  # NOTE: Windows has none
+    mapping = mmap.mmap(-1, max(nbytes, 1), **private)  # zero pages until written
     # NOTE: the tensor holds a reference to the mapping, which is unmapped when the tensor goes
     return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
 
