@@ -13,6 +13,7 @@ form runs `--repeats` rounds, interleaved, and the best round counts.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -66,18 +67,33 @@ def measure(dtype: object, rows: int, repeats: int) -> str:
         finally:
             moe.MOST_SLOTS = most
 
+    laid = copy.deepcopy(layer)
+    laid.column_major()  # what the loader does where the experts run one by one (models/moe.py)
+
+    def column_major() -> object:
+        most = moe.MOST_SLOTS
+        moe.MOST_SLOTS = 0
+        try:
+            return laid(h)
+        finally:
+            moe.MOST_SLOTS = most
+
     def dense() -> object:
         gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, down)
 
     with torch.inference_mode():
-        ms = best_ms({"one by one": one_by_one, "default": lambda: layer(h), "dense": dense}, repeats)
+        forms = {"one by one": one_by_one, "default": lambda: layer(h), "column-major": column_major, "dense": dense}
+        ms = best_ms(forms, repeats)
+        apart = float((one_by_one() - column_major()).abs().max())
     chosen = f"batched, {width} slots an expert" if width else "one by one"
     return (
         f"{str(dtype).removeprefix('torch.')}, {rows} rows (busiest expert {int(counts.max())}, mean "
         f"{rows * TOP_K / EXPERTS:.0f}): one by one {ms['one by one']:.2f} ms, default ({chosen}) "
         f"{ms['default']:.2f} ms: {ms['one by one'] / ms['default']:.2f}x; a dense MLP of the same active "
-        f"parameters {ms['dense']:.2f} ms (the MoE layer {ms['default'] / ms['dense']:.2f}x its time)"
+        f"parameters {ms['dense']:.2f} ms (the MoE layer {ms['default'] / ms['dense']:.2f}x its time); "
+        f"one by one on column-major weights {ms['column-major']:.2f} ms ({ms['one by one'] / ms['column-major']:.2f}x "
+        f"one by one, {ms['column-major'] / ms['dense']:.2f}x the dense MLP; largest difference {apart:.1e})"
     )
 
 

@@ -97,6 +97,28 @@ class MoE(nn.Module):
         return torch.zeros_like(h).index_add_(0, tokens, weighted)
 
     @staticmethod
+    def may_batch(device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a step may take the batched form on `device` in `dtype` (`_batch_width`); where it
+        may not, the experts always run one by one."""
+        return device.type == "cpu" and dtype == torch.bfloat16 and onednn_bfloat16()
+
+    def column_major(self) -> None:
+        """The experts' weights kept as the same [out, in] tensors with their memory laid out [in,
+        out], for the CPU's expert-by-expert loop.
+
+        NOTE: MKL then runs each expert's `x @ W^T` as a plain product of x and W's memory, where
+        with [out, in] memory it transposes W, and it does that badly at a decode step's few rows:
+        measured (float32, 2 threads, MKL 2024.2) 4.6x faster at 16 rows on 640 x 1,024 and 5.9x on
+        512 x 640, 1.5-2.9x at 8 and 32 rows, even at 128 (benchmarks/speed/bench_moe.py); the sums
+        are the same bits from 16 rows up and within float32 rounding below.
+        """
+        with torch.no_grad():
+            for name in ("gate_up", "down"):
+                weight = getattr(self, name)
+                laid = weight.detach().transpose(1, 2).contiguous().transpose(1, 2)
+                setattr(self, name, nn.Parameter(laid, requires_grad=weight.requires_grad))
+
+    @staticmethod
     def _batch_width(h: torch.Tensor, counts: torch.Tensor) -> int:
         """The row slots each expert gets in one batched matmul over all experts, or 0: expert by
         expert.
@@ -108,7 +130,7 @@ class MoE(nn.Module):
         loop is kept (float16 is not measured: it keeps the loop too), and so it is where oneDNN has
         no bfloat16 kernels: emulated, the batch's padding would only add work.
         """
-        if h.device.type != "cpu" or h.dtype != torch.bfloat16 or not onednn_bfloat16():
+        if not MoE.may_batch(h.device, h.dtype):
             return 0
         if int((counts > 0).sum()) < LEAST_BUSY * counts.numel():
             return 0
