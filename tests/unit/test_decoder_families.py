@@ -394,3 +394,22 @@ def test_int8_quantizes_a_mixture_of_experts_linear_layers_and_keeps_its_experts
     engine = Engine(model, EngineConfig(max_num_seqs=4, kv_cache_memory=16 << 20), info.eos_token_ids)
     seqs = engine.generate([[5, 6, 7, 8] * 5] * 3, SamplingParams(max_tokens=4, ignore_eos=True))
     assert [len(s.completion) for s in seqs] == [4, 4, 4]
+
+
+def test_cpu_experts_are_laid_out_column_major_and_give_the_row_major_layers_output(tmp_path):
+    """Loaded for the CPU's expert-by-expert loop, each expert's weights keep their [out, in] shape
+    with [in, out] memory (MKL's faster product at a decode step's few rows: models/moe.py); the
+    layer's output is the row-major layer's, to float32 rounding, at 16 rows an expert and fewer."""
+    path = build_tiny_decoder(tmp_path, "Qwen3MoeForCausalLM", seed=3, hidden=256, num_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=128)  # fmt: skip
+    model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    moe = next(layer.moe for layer in model.layers if layer.moe is not None)
+    assert moe.gate_up.shape[1:] == (256, 256) and moe.down.shape[1:] == (256, 128)
+    assert moe.gate_up[0].t().is_contiguous() and moe.down[0].t().is_contiguous()
+    row_major = copy.deepcopy(moe)
+    row_major.gate_up.data, row_major.down.data = moe.gate_up.contiguous(), moe.down.contiguous()
+    assert row_major.gate_up[0].is_contiguous()
+    for rows in (3, 64):  # about 1 and 16 rows an expert
+        h = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        with torch.inference_mode():
+            torch.testing.assert_close(moe(h), row_major(h), rtol=1e-5, atol=1e-6)
