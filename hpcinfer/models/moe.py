@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .bert import onednn_bfloat16
+from .int8_kernels import cpu_flags
 
 # The batched form gives every expert the same number of row slots: twice a step's mean rows per
 # expert (a busier expert's rows beyond them run on their own after), and only while that fills
@@ -31,6 +32,11 @@ from .bert import onednn_bfloat16
 SLOTS_PER_MEAN_ROW = 2.0
 MOST_SLOTS = 80
 LEAST_BUSY = 0.5
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 itself (AVX-512 BF16 or AMX's bfloat16 tiles)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class MoE(nn.Module):
@@ -99,8 +105,12 @@ class MoE(nn.Module):
     @staticmethod
     def may_batch(device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a step may take the batched form on `device` in `dtype` (`_batch_width`); where it
-        may not, the experts always run one by one."""
-        return device.type == "cpu" and dtype == torch.bfloat16 and onednn_bfloat16()
+        may not, the experts always run one by one.
+
+        NOTE: only where the CPU has bfloat16 instructions (AVX-512 BF16, AMX), which the batched
+        form was measured on: oneDNN also takes bfloat16 on AVX-512 CPUs without them, emulated, and
+        there the batch ran at 0.45x the loop (Xeon model 106, 128 decode rows, bench_moe.py)."""
+        return device.type == "cpu" and dtype == torch.bfloat16 and onednn_bfloat16() and native_bfloat16()
 
     def column_major(self) -> None:
         """The experts' weights kept as the same [out, in] tensors with their memory laid out [in,
@@ -110,7 +120,8 @@ class MoE(nn.Module):
         with [out, in] memory it transposes W, and it does that badly at a decode step's few rows:
         measured (float32, 2 threads, MKL 2024.2) 4.6x faster at 16 rows on 640 x 1,024 and 5.9x on
         512 x 640, 1.5-2.9x at 8 and 32 rows, even at 128 (benchmarks/speed/bench_moe.py); the sums
-        are the same bits from 16 rows up and within float32 rounding below.
+        are the same bits from 16 rows up and within float32 rounding below. In bfloat16 (emulated on
+        that CPU) the loop was 0.93x on them, so the loader lays out float32 experts only.
         """
         with torch.no_grad():
             for name in ("gate_up", "down"):
