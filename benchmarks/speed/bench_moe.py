@@ -1,6 +1,7 @@
-"""A mixture-of-experts layer over one decode step: its experts one by one against all in one
-batched matmul (models/moe.py), side by side in one run, per dtype, and a dense MLP of the same
-active parameters beside them.
+"""A mixture-of-experts layer over one decode step: its experts one by one, all in one batched
+matmul where the CPU's bfloat16 takes it ("default"), and one by one on column-major weights (what
+the loader gives float32 experts on the CPU: `MoE.column_major`), side by side in one run, per
+dtype, with a dense MLP of the same active parameters beside them (models/moe.py).
 
 The layer has bench_decoders.py's Qwen3-MoE shape (640 hidden, 32 experts of 512, 4 a token: the
 active parameters of a 2,048-wide dense MLP), random weights; `--rows` rows (a decode step of that
