@@ -45,6 +45,11 @@ def cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 itself (AVX-512 BF16 or AMX's bfloat16 tiles)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def cpu_has_vnni() -> bool:
     """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX-INT8)."""
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
@@ -255,6 +260,7 @@ __all__ = [
     "available_engines",
     "candidate_kernels",
     "cpu_flags",
+    "cpu_has_bfloat16",
     "cpu_has_vnni",
     "int8_problem",
     "missing_int8_instructions",

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .int8 import Int8Kernel, Int8Linear, as_kernel
-from .int8_kernels import cpu_flags, pick_kernel
+from .int8_kernels import cpu_has_bfloat16, pick_kernel
 
 
 def weight_only_rows() -> int:
@@ -29,7 +29,7 @@ def weight_only_rows() -> int:
     """
     if not hasattr(torch, "_weight_int8pack_mm"):
         return 0
-    return 4 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else 0
+    return 4 if cpu_has_bfloat16() else 0
 
 
 SMOOTH_ALPHA = 0.75  # how much of an activation channel's range moves into the weight (SmoothQuant's alpha)

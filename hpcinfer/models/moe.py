@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .bert import onednn_bfloat16
-from .int8_kernels import cpu_flags
+from .int8_kernels import cpu_has_bfloat16
 
 # The batched form gives every expert the same number of row slots: twice a step's mean rows per
 # expert (a busier expert's rows beyond them run on their own after), and only while that fills
@@ -32,11 +32,6 @@ from .int8_kernels import cpu_flags
 SLOTS_PER_MEAN_ROW = 2.0
 MOST_SLOTS = 80
 LEAST_BUSY = 0.5
-
-
-def native_bfloat16() -> bool:
-    """Whether this CPU computes in bfloat16 itself (AVX-512 BF16 or AMX's bfloat16 tiles)."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 class MoE(nn.Module):
@@ -110,7 +105,7 @@ class MoE(nn.Module):
         NOTE: only where the CPU has bfloat16 instructions (AVX-512 BF16, AMX), which the batched
         form was measured on: oneDNN also takes bfloat16 on AVX-512 CPUs without them, emulated, and
         there the batch ran at 0.45x the loop (Xeon model 106, 128 decode rows, bench_moe.py)."""
-        return device.type == "cpu" and dtype == torch.bfloat16 and onednn_bfloat16() and native_bfloat16()
+        return device.type == "cpu" and dtype == torch.bfloat16 and onednn_bfloat16() and cpu_has_bfloat16()
 
     def column_major(self) -> None:
         """The experts' weights kept as the same [out, in] tensors with their memory laid out [in,

@@ -213,7 +213,7 @@ def test_bfloat16_experts_batched_over_a_decode_step_equal_transformers_bfloat16
     monkeypatch.setattr(moe_module, "SLOTS_PER_MEAN_ROW", 1.0)  # fewer slots: some rows run past them
     # the batch is chosen where the CPU has bfloat16 instructions; its arithmetic is checked on any CPU
     monkeypatch.setattr(moe_module, "onednn_bfloat16", lambda: True)
-    monkeypatch.setattr(moe_module, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(moe_module, "cpu_has_bfloat16", lambda: True)
     experts, _ = ours.route(h)
     counts = torch.bincount(experts.flatten(), minlength=ours.router.shape[0])
     width = ours._batch_width(h, counts)
@@ -419,14 +419,15 @@ def test_cpu_experts_are_laid_out_column_major_and_give_the_row_major_layers_out
 def test_bfloat16_experts_batch_only_where_the_cpu_computes_in_bfloat16(monkeypatch):
     """The batched form needs bfloat16 instructions (AVX-512 BF16, AMX): oneDNN emulates bfloat16 on
     other AVX-512 CPUs, where the batch ran slower than the loop. float32 and CUDA never batch."""
+    from hpcinfer.models import int8_kernels
     from hpcinfer.models import moe as moe_module
     from hpcinfer.models.moe import MoE
 
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
     monkeypatch.setattr(moe_module, "onednn_bfloat16", lambda: True)
-    monkeypatch.setattr(moe_module, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_vnni"}))
+    monkeypatch.setattr(int8_kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512_vnni"}))
     assert not MoE.may_batch(cpu, bf16)
     for flag in ("avx512_bf16", "amx_bf16"):
-        monkeypatch.setattr(moe_module, "cpu_flags", lambda flag=flag: frozenset({"avx512f", flag}))
+        monkeypatch.setattr(int8_kernels, "cpu_flags", lambda flag=flag: frozenset({"avx512f", flag}))
         assert MoE.may_batch(cpu, bf16)
     assert not MoE.may_batch(cpu, torch.float32) and not MoE.may_batch(torch.device("cuda"), bf16)
