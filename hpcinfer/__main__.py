@@ -1,3 +1,3 @@
-from .cli import main
+from .cli.entry import run
 
-main()
+run()

@@ -7,6 +7,7 @@ imported by the command that needs them, so --help, --version and argument error
     table.py    every option, declared once
     options.py  declarations -> click options; parsed values -> the frozen config
     commands.py run, profile, tune
+    entry.py    the `hpcinfer` program: the command line, then the process's end without its teardown
 """
 
 from __future__ import annotations
