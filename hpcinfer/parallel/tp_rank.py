@@ -19,6 +19,7 @@ import torch
 
 from ..device import accelerators
 from ..device.heap import keep_freed_memory
+from ..device.process_end import run_and_end
 from ..device.threads import set_torch_threads
 from ..engine.kvcache.pools import KVCache
 from ..engine.runner import ModelRunner
@@ -86,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_and_end(main)  # NOTE: rank 0 waits for this process's end (device/process_end.py)
