@@ -35,7 +35,7 @@ def test_every_module_imports_without_nvtx():
 
 
 def test_profile_without_nvtx_says_how_to_install_it(tmp_path, tiny_model, requests_jsonl):
-    code = NO_NVTX + "from hpcinfer.cli import main\nmain()\n"
+    code = NO_NVTX + "from hpcinfer.cli.entry import run\nrun()\n"  # the installed program
     argv = ["profile", str(requests_jsonl), "-o", str(tmp_path / "o.parquet"), "--model", str(tiny_model)]
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -52,6 +52,8 @@ if {on_a_thread}:  # NOTE: as the pipeline's compute thread, whose allocations a
 else:
     probe(out)
 print(heap._kept, *out)
+from hpcinfer.device.process_end import end_process  # as the hpcinfer program ends
+end_process(0)
 """
 TENSORS = 12
 PAGES = TENSORS * (8 << 20) // os.sysconf("SC_PAGE_SIZE")  # what a batch faults in when nothing is kept
