@@ -19,12 +19,12 @@ import torch
 
 from ..device import accelerators
 from ..device.heap import keep_freed_memory
-from ..device.process_end import run_and_end
 from ..device.threads import set_torch_threads
 from ..engine.kvcache.pools import KVCache
 from ..engine.runner import ModelRunner
 from ..errors import HpcinferError
 from ..models.decoder_embedder import padded_hidden
+from ..process_end import run_and_end
 from .group import Collectives, RankFailed, Rendezvous, end_group
 from .tp import EmbedBatch, RankSetup, load_rank
 
@@ -87,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_and_end(main)  # NOTE: rank 0 waits for this process's end (device/process_end.py)
+    run_and_end(main)  # NOTE: rank 0 waits for this process's end (process_end.py)

@@ -18,6 +18,7 @@ HEAVY = ("torch", "pyarrow", "numpy", "rich", "tokenizers")
 # Runs the CLI in-process with the given arguments, then prints which heavy modules got imported.
 PROBE = """
 import json, sys
+import hpcinfer.cli.entry  # the installed program's module (`hpcinfer`, `python -m hpcinfer`)
 from hpcinfer.cli import main
 try:
     main(sys.argv[1:], standalone_mode=False)

@@ -96,7 +96,7 @@ import json, torch
 from hpcinfer.models.int8_kernels import probe_kernels, accurate_kernels
 print(json.dumps({p.kernel.name: [p.error, p.bound, p.accurate] for p in probe_kernels()}))
 print(json.dumps([k.name for k in accurate_kernels()]))
-from hpcinfer.device.process_end import end_process  # as the hpcinfer program ends
+from hpcinfer.process_end import end_process  # as the hpcinfer program ends
 end_process(0)
 """
 

@@ -52,7 +52,7 @@ if {on_a_thread}:  # NOTE: as the pipeline's compute thread, whose allocations a
 else:
     probe(out)
 print(heap._kept, *out)
-from hpcinfer.device.process_end import end_process  # as the hpcinfer program ends
+from hpcinfer.process_end import end_process  # as the hpcinfer program ends
 end_process(0)
 """
 TENSORS = 12

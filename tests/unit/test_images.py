@@ -312,7 +312,7 @@ def test_image_and_text_runs_build_their_towers_without_importing_transformers(c
         "        pipeline=PipelineConfig(progress='off'))\n"
         "    report = run(config, progress=Progress('off'))\n"
         "    print(report.rows, report.backend, [m for m in sys.modules if m.split('.')[0] == 'transformers'][:3])\n"
-        "from hpcinfer.device.process_end import end_process  # as the hpcinfer program ends\n"
+        "from hpcinfer.process_end import end_process  # as the hpcinfer program ends\n"
         "end_process(0)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

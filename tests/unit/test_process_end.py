@@ -1,4 +1,4 @@
-"""The `hpcinfer` program's end (hpcinfer/device/process_end.py): what the interpreter's own end does that a
+"""The `hpcinfer` program's end (hpcinfer/process_end.py): what the interpreter's own end does that a
 program can see, the oracle being a fresh interpreter ending normally."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ atexit.register(lambda: print("atexit ran", file=sys.stderr, flush=True))
 """
 ENDS = {
     "interpreter": "raise SystemExit(3)",
-    "end_process": "from hpcinfer.device.process_end import end_process\nend_process(3)",
+    "end_process": "from hpcinfer.process_end import end_process\nend_process(3)",
 }
 
 
@@ -39,7 +39,7 @@ def test_the_program_ends_as_the_interpreter_would():
 
 @pytest.mark.parametrize(("status", "returned"), [(None, 0), (0, 0), (2, 2), (256 + 1, 1), ("a message", 1)])
 def test_a_commands_status_is_the_processs(status, returned):
-    from hpcinfer.device.process_end import exit_status
+    from hpcinfer.process_end import exit_status
 
     assert exit_status(status) == returned
     fresh = _run(f"raise SystemExit({status!r})")
@@ -48,7 +48,7 @@ def test_a_commands_status_is_the_processs(status, returned):
 
 def test_under_a_profiler_the_interpreter_ends_the_process_and_the_profile_is_printed(tmp_path):
     script = tmp_path / "program.py"
-    script.write_text("from hpcinfer.device.process_end import end_process\nend_process(0)\n")
+    script.write_text("from hpcinfer.process_end import end_process\nend_process(0)\n")
     done = subprocess.run([sys.executable, "-m", "cProfile", str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "function calls" in done.stdout  # cProfile's report, printed after the program returned
