@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -42,10 +43,12 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def end_process(code: int) -> NoReturn:
+def end_process(code: int, by_signal: int | None = None) -> NoReturn:
+    """Ends the process with status `code`, or killed by `by_signal` (as an uncaught
+    KeyboardInterrupt ends one, by SIGINT), after the steps of the interpreter's own end."""
     shutdown = getattr(threading, "_shutdown", None)
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if sys.gettrace() or sys.getprofile() or shutdown is None or run_exit_handlers is None:
+    if shutdown is None or run_exit_handlers is None or (by_signal is None and (sys.gettrace() or sys.getprofile())):
         sys.exit(code)
     shutdown()  # NOTE: what the interpreter's own end runs first (multiprocessing's children call it too)
     run_exit_handlers()
@@ -55,4 +58,7 @@ def end_process(code: int) -> NoReturn:
                 stream.flush()
         except Exception:  # noqa: BLE001 (as the interpreter's end: a failed flush exits 120)
             code = 120
+    if by_signal is not None:
+        signal.signal(by_signal, signal.SIG_DFL)
+        os.kill(os.getpid(), by_signal)
     os._exit(code)
