@@ -24,6 +24,7 @@ from .gguf_tokenizer import gguf_tokenizer
 from .int8_kernels import int8_problem
 from .llama import LlamaDecoder
 from .meta import empty_modules
+from .moe import MoE
 from .mxfp4 import dequantize_mxfp4
 from .vlm import text_weights
 
@@ -264,7 +265,7 @@ def load_decoder(
     elif "lm_head.weight" not in state and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # some checkpoints omit a head equal to the embedding
     model = assign_weights(model, state, info.path)
-    if device.type == "cpu" and dtype == torch.float32:
+    if MoE.column_major_pays(device, dtype):
         for layer in model.layers:
             if layer.moe is not None:
                 layer.moe.column_major()  # NOTE: the CPU's expert-by-expert loop runs faster on them

@@ -45,6 +45,16 @@ def cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU computes in bfloat16 itself (AVX-512 BF16 or AMX's bfloat16 tiles)."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())

@@ -397,12 +397,21 @@ def test_int8_quantizes_a_mixture_of_experts_linear_layers_and_keeps_its_experts
     assert [len(s.completion) for s in seqs] == [4, 4, 4]
 
 
-def test_cpu_experts_are_laid_out_column_major_and_give_the_row_major_layers_output(tmp_path):
-    """Loaded for the CPU's expert-by-expert loop, each expert's weights keep their [out, in] shape
-    with [in, out] memory (MKL's faster product at a decode step's few rows: models/moe.py); the
-    layer's output is the row-major layer's, to float32 rounding, at 16 rows an expert and fewer."""
+def test_cpu_experts_are_laid_out_column_major_and_give_the_row_major_layers_output(tmp_path, monkeypatch):
+    """Loaded for the CPU's expert-by-expert loop on an Intel CPU, each expert's weights keep their
+    [out, in] shape with [in, out] memory (MKL's faster product there at a decode step's few rows:
+    models/moe.py); the layer's output is the row-major layer's, to float32 rounding, at 16 rows an
+    expert and fewer. On an AMD CPU, where MKL's products ran slower on them, the layout is kept."""
+    from hpcinfer.models import int8_kernels
+
     path = build_tiny_decoder(tmp_path, "Qwen3MoeForCausalLM", seed=3, hidden=256, num_experts=8,
                               num_experts_per_tok=2, moe_intermediate_size=128)  # fmt: skip
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)  # NOTE: x86-64 wheels have it
+    monkeypatch.setattr(int8_kernels, "cpu_vendor", lambda: "AuthenticAMD")
+    kept = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
+    kept_moe = next(layer.moe for layer in kept.layers if layer.moe is not None)
+    assert kept_moe.gate_up[0].is_contiguous() and kept_moe.down[0].is_contiguous()
+    monkeypatch.setattr(int8_kernels, "cpu_vendor", lambda: "GenuineIntel")
     model = load_decoder(inspect_decoder(path), torch.device("cpu"), torch.float32)
     moe = next(layer.moe for layer in model.layers if layer.moe is not None)
     assert moe.gate_up.shape[1:] == (256, 256) and moe.down.shape[1:] == (256, 128)
