@@ -36,23 +36,24 @@ def available_engines() -> list[str]:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux), empty where they cannot be read."""
+def _cpuinfo_field(key: str) -> str:
+    """A field of the first CPU /proc/cpuinfo lists (Linux), "" where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as info:
-            return frozenset(next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), []))
-    except OSError:
-        return frozenset()
-
-
-@functools.cache
-def cpu_vendor() -> str:
-    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), "" where unknown."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+            fields = (line.split(":", 1) for line in info if ":" in line)
+            return next((value.strip() for name, value in fields if name.strip() == key), "")
     except OSError:
         return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux), empty where they cannot be read."""
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), "" where unknown."""
+    return _cpuinfo_field("vendor_id")
 
 
 def cpu_has_bfloat16() -> bool:
@@ -270,6 +271,7 @@ __all__ = [
     "available_engines",
     "candidate_kernels",
     "cpu_flags",
+    "cpu_vendor",
     "cpu_has_bfloat16",
     "cpu_has_vnni",
     "int8_problem",
